@@ -1,0 +1,4 @@
+//! Domain of stocksvr: identifiers, statuses and the events exchanged over Kafka.
+//! This crate performs no I/O so every rule in it can be unit-tested in isolation.
+
+pub mod events;

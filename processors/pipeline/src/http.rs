@@ -1,0 +1,176 @@
+//! The HTTP listener every stocksvr process runs: `/metrics`, `/healthz`, `/readyz` and
+//! the admin routes (behind an optional bearer token). Processors merge their own routes.
+
+use crate::config::{HttpSettings, Secret};
+use crate::telemetry::names;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use futures::future::BoxFuture;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A dependency `/readyz` asks before it says the process can take traffic.
+pub trait Probe: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn check(&self) -> BoxFuture<'_, Result<(), String>>;
+}
+
+#[derive(Clone)]
+pub struct HealthState {
+    probes: Arc<Vec<Arc<dyn Probe>>>,
+    timeout: Duration,
+    metrics: PrometheusHandle,
+}
+
+impl HealthState {
+    pub fn new(
+        probes: Vec<Arc<dyn Probe>>,
+        settings: &HttpSettings,
+        metrics: PrometheusHandle,
+    ) -> Self {
+        Self {
+            probes: Arc::new(probes),
+            timeout: Duration::from_millis(settings.readiness_timeout_ms),
+            metrics,
+        }
+    }
+
+    /// Runs every probe concurrently, each bounded by the readiness timeout.
+    pub async fn readiness(&self) -> (bool, serde_json::Value) {
+        let checks =
+            self.probes.iter().map(|p| async move {
+                let started = Instant::now();
+                let outcome = match tokio::time::timeout(self.timeout, p.check()).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(format!("no answer within {} ms", self.timeout.as_millis())),
+                };
+                metrics::gauge!(names::READINESS, "dependency" => p.name())
+                    .set(if outcome.is_ok() { 1.0 } else { 0.0 });
+                (p.name(), outcome, started.elapsed())
+            });
+        let results = futures::future::join_all(checks).await;
+        let ready = results.iter().all(|(_, r, _)| r.is_ok());
+        let detail: serde_json::Map<String, serde_json::Value> = results
+            .into_iter()
+            .map(|(name, result, took)| {
+                let v = match result {
+                    Ok(()) => json!({"ok": true, "ms": took.as_millis() as u64}),
+                    Err(e) => json!({"ok": false, "ms": took.as_millis() as u64, "error": e}),
+                };
+                (name.to_string(), v)
+            })
+            .collect();
+        (ready, json!({ "ready": ready, "dependencies": detail }))
+    }
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn readyz(State(state): State<HealthState>) -> Response {
+    let (ready, body) = state.readiness().await;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body)).into_response()
+}
+
+async fn metrics_endpoint(State(state): State<HealthState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+/// `/metrics`, `/healthz`, `/readyz`.
+pub fn health_routes(state: HealthState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_endpoint))
+        .with_state(state)
+}
+
+/// Wraps admin routes so that, when a token is configured, a request without
+/// `Authorization: Bearer <token>` gets 401 with a JSON error.
+pub fn protect_admin(routes: Router, token: Option<Secret>) -> Router {
+    match token {
+        None => routes,
+        Some(token) => routes.layer(middleware::from_fn(move |req: Request, next: Next| {
+            let token = token.clone();
+            async move {
+                let presented = req
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "));
+                if presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.expose().as_bytes())) {
+                    next.run(req).await
+                } else {
+                    (
+                        StatusCode::UNAUTHORIZED,
+                        Json(json!({"error": "unauthorized", "field": "Authorization",
+                                    "message": "admin endpoints require Authorization: Bearer <token>"})),
+                    )
+                        .into_response()
+                }
+            }
+        })),
+    }
+}
+
+/// Compares without an early exit so the token cannot be guessed byte by byte from timing.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Counts every request by route and status class.
+pub async fn count_requests(req: Request, next: Next) -> Response {
+    let path = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let response = next.run(req).await;
+    metrics::counter!(names::HTTP_REQUESTS, "route" => path, "status" => response.status().as_u16().to_string())
+        .increment(1);
+    response
+}
+
+/// Serves `router` until `shutdown` resolves; in-flight requests finish first.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = router.layer(middleware::from_fn(count_requests));
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+}

@@ -1,0 +1,14 @@
+//! What every stocksvr processor shares: configuration, the event catalog and Avro codec,
+//! Kafka clients and topic administration, the schema registry, metrics and the HTTP
+//! health listener.
+
+pub mod catalog;
+pub mod codec;
+pub mod config;
+pub mod deadletter;
+pub mod http;
+pub mod json;
+pub mod kafka;
+pub mod registry;
+pub mod telemetry;
+pub mod topics;

@@ -1,0 +1,91 @@
+//! Readiness probes of the four dependencies behind `/readyz`.
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use sqlx::MySqlPool;
+use stocksvr_pipeline::config::KafkaSettings;
+use stocksvr_pipeline::http::Probe;
+use stocksvr_pipeline::registry::RegistryClient;
+
+pub struct KafkaProbe(pub KafkaSettings);
+
+impl Probe for KafkaProbe {
+    fn name(&self) -> &'static str {
+        "kafka"
+    }
+    fn check(&self) -> BoxFuture<'_, Result<(), String>> {
+        async move {
+            let metadata = stocksvr_pipeline::kafka::fetch_metadata(&self.0)
+                .await
+                .map_err(|e| e.to_string())?;
+            if metadata.brokers().is_empty() {
+                return Err("metadata lists no broker".into());
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+pub struct RegistryProbe(pub RegistryClient);
+
+impl Probe for RegistryProbe {
+    fn name(&self) -> &'static str {
+        "schema_registry"
+    }
+    fn check(&self) -> BoxFuture<'_, Result<(), String>> {
+        async move {
+            self.0
+                .subjects()
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+        .boxed()
+    }
+}
+
+pub struct MysqlProbe(pub MySqlPool);
+
+impl Probe for MysqlProbe {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+    fn check(&self) -> BoxFuture<'_, Result<(), String>> {
+        async move {
+            stocksvr_store::ping_mysql(&self.0)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .boxed()
+    }
+}
+
+/// Holds a client, not a connection: each check dials afresh so a Redis restart is seen
+/// as soon as it happens and a dead server never blocks start-up.
+pub struct RedisProbe(pub redis::Client);
+
+impl Probe for RedisProbe {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+    fn check(&self) -> BoxFuture<'_, Result<(), String>> {
+        async move {
+            let mut conn = self
+                .0
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| e.to_string())?;
+            let pong: String = redis::cmd("PING")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            if pong == "PONG" {
+                Ok(())
+            } else {
+                Err(format!("PING answered {pong}"))
+            }
+        }
+        .boxed()
+    }
+}

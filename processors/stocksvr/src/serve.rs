@@ -1,0 +1,126 @@
+//! `stocksvr all` and the single-processor commands: the HTTP listener plus the selected
+//! processors, stopped together by one shutdown signal (SIGTERM or Ctrl-C).
+
+use crate::{event_log, probes};
+use anyhow::Context;
+use axum::routing::get;
+use axum::{Json, Router};
+use std::sync::Arc;
+use std::time::Duration;
+use stocksvr_pipeline::catalog::Catalog;
+use stocksvr_pipeline::codec::AvroCodec;
+use stocksvr_pipeline::config::Settings;
+use stocksvr_pipeline::http::{self, HealthState, Probe};
+use stocksvr_pipeline::registry::RegistryClient;
+use stocksvr_pipeline::telemetry;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Processors {
+    All,
+    EventLogOnly,
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<()> {
+    let metrics = telemetry::init_metrics();
+    let catalog = Arc::new(Catalog::embedded()?);
+    let registry = RegistryClient::new(&settings.registry)?;
+    let pool = stocksvr_store::mysql_pool(
+        settings.mysql.url.expose(),
+        settings.mysql.max_connections,
+        Duration::from_millis(settings.mysql.acquire_timeout_ms),
+    )?;
+    let redis = redis::Client::open(settings.redis.url.expose()).context("redis url")?;
+    let probes: Vec<Arc<dyn Probe>> = vec![
+        Arc::new(probes::KafkaProbe(settings.kafka.clone())),
+        Arc::new(probes::RegistryProbe(registry)),
+        Arc::new(probes::MysqlProbe(pool)),
+        Arc::new(probes::RedisProbe(redis)),
+    ];
+    let health = HealthState::new(probes, &settings.http, metrics);
+
+    let redacted = serde_json::to_value(&settings)?;
+    let admin = Router::new().route("/admin/config", get(move || async move { Json(redacted) }));
+    let router = http::health_routes(health).merge(http::protect_admin(
+        admin,
+        settings.http.admin_token.clone(),
+    ));
+
+    let listener = tokio::net::TcpListener::bind(&settings.http.listen)
+        .await
+        .with_context(|| format!("binding the HTTP listener to {}", settings.http.listen))?;
+    tracing::info!(listen = %listener.local_addr()?, ?processors, "stocksvr started");
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // Every long-running part is one named task; the first to end (always a failure
+    // while no shutdown was asked for) or a signal stops them all.
+    let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
+    let mut http_stop = stop_rx.clone();
+    tasks.spawn(async move {
+        let served = http::serve(listener, router, async move {
+            let _ = http_stop.wait_for(|stop| *stop).await;
+        })
+        .await;
+        ("http listener", served.map_err(anyhow::Error::from))
+    });
+    let codec = AvroCodec::new(&settings.registry, catalog.clone())?;
+    match processors {
+        Processors::All | Processors::EventLogOnly => {
+            let (settings, stop) = (settings.clone(), stop_rx.clone());
+            tasks.spawn(async move { ("event-log", event_log::run(settings, codec, stop).await) });
+        }
+    }
+
+    let outcome: anyhow::Result<()> = tokio::select! {
+        _ = shutdown_signal() => {
+            tracing::info!("shutdown requested, draining");
+            Ok(())
+        }
+        Some(joined) = tasks.join_next() => match joined {
+            Ok((name, Ok(()))) => Err(anyhow::anyhow!("{name} stopped unexpectedly")),
+            Ok((name, Err(e))) => Err(e.context(format!("{name} failed"))),
+            Err(e) => Err(anyhow::anyhow!("a task panicked: {e}")),
+        },
+    };
+    let _ = stop_tx.send(true);
+    // Bounded drain: processors commit what they finished, then the process exits.
+    let drain = async {
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok((name, Err(e))) = joined {
+                tracing::warn!(task = name, error = %format!("{e:#}"), "task ended with an error while draining");
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(15), drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain did not finish within 15 s; exiting anyway");
+    }
+    tracing::info!("stocksvr stopped");
+    outcome
+}

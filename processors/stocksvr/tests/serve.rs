@@ -1,0 +1,263 @@
+//! `stocksvr all` as a process: health endpoints, the admin token, the event-log processor
+//! decoding a real event and dead-letting garbage with its origin, and a clean SIGTERM.
+
+mod common;
+
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::FutureRecord;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use stocksvr_pipeline::deadletter::headers;
+use stocksvr_pipeline::kafka;
+
+struct Server {
+    child: Child,
+    base: String,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts `stocksvr all` on a free port with its stderr in a file.
+    fn start(extra_env: &[(&str, &str)]) -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let log = std::env::temp_dir().join(format!("{}.log", common::unique("stocksvr-all")));
+        let mut cmd = common::stocksvr();
+        cmd.arg("all")
+            .env("STOCKSVR__HTTP__LISTEN", format!("127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"));
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("stocksvr all starts");
+        Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Polls until `cond` holds on the log, failing with the log after `timeout`.
+    fn wait_for_log(&self, what: &str, timeout: Duration, cond: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if cond(&self.log()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("{what} not seen within {timeout:?}; log:\n{}", self.log());
+    }
+
+    /// Polls `/readyz` until it answers `status`.
+    async fn wait_for_readyz(&self, status: u16, timeout: Duration) -> serde_json::Value {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        while Instant::now() < deadline {
+            if let Ok(resp) = reqwest::get(format!("{}/readyz", self.base)).await {
+                let code = resp.status().as_u16();
+                let body: serde_json::Value = resp.json().await.expect("readyz JSON");
+                if code == status {
+                    return body;
+                }
+                last = Some((code, body));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        panic!(
+            "/readyz never answered {status}: last {last:?}; log:\n{}",
+            self.log()
+        );
+    }
+
+    fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        let deadline = Instant::now() + Duration::from_secs(25);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return (status, self.log());
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "stocksvr did not stop within 25 s of SIGTERM; log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+#[tokio::test]
+async fn all_serves_health_decodes_events_and_dead_letters_garbage() {
+    let (ok, _, err) = common::run(common::stocksvr().args(["topics", "apply"]));
+    assert!(ok, "{err}");
+    let group_prefix = common::unique("it-all");
+    let token = "it-admin-token";
+    let server = Server::start(&[
+        ("STOCKSVR__KAFKA__GROUP_PREFIX", group_prefix.as_str()),
+        ("STOCKSVR__HTTP__ADMIN_TOKEN", token),
+    ]);
+    let ready = server.wait_for_readyz(200, Duration::from_secs(60)).await;
+    for dep in ["kafka", "schema_registry", "mysql", "redis"] {
+        assert_eq!(ready["dependencies"][dep]["ok"], true, "{ready}");
+    }
+
+    let healthz = reqwest::get(format!("{}/healthz", server.base))
+        .await
+        .expect("healthz");
+    assert_eq!(healthz.status().as_u16(), 200);
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("body");
+    assert!(metrics.contains("stocksvr_build_info"), "{metrics}");
+    assert!(metrics.contains("stocksvr_dependency_ready"), "{metrics}");
+
+    // Admin endpoints require the token; the config they show hides every secret.
+    let client = reqwest::Client::new();
+    let denied = client
+        .get(format!("{}/admin/config", server.base))
+        .send()
+        .await
+        .expect("admin");
+    assert_eq!(denied.status().as_u16(), 401);
+    let denied_body: serde_json::Value = denied.json().await.expect("json error");
+    assert_eq!(denied_body["field"], "Authorization");
+    let wrong = client
+        .get(format!("{}/admin/config", server.base))
+        .bearer_auth("nope")
+        .send()
+        .await
+        .expect("admin");
+    assert_eq!(wrong.status().as_u16(), 401);
+    let shown = client
+        .get(format!("{}/admin/config", server.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("admin");
+    assert_eq!(shown.status().as_u16(), 200);
+    let shown = shown.text().await.expect("body");
+    assert!(
+        !shown.contains(token) && !shown.contains("stocksvr:stocksvr@"),
+        "{shown}"
+    );
+
+    // A garbage record lands in the dead-letter topic with its origin; the valid event
+    // produced after it is still decoded.
+    let settings = common::settings();
+    let producer = kafka::producer(&settings.kafka, "it-all").expect("producer");
+    let garbage_key = common::unique("garbage");
+    let garbage = producer
+        .send(
+            FutureRecord::to("order.lifecycle.v1")
+                .key(&garbage_key)
+                .payload("not avro at all"),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .expect("garbage produced");
+    let (ok, out, err) = common::run(
+        common::stocksvr()
+            .arg("produce")
+            .arg(common::repo_root().join("schemas/examples/OrderCreated.json")),
+    );
+    assert!(ok, "{out}{err}");
+    server.wait_for_log("the OrderCreated decoded", Duration::from_secs(60), |log| {
+        log.lines()
+            .any(|l| l.contains("event received") && l.contains("io.stocksvr.order.OrderCreated"))
+    });
+
+    let dead = common::find_record("order.lifecycle.v1.dlt", Duration::from_secs(30), |m| {
+        m.key() == Some(garbage_key.as_bytes())
+    })
+    .expect("garbage dead-lettered");
+    assert_eq!(
+        dead.payload(),
+        Some(&b"not avro at all"[..]),
+        "original bytes kept"
+    );
+    assert_eq!(
+        dead.partition(),
+        garbage.partition,
+        "same partition as the source"
+    );
+    let header = |name: &str| -> String {
+        let h = dead.headers().expect("dead letter has headers");
+        h.iter()
+            .find(|x| x.key == name)
+            .and_then(|x| x.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_else(|| panic!("header {name} missing"))
+    };
+    assert_eq!(header(headers::ORIGINAL_TOPIC), "order.lifecycle.v1");
+    assert_eq!(
+        header(headers::ORIGINAL_PARTITION),
+        garbage.partition.to_string()
+    );
+    assert_eq!(header(headers::ORIGINAL_OFFSET), garbage.offset.to_string());
+    assert_eq!(
+        header(headers::CONSUMER_GROUP),
+        format!("{group_prefix}.event-log")
+    );
+    assert_eq!(header(headers::ERROR_CLASS), "invalid");
+    assert!(
+        header(headers::ERROR_MESSAGE).contains("magic byte"),
+        "{}",
+        header(headers::ERROR_MESSAGE)
+    );
+    assert!(
+        header(headers::ORIGINAL_TIMESTAMP)
+            .parse::<i64>()
+            .expect("millis")
+            > 0
+    );
+
+    let (status, log) = server.terminate();
+    assert!(status.success(), "exit {status:?}; log:\n{log}");
+    assert!(log.contains("event-log committed and stopped"), "{log}");
+}
+
+#[tokio::test]
+async fn readyz_names_an_unreachable_dependency() {
+    let server = Server::start(&[
+        ("STOCKSVR__REDIS__URL", "redis://127.0.0.1:1/"),
+        (
+            "STOCKSVR__KAFKA__GROUP_PREFIX",
+            &common::unique("it-unready"),
+        ),
+    ]);
+    let body = server.wait_for_readyz(503, Duration::from_secs(60)).await;
+    assert_eq!(body["ready"], false);
+    assert_eq!(body["dependencies"]["redis"]["ok"], false, "{body}");
+    assert!(
+        body["dependencies"]["redis"]["error"].as_str().is_some(),
+        "{body}"
+    );
+    assert_eq!(body["dependencies"]["mysql"]["ok"], true, "{body}");
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{log}");
+}

@@ -1,0 +1,120 @@
+//! MySQL and Redis access for stocksvr: connection set-up, the embedded schema migrations
+//! and (in later modules) the repositories and the Redis Lua executor.
+
+use redis::aio::ConnectionManager;
+use sqlx::migrate::Migrator;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// `migrations/` compiled into the binary: `stocksvr migrate` needs no files on disk.
+pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("mysql: {0}")]
+    Mysql(#[from] sqlx::Error),
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// A pool whose sessions run in UTC with strict SQL mode, so DATETIME(3) values mean the
+/// same on every server and a bad value is an error rather than a silent truncation.
+/// Connections are opened on first use: a process starts while MySQL is down and reports
+/// it through `/readyz` instead of exiting.
+pub fn mysql_pool(
+    url: &str,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> Result<MySqlPool, StoreError> {
+    let options = MySqlConnectOptions::from_str(url)?
+        .timezone(Some("+00:00".to_string()))
+        .pipes_as_concat(false);
+    let pool = MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::query("SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'")
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect_lazy_with(options);
+    Ok(pool)
+}
+
+/// One embedded migration and whether this run applied it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationStep {
+    pub version: i64,
+    pub description: String,
+    pub applied_now: bool,
+}
+
+/// Applies the pending migrations; already-applied ones are left alone (a second run is
+/// a no-op). A migration edited after it was applied is refused by checksum.
+pub async fn migrate(pool: &MySqlPool) -> Result<Vec<MigrationStep>, StoreError> {
+    let before = applied_versions(pool).await?;
+    MIGRATOR.run(pool).await?;
+    Ok(MIGRATOR
+        .iter()
+        .map(|m| MigrationStep {
+            version: m.version,
+            description: m.description.to_string(),
+            applied_now: !before.contains(&m.version),
+        })
+        .collect())
+}
+
+async fn applied_versions(pool: &MySqlPool) -> Result<Vec<i64>, StoreError> {
+    let exists: Option<(String,)> = sqlx::query_as(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
+    )
+    .bind("_sqlx_migrations")
+    .fetch_optional(pool)
+    .await?;
+    if exists.is_none() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<(i64,)> =
+        sqlx::query_as("SELECT version FROM _sqlx_migrations WHERE success = ?")
+            .bind(true)
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().map(|(v,)| v).collect())
+}
+
+/// `SELECT 1`: the readiness probe of MySQL.
+pub async fn ping_mysql(pool: &MySqlPool) -> Result<(), StoreError> {
+    sqlx::query("SELECT 1").execute(pool).await?;
+    Ok(())
+}
+
+/// A reconnecting Redis connection with a per-command response timeout.
+pub async fn connect_redis(
+    url: &str,
+    response_timeout: Duration,
+) -> Result<ConnectionManager, StoreError> {
+    let client = redis::Client::open(url)?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(response_timeout))
+        .set_connection_timeout(Some(response_timeout));
+    Ok(ConnectionManager::new_with_config(client, config).await?)
+}
+
+/// `PING`: the readiness probe of Redis.
+pub async fn ping_redis(conn: &mut ConnectionManager) -> Result<(), StoreError> {
+    let pong: String = redis::cmd("PING").query_async(conn).await?;
+    if pong == "PONG" {
+        Ok(())
+    } else {
+        Err(StoreError::Redis(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "PING did not answer PONG",
+        ))))
+    }
+}
