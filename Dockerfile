@@ -9,11 +9,12 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what the build reads (BuildKit then sends only these, not .stack/ or target/).
-# schemas/ and migrations/ are embedded into the binary at compile time.
+# schemas/ and migrations/ (and lua/ scripts, if include_str!'d) are embedded at compile time.
 COPY Cargo.toml Cargo.lock ./
 COPY processors processors
 COPY schemas schemas
 COPY migrations migrations
+COPY lua lua
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p stocksvr \

@@ -194,9 +194,13 @@ impl RegistryClient {
                         latest_version: latest.version,
                     }
                 } else {
-                    SubjectState::Incompatible {
-                        messages: answer.messages,
-                    }
+                    // Apicurio answers without `messages` even with ?verbose=true.
+                    let messages = if answer.messages.is_empty() {
+                        vec![format!("the registry finds it incompatible with version {} under {COMPATIBILITY}", latest.version)]
+                    } else {
+                        answer.messages
+                    };
+                    SubjectState::Incompatible { messages }
                 })
             }
             // Some registries answer an incompatible schema with 409 instead of a verdict.
