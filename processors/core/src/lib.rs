@@ -1,4 +1,8 @@
 //! Domain of stocksvr: identifiers, statuses and the events exchanged over Kafka.
 //! This crate performs no I/O so every rule in it can be unit-tested in isolation.
 
+pub mod bucket;
 pub mod events;
+pub mod model;
+pub mod reservation;
+pub mod snowflake;

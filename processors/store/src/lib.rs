@@ -1,6 +1,9 @@
 //! MySQL and Redis access for stocksvr: connection set-up, the embedded schema migrations
 //! and (in later modules) the repositories and the Redis Lua executor.
 
+pub mod lua;
+pub mod reservations;
+
 use redis::aio::ConnectionManager;
 use sqlx::migrate::Migrator;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};

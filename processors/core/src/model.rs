@@ -1,0 +1,424 @@
+//! Reference semantics of one bucket's Lua scripts (seed §5, §9, §12.3, §18), as plain Rust.
+//!
+//! Redis runs the real scripts; this model exists so the rules can be checked exhaustively
+//! without a server: the property tests drive it through random interleavings, and the
+//! store crate's Lua tests can replay the same sequences against Redis and compare results.
+//! It therefore follows the scripts' semantics exactly, including their choices:
+//!
+//! - every outcome is recorded under its `operation_id` (also refusals), so a replay returns
+//!   the first result even if the bucket has moved on since;
+//! - the bucket `version` grows only when a quantity or the total changes: a fence-only write
+//!   (empty rollback) or a refusal leaves it alone, so the projector has nothing newer to apply;
+//! - units released while a deficit exists first pay the deficit down (see [`BucketModel::adjust`]),
+//!   which keeps `available + reserved + sold == total + deficit` with `available == 0`
+//!   whenever `deficit > 0`.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::StockAfter;
+
+/// Result code of one Lua step, as the scripts return it (`name()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum OpCode {
+    Succeeded,
+    /// Try only: fewer units available than asked; nothing held, no fence written.
+    Insufficient,
+    /// Try only: the fence is already CANCELED/CONFIRMED/REFUNDED (anti-hanging).
+    Fenced,
+    /// The fence is in a phase this step cannot leave (e.g. Cancel after CONFIRMED).
+    Conflict,
+    /// Refund only: more units than the reservation still holds; nothing moved.
+    OverRefund,
+    /// Arguments the script refuses (zero quantity, negative total). Never recorded, like a
+    /// script error, so a corrected call with the same id is not locked out.
+    Invalid,
+}
+
+impl OpCode {
+    pub const ALL: [OpCode; 6] = [
+        OpCode::Succeeded,
+        OpCode::Insufficient,
+        OpCode::Fenced,
+        OpCode::Conflict,
+        OpCode::OverRefund,
+        OpCode::Invalid,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            OpCode::Succeeded => "SUCCEEDED",
+            OpCode::Insufficient => "INSUFFICIENT",
+            OpCode::Fenced => "FENCED",
+            OpCode::Conflict => "CONFLICT",
+            OpCode::OverRefund => "OVER_REFUND",
+            OpCode::Invalid => "INVALID",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
+/// Phase of the per-reservation fence `inv:{tag}:reservation:<id>` (seed §5.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum FencePhase {
+    /// No fence key: the Try never reached Redis (or was refused as INSUFFICIENT).
+    None,
+    Reserved,
+    Confirmed,
+    Canceled,
+    Refunded,
+}
+
+impl FencePhase {
+    pub const ALL: [FencePhase; 5] = [
+        FencePhase::None,
+        FencePhase::Reserved,
+        FencePhase::Confirmed,
+        FencePhase::Canceled,
+        FencePhase::Refunded,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            FencePhase::None => "NONE",
+            FencePhase::Reserved => "RESERVED",
+            FencePhase::Confirmed => "CONFIRMED",
+            FencePhase::Canceled => "CANCELED",
+            FencePhase::Refunded => "REFUNDED",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The one-way edges of seed §5.2. Staying put (partial refunds) is not an edge.
+    pub const fn can_advance_to(self, next: FencePhase) -> bool {
+        use FencePhase::*;
+        matches!(
+            (self, next),
+            (None, Reserved)
+                | (Reserved, Confirmed)
+                | (None, Canceled)
+                | (Reserved, Canceled)
+                | (Reserved, Refunded)
+                | (Confirmed, Refunded)
+        )
+    }
+
+    /// A late Try must be refused in these phases, or the reservation would hang.
+    pub const fn fences_try(self) -> bool {
+        matches!(
+            self,
+            FencePhase::Canceled | FencePhase::Confirmed | FencePhase::Refunded
+        )
+    }
+}
+
+/// One reservation's fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub phase: FencePhase,
+    /// Units the Try took (or, for an empty rollback, the units the Cancel named).
+    pub quantity: u32,
+    /// Units already returned by partial refunds; never above `quantity`.
+    pub refunded: u32,
+}
+
+impl Fence {
+    /// Units this reservation still keeps out of `available` (in `reserved` or `sold`).
+    pub const fn held(&self) -> u32 {
+        match self.phase {
+            FencePhase::Reserved | FencePhase::Confirmed => {
+                self.quantity.saturating_sub(self.refunded)
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// What a script returns, and what a replay of the same `operation_id` returns again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpResult {
+    pub code: OpCode,
+    /// Cancel found no Try and only wrote the CANCELED fence.
+    pub empty_rollback: bool,
+    /// Absolute numbers after the step (the projector stores these, not deltas).
+    pub after: StockAfter,
+    pub deficit: i64,
+    /// Bucket version after the step.
+    pub version: u64,
+    /// The reservation's fence phase after the step; `None` for `adjust`. The state machine
+    /// reads it to tell where a partial refund returns to (see `reservation::after_redis`).
+    pub fence: FencePhase,
+}
+
+/// One bucket (`inv:{tag}:stock`) with its fences and operation records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketModel {
+    total: i64,
+    available: i64,
+    reserved: i64,
+    sold: i64,
+    deficit: i64,
+    version: u64,
+    fences: HashMap<u64, Fence>,
+    ops: HashMap<String, OpResult>,
+}
+
+impl BucketModel {
+    /// A freshly initialised bucket: version 1 like the init script. A negative total is
+    /// treated as 0, as `adjust` would refuse it.
+    pub fn new(total: i64) -> Self {
+        let total = total.max(0);
+        Self {
+            total,
+            available: total,
+            reserved: 0,
+            sold: 0,
+            deficit: 0,
+            version: 1,
+            fences: HashMap::new(),
+            ops: HashMap::new(),
+        }
+    }
+
+    pub fn stock(&self) -> StockAfter {
+        StockAfter {
+            total: self.total,
+            available: self.available,
+            reserved: self.reserved,
+            sold: self.sold,
+        }
+    }
+
+    pub fn deficit(&self) -> i64 {
+        self.deficit
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn fence(&self, reservation_id: u64) -> Option<&Fence> {
+        self.fences.get(&reservation_id)
+    }
+
+    pub fn fences(&self) -> impl Iterator<Item = (u64, &Fence)> {
+        self.fences.iter().map(|(id, f)| (*id, f))
+    }
+
+    pub fn op_result(&self, operation_id: &str) -> Option<&OpResult> {
+        self.ops.get(operation_id)
+    }
+
+    fn phase(&self, reservation_id: u64) -> FencePhase {
+        self.fences
+            .get(&reservation_id)
+            .map_or(FencePhase::None, |f| f.phase)
+    }
+
+    /// Try: `available -> reserved` and fence NONE -> RESERVED.
+    pub fn try_(&mut self, op_id: &str, reservation_id: u64, qty: u32) -> OpResult {
+        if let Some(first) = self.ops.get(op_id) {
+            return *first;
+        }
+        if qty == 0 {
+            return self.refuse(OpCode::Invalid, reservation_id);
+        }
+        let phase = self.phase(reservation_id);
+        if phase.fences_try() {
+            return self.record(op_id, OpCode::Fenced, false, reservation_id);
+        }
+        if phase == FencePhase::Reserved {
+            // Already held under this reservation (e.g. the op record expired): succeed
+            // without taking the units a second time.
+            return self.record(op_id, OpCode::Succeeded, false, reservation_id);
+        }
+        let qty_i = i64::from(qty);
+        if self.available < qty_i {
+            // No fence: a later Cancel of this reservation is an empty rollback.
+            return self.record(op_id, OpCode::Insufficient, false, reservation_id);
+        }
+        self.available -= qty_i;
+        self.reserved += qty_i;
+        self.version += 1;
+        self.fences.insert(
+            reservation_id,
+            Fence {
+                phase: FencePhase::Reserved,
+                quantity: qty,
+                refunded: 0,
+            },
+        );
+        self.record(op_id, OpCode::Succeeded, false, reservation_id)
+    }
+
+    /// Confirm: the units still held move `reserved -> sold`, fence RESERVED -> CONFIRMED.
+    pub fn confirm(&mut self, op_id: &str, reservation_id: u64) -> OpResult {
+        if let Some(first) = self.ops.get(op_id) {
+            return *first;
+        }
+        let code = match self.fences.get_mut(&reservation_id) {
+            Some(f) if f.phase == FencePhase::Reserved => {
+                // Partial refunds before the confirm already returned part of the units.
+                let held = i64::from(f.held());
+                f.phase = FencePhase::Confirmed;
+                self.reserved -= held;
+                self.sold += held;
+                if held > 0 {
+                    self.version += 1;
+                }
+                OpCode::Succeeded
+            }
+            // Confirmed under another op id (record expired): the units already moved.
+            Some(f) if f.phase == FencePhase::Confirmed => OpCode::Succeeded,
+            _ => OpCode::Conflict,
+        };
+        self.record(op_id, code, false, reservation_id)
+    }
+
+    /// Cancel (only after `OrderCreatedFailed`): `reserved -> available`, or an empty rollback
+    /// that writes the CANCELED fence without adding a unit when the Try never landed.
+    pub fn cancel(&mut self, op_id: &str, reservation_id: u64, qty: u32) -> OpResult {
+        if let Some(first) = self.ops.get(op_id) {
+            return *first;
+        }
+        let (code, empty_rollback) = match self.fences.get(&reservation_id).copied() {
+            None => {
+                self.fences.insert(
+                    reservation_id,
+                    Fence {
+                        phase: FencePhase::Canceled,
+                        quantity: qty,
+                        refunded: 0,
+                    },
+                );
+                (OpCode::Succeeded, true)
+            }
+            Some(f) if f.phase == FencePhase::Reserved => {
+                // The fence, not the caller, knows how much is held.
+                let held = i64::from(f.held());
+                self.reserved -= held;
+                self.release(held);
+                if held > 0 {
+                    self.version += 1;
+                }
+                if let Some(fence) = self.fences.get_mut(&reservation_id) {
+                    fence.phase = FencePhase::Canceled;
+                }
+                (OpCode::Succeeded, false)
+            }
+            Some(f) if f.phase == FencePhase::Canceled => (OpCode::Succeeded, false),
+            Some(_) => (OpCode::Conflict, false),
+        };
+        self.record(op_id, code, empty_rollback, reservation_id)
+    }
+
+    /// Refund of `qty` units (all that is left for `OrderCanceled`, part for a
+    /// `RefundRequested`): from `reserved` before Confirm, from `sold` after it. The fence
+    /// becomes REFUNDED only once every unit is back; until then it keeps its phase.
+    pub fn refund(&mut self, op_id: &str, reservation_id: u64, qty: u32) -> OpResult {
+        if let Some(first) = self.ops.get(op_id) {
+            return *first;
+        }
+        if qty == 0 {
+            return self.refuse(OpCode::Invalid, reservation_id);
+        }
+        let code = match self.fences.get(&reservation_id).copied() {
+            Some(f) if matches!(f.phase, FencePhase::Reserved | FencePhase::Confirmed) => {
+                if qty > f.held() {
+                    OpCode::OverRefund
+                } else {
+                    let q = i64::from(qty);
+                    if f.phase == FencePhase::Reserved {
+                        self.reserved -= q;
+                    } else {
+                        self.sold -= q;
+                    }
+                    self.release(q);
+                    self.version += 1;
+                    if let Some(fence) = self.fences.get_mut(&reservation_id) {
+                        fence.refunded += qty;
+                        if fence.refunded == fence.quantity {
+                            fence.phase = FencePhase::Refunded;
+                        }
+                    }
+                    OpCode::Succeeded
+                }
+            }
+            // Everything is back already: any further unit would be created out of nothing.
+            Some(f) if f.phase == FencePhase::Refunded => OpCode::OverRefund,
+            _ => OpCode::Conflict,
+        };
+        self.record(op_id, code, false, reservation_id)
+    }
+
+    /// Merchant adjustment (seed §12.3): `total = new_total`,
+    /// `available = max(0, total - reserved - sold)`. Units already reserved or sold are
+    /// never taken back; what does not fit is recorded as `deficit` for an operator.
+    pub fn adjust(&mut self, op_id: &str, new_total: i64) -> OpResult {
+        if let Some(first) = self.ops.get(op_id) {
+            return *first;
+        }
+        if new_total < 0 {
+            return self.refuse_adjust();
+        }
+        let held = self.reserved + self.sold;
+        let before = self.stock();
+        self.total = new_total;
+        self.available = (new_total - held).max(0);
+        self.deficit = (held - new_total).max(0);
+        if self.stock() != before {
+            self.version += 1;
+        }
+        let result = self.result(OpCode::Succeeded, false, FencePhase::None);
+        self.ops.insert(op_id.to_owned(), result);
+        result
+    }
+
+    /// Returned units pay an outstanding deficit first: the merchant lowered the total below
+    /// what was promised, so those units are not sellable again.
+    fn release(&mut self, units: i64) {
+        let absorbed = units.min(self.deficit);
+        self.deficit -= absorbed;
+        self.available += units - absorbed;
+    }
+
+    fn result(&self, code: OpCode, empty_rollback: bool, fence: FencePhase) -> OpResult {
+        OpResult {
+            code,
+            empty_rollback,
+            after: self.stock(),
+            deficit: self.deficit,
+            version: self.version,
+            fence,
+        }
+    }
+
+    fn record(
+        &mut self,
+        op_id: &str,
+        code: OpCode,
+        empty_rollback: bool,
+        reservation_id: u64,
+    ) -> OpResult {
+        let result = self.result(code, empty_rollback, self.phase(reservation_id));
+        self.ops.insert(op_id.to_owned(), result);
+        result
+    }
+
+    fn refuse(&self, code: OpCode, reservation_id: u64) -> OpResult {
+        self.result(code, false, self.phase(reservation_id))
+    }
+
+    fn refuse_adjust(&self) -> OpResult {
+        self.result(OpCode::Invalid, false, FencePhase::None)
+    }
+}

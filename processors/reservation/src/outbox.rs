@@ -1,0 +1,208 @@
+//! Builds the outbox rows a completed step commits: one stock-change event (keyed by bucket,
+//! with `redis_version` and absolute after-quantities, for the projector) and one lifecycle
+//! event (keyed by order, for the order domain). Event ids derive from the operation id, so a
+//! step can never enqueue two different events for one Redis operation.
+
+use chrono::{SecondsFormat, Utc};
+use serde::Serialize;
+use stocksvr_core::events::{
+    Envelope, EventData, InventoryCanceledData, InventoryConfirmedData, InventoryRefundedData,
+    InventoryRejectedData, InventoryReservedData, OrderType, StockAction, StockAfter,
+    StockChangeData,
+};
+use stocksvr_store::lua::OpResult;
+use stocksvr_store::reservations::{NewOutbox, Reservation};
+
+pub const PRODUCER: &str = "stocksvr";
+
+fn now_rfc3339() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn ts(t: chrono::NaiveDateTime) -> String {
+    t.and_utc().to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn row<D: EventData + Serialize>(aggregate_id: u64, operation_id: &str, data: D) -> NewOutbox {
+    let kind = data.kind();
+    let envelope = Envelope::new(
+        format!("{operation_id}:{}", kind.name()),
+        now_rfc3339(),
+        PRODUCER,
+        None,
+        data,
+    );
+    NewOutbox {
+        event_id: envelope.event_id.clone(),
+        aggregate_id,
+        event_type: kind.name().to_string(),
+        topic: kind.topic().to_string(),
+        partition_key: envelope.partition_key.clone(),
+        // Serializing plain structs of strings and numbers cannot fail.
+        payload: serde_json::to_value(&envelope).unwrap_or(serde_json::Value::Null),
+    }
+}
+
+fn order_type(r: &Reservation) -> OrderType {
+    if r.order_type == 2 {
+        OrderType::Scheduled
+    } else {
+        OrderType::Instant
+    }
+}
+
+/// The Redis step's effect on the bucket, for the ledger (seed §4.4 delta table).
+pub struct Deltas {
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn stock_change(
+    r: &Reservation,
+    action: StockAction,
+    operation_id: &str,
+    quantity: u32,
+    deltas: Deltas,
+    result: &OpResult,
+    refund_id: Option<&str>,
+) -> NewOutbox {
+    let data = StockChangeData {
+        order_id: r.order_id as i64,
+        merchant_id: r.merchant_id as i64,
+        dish_id: r.dish_id as i64,
+        stock_bucket_id: r.stock_bucket_id.clone(),
+        stock_date: r.stock_date.to_string(),
+        order_type: order_type(r),
+        processing_time: r.processing_time.map(ts),
+        reservation_id: r.id as i64,
+        order_item_id: r.order_item_id as i64,
+        operation_id: operation_id.to_string(),
+        action,
+        quantity: quantity as i32,
+        available_delta: deltas.available,
+        reserved_delta: deltas.reserved,
+        sold_delta: deltas.sold,
+        redis_version: result.after.version as i64,
+        after: StockAfter {
+            total: result.after.total,
+            available: result.after.available,
+            reserved: result.after.reserved,
+            sold: result.after.sold,
+        },
+        reason_code: None,
+        refund_id: refund_id.map(str::to_string),
+        empty_rollback: result.empty_rollback,
+    };
+    row(r.id, operation_id, data)
+}
+
+pub fn reserved(r: &Reservation, operation_id: &str) -> NewOutbox {
+    row(
+        r.id,
+        operation_id,
+        InventoryReservedData {
+            order_id: r.order_id as i64,
+            order_item_id: r.order_item_id as i64,
+            reservation_id: r.id as i64,
+            merchant_id: r.merchant_id as i64,
+            dish_id: r.dish_id as i64,
+            stock_bucket_id: r.stock_bucket_id.clone(),
+            stock_date: r.stock_date.to_string(),
+            quantity: r.quantity as i32,
+            order_type: order_type(r),
+            processing_time: r.processing_time.map(ts),
+            expire_at: ts(r.expire_at),
+            reason_code: None,
+        },
+    )
+}
+
+pub fn rejected(
+    r: &Reservation,
+    operation_id: &str,
+    reason: &str,
+    available: Option<i64>,
+) -> NewOutbox {
+    row(
+        r.id,
+        operation_id,
+        InventoryRejectedData {
+            order_id: r.order_id as i64,
+            order_item_id: r.order_item_id as i64,
+            reservation_id: r.id as i64,
+            merchant_id: r.merchant_id as i64,
+            dish_id: r.dish_id as i64,
+            stock_bucket_id: r.stock_bucket_id.clone(),
+            stock_date: r.stock_date.to_string(),
+            quantity: r.quantity as i32,
+            available,
+            reason_code: reason.to_string(),
+        },
+    )
+}
+
+pub fn confirmed(r: &Reservation, operation_id: &str) -> NewOutbox {
+    row(
+        r.id,
+        operation_id,
+        InventoryConfirmedData {
+            order_id: r.order_id as i64,
+            order_item_id: r.order_item_id as i64,
+            reservation_id: r.id as i64,
+            merchant_id: r.merchant_id as i64,
+            dish_id: r.dish_id as i64,
+            stock_bucket_id: r.stock_bucket_id.clone(),
+            stock_date: r.stock_date.to_string(),
+            quantity: r.held() as i32,
+            order_type: order_type(r),
+            reason_code: None,
+        },
+    )
+}
+
+pub fn canceled(r: &Reservation, operation_id: &str, empty_rollback: bool) -> NewOutbox {
+    row(
+        r.id,
+        operation_id,
+        InventoryCanceledData {
+            order_id: r.order_id as i64,
+            order_item_id: r.order_item_id as i64,
+            reservation_id: r.id as i64,
+            merchant_id: r.merchant_id as i64,
+            dish_id: r.dish_id as i64,
+            stock_bucket_id: r.stock_bucket_id.clone(),
+            stock_date: r.stock_date.to_string(),
+            quantity: r.quantity as i32,
+            empty_rollback,
+            reason_code: empty_rollback.then(|| "EMPTY_ROLLBACK".to_string()),
+        },
+    )
+}
+
+pub fn refunded(
+    r: &Reservation,
+    operation_id: &str,
+    quantity: u32,
+    refund_id: Option<&str>,
+    before_confirm: bool,
+) -> NewOutbox {
+    row(
+        r.id,
+        operation_id,
+        InventoryRefundedData {
+            order_id: r.order_id as i64,
+            order_item_id: r.order_item_id as i64,
+            reservation_id: r.id as i64,
+            merchant_id: r.merchant_id as i64,
+            dish_id: r.dish_id as i64,
+            stock_bucket_id: r.stock_bucket_id.clone(),
+            stock_date: r.stock_date.to_string(),
+            quantity: quantity as i32,
+            refund_id: refund_id.map(str::to_string),
+            before_confirm,
+            reason_code: None,
+        },
+    )
+}

@@ -1,0 +1,487 @@
+//! The reservation service against real MariaDB and Redis (the local stack): the invariants
+//! of seed §17 under concurrency, duplication, races and the crash window between Redis
+//! and MySQL. Each test uses its own database and its own merchant (so its own Redis keys).
+
+use chrono::{NaiveDate, Utc};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use stocksvr_core::bucket::BucketKey;
+use stocksvr_core::events::OrderType;
+use stocksvr_core::reservation::{try_operation_id, ReservationStatus};
+use stocksvr_core::snowflake::SnowflakeGenerator;
+use stocksvr_reservation::{
+    IntentOutcome, ReservationService, ServiceConfig, ServiceError, TryRequest,
+};
+use stocksvr_store::lua::{BucketKeys, LuaExecutor, Outcome};
+use stocksvr_store::reservations::{self as repo, Baseline, InsertOutcome, NewReservation};
+
+fn env_or(key: &str, default: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| default.to_string())
+}
+
+fn seed() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as u64;
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
+struct Fixture {
+    service: Arc<ReservationService>,
+    lua: Arc<LuaExecutor>,
+    pool: sqlx::MySqlPool,
+    merchant_id: u64,
+    dish_id: u64,
+    today: NaiveDate,
+}
+
+impl Fixture {
+    async fn new(total: i64) -> Self {
+        let base = env_or(
+            "STOCKSVR__MYSQL__URL",
+            "mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr",
+        );
+        let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
+        let s = seed();
+        let db = format!("stocksvr_rsv_{}", s % 1_000_000_000_000);
+        sqlx::query(&format!("CREATE DATABASE `{db}`"))
+            .execute(&admin)
+            .await
+            .expect("create db");
+        let (prefix, _) = base.rsplit_once('/').expect("db path");
+        let pool =
+            stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 32, Duration::from_secs(30))
+                .expect("pool");
+        stocksvr_store::migrate(&pool).await.expect("migrate");
+        let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
+        let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
+            .await
+            .expect("redis");
+        let config = ServiceConfig::default();
+        let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
+        let ids = SnowflakeGenerator::new((s % 1024) as u16).expect("worker id");
+        let merchant_id = 1_000_000 + s % 1_000_000_000;
+        let dish_id = 77;
+        let today = Utc::now().date_naive();
+        repo::set_merchant_timezone(&pool, merchant_id, "UTC")
+            .await
+            .expect("tz");
+        let fixture = Self {
+            service: Arc::new(ReservationService::new(
+                pool.clone(),
+                lua.clone(),
+                ids,
+                config,
+            )),
+            lua,
+            pool,
+            merchant_id,
+            dish_id,
+            today,
+        };
+        fixture.baseline(today, total).await;
+        fixture
+    }
+
+    async fn baseline(&self, date: NaiveDate, total: i64) {
+        let key = BucketKey::new(self.merchant_id, self.dish_id, date);
+        repo::ensure_baseline(
+            &self.pool,
+            &Baseline {
+                stock_bucket_id: key.stock_bucket_id(),
+                merchant_id: self.merchant_id,
+                dish_id: self.dish_id,
+                stock_date: date,
+                timezone: "UTC".into(),
+                total_stock: total,
+                baseline_version: 1,
+                stock_status: 1,
+                bucket_status: 10,
+            },
+        )
+        .await
+        .expect("baseline");
+    }
+
+    fn keys(&self) -> BucketKeys {
+        BucketKeys::new(self.merchant_id, self.dish_id, &self.today.to_string()).expect("keys")
+    }
+
+    fn request(&self, item: u64, quantity: u32) -> TryRequest {
+        TryRequest {
+            order_id: 5_000 + item / 10,
+            order_item_id: item,
+            merchant_id: self.merchant_id,
+            dish_id: self.dish_id,
+            quantity,
+            order_type: OrderType::Instant,
+            processing_time: None,
+        }
+    }
+
+    async fn numbers(&self) -> (i64, i64, i64, i64) {
+        let n = self
+            .lua
+            .read_bucket(&self.keys())
+            .await
+            .expect("read")
+            .expect("bucket exists");
+        (n.total, n.available, n.reserved, n.sold)
+    }
+
+    async fn reserve(&self, item: u64, quantity: u32) -> u64 {
+        let reply = self
+            .service
+            .try_reserve(&self.request(item, quantity))
+            .await
+            .expect("try");
+        assert_eq!(reply.reservation.status, "RESERVED");
+        reply.reservation.reservation_id.parse().expect("id")
+    }
+
+    async fn status(&self, id: u64) -> String {
+        self.service
+            .get(id)
+            .await
+            .expect("get")
+            .expect("exists")
+            .status
+    }
+
+    /// A PREPARING row whose Try has not reached Redis, as a crash right after the insert leaves it.
+    async fn preparing(&self, id: u64, item: u64, quantity: u32) {
+        let key = BucketKey::new(self.merchant_id, self.dish_id, self.today);
+        let now = Utc::now().naive_utc();
+        let new = NewReservation {
+            id,
+            order_id: 9_000,
+            order_item_id: item,
+            merchant_id: self.merchant_id,
+            dish_id: self.dish_id,
+            stock_bucket_id: key.stock_bucket_id(),
+            stock_date: self.today,
+            quantity,
+            order_type: 1,
+            processing_time: None,
+            expire_at: now,
+            try_operation_id: try_operation_id(id),
+        };
+        assert_eq!(
+            repo::insert_preparing(&self.pool, &new)
+                .await
+                .expect("insert"),
+            InsertOutcome::Inserted
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_thousand_concurrent_trys_never_oversell() {
+    let f = Fixture::new(500).await;
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut tasks = Vec::new();
+    for item in 1..=2000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let quantity = (x % 3) as u32 + 1;
+        let (service, req) = (f.service.clone(), f.request(item, quantity));
+        tasks.push(tokio::spawn(async move {
+            (quantity, service.try_reserve(&req).await)
+        }));
+    }
+    let mut reserved_sum = 0i64;
+    let mut reserved_count = 0;
+    for task in tasks {
+        let (quantity, reply) = task.await.expect("task");
+        let reply = reply.expect("every Try gets a definite answer");
+        match reply.reservation.status.as_str() {
+            "RESERVED" => {
+                reserved_sum += i64::from(quantity);
+                reserved_count += 1;
+            }
+            "REJECTED" => assert_eq!(
+                reply.reservation.reject_reason.as_deref(),
+                Some("INSUFFICIENT_STOCK")
+            ),
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    let (total, available, reserved, sold) = f.numbers().await;
+    assert!(reserved_sum <= 500, "oversold: {reserved_sum}");
+    assert_eq!(
+        reserved, reserved_sum,
+        "Redis reserved equals the acknowledged Trys"
+    );
+    assert_eq!(available + reserved + sold, total);
+    assert!(
+        available >= 0 && available < 3,
+        "stock left behind while Trys were rejected: {available}"
+    );
+    let (rows, qty): (i64, Option<i64>) = sqlx::query_as(
+        "SELECT COUNT(*), CAST(SUM(quantity) AS SIGNED) FROM inventory_reservation WHERE status = ?",
+    )
+    .bind(ReservationStatus::Reserved.code() as i8)
+    .fetch_one(&f.pool)
+    .await
+    .expect("count");
+    assert_eq!(rows, reserved_count);
+    assert_eq!(qty, Some(reserved_sum));
+    let outbox: (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM inventory_outbox WHERE event_type = 'InventoryRedisReserved'",
+    )
+    .fetch_one(&f.pool)
+    .await
+    .expect("outbox");
+    assert_eq!(
+        outbox.0, reserved_count,
+        "one stock-change event per reservation"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_try_fifty_times_reserves_once() {
+    let f = Fixture::new(100).await;
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let (service, req) = (f.service.clone(), f.request(42, 2));
+        tasks.push(tokio::spawn(async move { service.try_reserve(&req).await }));
+    }
+    let mut ids = HashSet::new();
+    let mut created = 0;
+    for task in tasks {
+        let reply = task.await.expect("task").expect("try");
+        assert_eq!(reply.reservation.status, "RESERVED");
+        ids.insert(reply.reservation.reservation_id);
+        created += usize::from(reply.created);
+    }
+    assert_eq!(ids.len(), 1, "one reservation");
+    assert_eq!(created, 1, "one request created it, the others repeated it");
+    assert_eq!(f.numbers().await, (100, 98, 2, 0), "one Redis effect");
+}
+
+#[tokio::test]
+async fn cancel_before_try_is_an_empty_rollback_and_the_late_try_is_fenced() {
+    let f = Fixture::new(10).await;
+    f.reserve(1, 1).await; // initialise the bucket
+    let id = 700_000 + seed() % 1000;
+    f.preparing(id, 2, 3).await;
+    let before = f.numbers().await;
+    match f.service.cancel(id).await.expect("cancel") {
+        IntentOutcome::Done {
+            reservation,
+            already,
+        } => {
+            assert_eq!(reservation.status, "CANCELED");
+            assert!(!already);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(f.numbers().await, before, "an empty rollback adds no stock");
+    let fence = f
+        .lua
+        .read_fence(&f.keys(), id)
+        .await
+        .expect("fence")
+        .expect("fence written");
+    assert_eq!(fence.phase, "CANCELED");
+    // The Try that was in flight arrives now: fenced, nothing moves (anti-hanging).
+    let late = f
+        .lua
+        .try_reserve(&f.keys(), id, &try_operation_id(id), 3)
+        .await
+        .expect("late try");
+    assert_eq!(late.outcome, Outcome::Fenced);
+    assert_eq!(f.numbers().await, before);
+    // A repeat of the Try request never revives a CANCELED reservation.
+    let mut req = f.request(2, 3);
+    req.order_id = 9_000;
+    let again = f.service.try_reserve(&req).await.expect("repeat");
+    assert!(!again.created);
+    assert_eq!(again.reservation.status, "CANCELED");
+    assert_eq!(f.numbers().await, before);
+    let canceled: (String,) = sqlx::query_as(
+        "SELECT CAST(payload AS CHAR) FROM inventory_outbox WHERE event_type = 'InventoryCanceled'",
+    )
+    .fetch_one(&f.pool)
+    .await
+    .expect("lifecycle event");
+    assert!(
+        canceled.0.contains("\"empty_rollback\":true"),
+        "{}",
+        canceled.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confirm_and_cancel_race_and_exactly_one_wins() {
+    let f = Fixture::new(1000).await;
+    let mut ids = Vec::new();
+    for item in 1..=100u64 {
+        ids.push(f.reserve(item, 2).await);
+    }
+    let mut tasks = Vec::new();
+    for &id in &ids {
+        let (a, b) = (f.service.clone(), f.service.clone());
+        let confirm = tokio::spawn(async move { a.confirm(id).await });
+        let cancel = tokio::spawn(async move { b.cancel(id).await });
+        tasks.push((id, confirm, cancel));
+    }
+    let mut confirmed = 0i64;
+    for (id, confirm, cancel) in tasks {
+        let c = confirm.await.expect("task").expect("confirm answers");
+        let x = cancel.await.expect("task").expect("cancel answers");
+        let won = |o: &IntentOutcome| matches!(o, IntentOutcome::Done { already: false, .. });
+        let lost = |o: &IntentOutcome| matches!(o, IntentOutcome::Conflict { .. });
+        assert!(
+            won(&c) ^ won(&x),
+            "exactly one winner for {id}: {c:?} / {x:?}"
+        );
+        assert!(
+            lost(&c) || lost(&x),
+            "the loser is told it conflicts: {c:?} / {x:?}"
+        );
+        let status = f.status(id).await;
+        if won(&c) {
+            assert_eq!(status, "CONFIRMED");
+            confirmed += 2;
+        } else {
+            assert_eq!(status, "CANCELED");
+        }
+    }
+    let (total, available, reserved, sold) = f.numbers().await;
+    assert_eq!((reserved, sold), (0, confirmed));
+    assert_eq!(available + reserved + sold, total);
+}
+
+#[tokio::test]
+async fn refunds_from_confirmed_and_created_reserved_are_idempotent_and_bounded() {
+    let f = Fixture::new(50).await;
+    let confirmed = f.reserve(1, 3).await;
+    assert!(matches!(
+        f.service.confirm(confirmed).await.expect("confirm"),
+        IntentOutcome::Done { .. }
+    ));
+    assert_eq!(f.numbers().await, (50, 47, 0, 3));
+
+    let partial = f
+        .service
+        .refund(confirmed, Some("r1"), Some(1))
+        .await
+        .expect("refund r1");
+    assert!(
+        matches!(&partial, IntentOutcome::Done { reservation, already: false } if reservation.status == "CONFIRMED" && reservation.refunded_quantity == 1),
+        "{partial:?}"
+    );
+    assert_eq!(f.numbers().await, (50, 48, 0, 2), "sold -> available");
+    let repeat = f
+        .service
+        .refund(confirmed, Some("r1"), Some(1))
+        .await
+        .expect("repeat r1");
+    assert!(
+        matches!(repeat, IntentOutcome::Done { already: true, .. }),
+        "{repeat:?}"
+    );
+    assert_eq!(
+        f.numbers().await,
+        (50, 48, 0, 2),
+        "a repeated refund returns the first result"
+    );
+    let over = f.service.refund(confirmed, Some("r2"), Some(3)).await;
+    assert!(
+        matches!(
+            over,
+            Err(ServiceError::OverRefund {
+                asked: 3,
+                held: 2,
+                ..
+            })
+        ),
+        "{over:?}"
+    );
+    let rest = f
+        .service
+        .refund(confirmed, Some("r2"), Some(2))
+        .await
+        .expect("refund r2");
+    assert!(
+        matches!(&rest, IntentOutcome::Done { reservation, .. } if reservation.status == "REFUNDED"),
+        "{rest:?}"
+    );
+    assert_eq!(f.numbers().await, (50, 50, 0, 0));
+
+    // Scheduled order: OrderCreated parks it in CREATED_RESERVED; OrderCanceled refunds from reserved.
+    let mut req = f.request(2, 4);
+    req.order_type = OrderType::Scheduled;
+    req.processing_time = Some(Utc::now() + chrono::TimeDelta::minutes(1));
+    if req.processing_time.map(|t| t.date_naive()) != Some(f.today) {
+        return; // a minute before midnight UTC the bucket would be tomorrow's; nothing to learn then
+    }
+    let scheduled: u64 = f
+        .service
+        .try_reserve(&req)
+        .await
+        .expect("try")
+        .reservation
+        .reservation_id
+        .parse()
+        .expect("id");
+    assert!(
+        matches!(f.service.mark_created(scheduled).await.expect("created"), IntentOutcome::Done { ref reservation, .. } if reservation.status == "CREATED_RESERVED")
+    );
+    assert!(
+        matches!(
+            f.service.cancel(scheduled).await.expect("cancel"),
+            IntentOutcome::Conflict { .. }
+        ),
+        "no Cancel after OrderCreated"
+    );
+    assert_eq!(f.numbers().await, (50, 46, 4, 0));
+    let full = f
+        .service
+        .refund(scheduled, None, None)
+        .await
+        .expect("full refund");
+    assert!(
+        matches!(&full, IntentOutcome::Done { reservation, .. } if reservation.status == "REFUNDED"),
+        "{full:?}"
+    );
+    assert_eq!(f.numbers().await, (50, 50, 0, 0), "reserved -> available");
+    let again = f
+        .service
+        .refund(scheduled, None, None)
+        .await
+        .expect("again");
+    assert!(matches!(again, IntentOutcome::Done { already: true, .. }));
+    assert_eq!(f.numbers().await, (50, 50, 0, 0));
+}
+
+#[tokio::test]
+async fn lua_succeeded_mysql_not_updated_resumes_without_reserving_twice() {
+    let f = Fixture::new(20).await;
+    f.reserve(1, 1).await; // initialise the bucket
+    let id = 800_000 + seed() % 1000;
+    f.preparing(id, 2, 5).await;
+    // The crash window: the Try ran in Redis, the process died before the MySQL TX.
+    let first = f
+        .lua
+        .try_reserve(&f.keys(), id, &try_operation_id(id), 5)
+        .await
+        .expect("lua try");
+    assert_eq!(first.outcome, Outcome::Succeeded);
+    assert_eq!(f.numbers().await, (20, 14, 6, 0));
+    assert_eq!(f.status(id).await, "PREPARING");
+    // Recovery resumes with the stored operation id: the Lua replays its first result.
+    let resumed = f.service.resume(id).await.expect("resume");
+    assert_eq!(resumed.status, "RESERVED");
+    assert_eq!(f.numbers().await, (20, 14, 6, 0), "reserved once");
+    // And the repeat of the original Try request answers with the same reservation.
+    let mut req = f.request(2, 5);
+    req.order_id = 9_000;
+    let again = f.service.try_reserve(&req).await.expect("repeat");
+    assert_eq!(again.reservation.reservation_id, id.to_string());
+    assert_eq!(f.numbers().await, (20, 14, 6, 0));
+}

@@ -1,0 +1,526 @@
+//! MySQL side of the reservation state machine. Every status change is a CAS on
+//! `(status, version)`; a change that finishes a Redis step commits its outbox rows in the
+//! same transaction, so an event exists if and only if the state change does.
+
+use chrono::{NaiveDate, NaiveDateTime, Utc};
+use sqlx::{MySql, MySqlPool, Transaction};
+use stocksvr_core::reservation::ReservationStatus;
+
+/// `inventory_reservation` row.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Reservation {
+    pub id: u64,
+    pub order_id: u64,
+    pub order_item_id: u64,
+    pub merchant_id: u64,
+    pub dish_id: u64,
+    pub stock_bucket_id: String,
+    pub stock_date: NaiveDate,
+    pub quantity: u32,
+    pub refunded_quantity: u32,
+    pub pending_quantity: u32,
+    pub order_type: i8,
+    pub processing_time: Option<NaiveDateTime>,
+    pub expire_at: NaiveDateTime,
+    pub status: i8,
+    pub resume_status: Option<i8>,
+    pub reject_reason: Option<String>,
+    pub current_operation_id: String,
+    pub retry_count: u32,
+    pub next_retry_at: NaiveDateTime,
+    pub last_error: Option<String>,
+    pub sync_status: i8,
+    pub expected_redis_version: Option<u64>,
+    pub synced_redis_version: u64,
+    pub version: u32,
+    pub created_at: NaiveDateTime,
+    pub updated_at: NaiveDateTime,
+}
+
+impl Reservation {
+    /// The row's status; an unknown code means the table was written by something else.
+    pub fn status(&self) -> Result<ReservationStatus, sqlx::Error> {
+        u8::try_from(self.status)
+            .ok()
+            .and_then(ReservationStatus::from_code)
+            .ok_or_else(|| {
+                sqlx::Error::Decode(format!("unknown reservation status {}", self.status).into())
+            })
+    }
+
+    pub fn resume_status(&self) -> Option<ReservationStatus> {
+        self.resume_status
+            .and_then(|c| u8::try_from(c).ok())
+            .and_then(ReservationStatus::from_code)
+    }
+
+    /// What the reservation still holds in its bucket.
+    pub fn held(&self) -> u32 {
+        self.quantity.saturating_sub(self.refunded_quantity)
+    }
+}
+
+const COLUMNS: &str =
+    "id, order_id, order_item_id, merchant_id, dish_id, stock_bucket_id, stock_date, \
+    quantity, refunded_quantity, pending_quantity, order_type, processing_time, expire_at, status, \
+    resume_status, reject_reason, current_operation_id, retry_count, next_retry_at, last_error, \
+    sync_status, expected_redis_version, synced_redis_version, version, created_at, updated_at";
+
+/// A reservation about to be written as PREPARING.
+#[derive(Debug, Clone)]
+pub struct NewReservation {
+    pub id: u64,
+    pub order_id: u64,
+    pub order_item_id: u64,
+    pub merchant_id: u64,
+    pub dish_id: u64,
+    pub stock_bucket_id: String,
+    pub stock_date: NaiveDate,
+    pub quantity: u32,
+    pub order_type: i8,
+    pub processing_time: Option<NaiveDateTime>,
+    pub expire_at: NaiveDateTime,
+    pub try_operation_id: String,
+}
+
+/// An event to publish, written in the same transaction as the state change it announces.
+#[derive(Debug, Clone)]
+pub struct NewOutbox {
+    pub event_id: String,
+    pub aggregate_id: u64,
+    pub event_type: String,
+    pub topic: String,
+    pub partition_key: String,
+    pub payload: serde_json::Value,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum InsertOutcome {
+    Inserted,
+    /// `(order_item_id, dish_id)` already has a reservation: the Try is a repeat.
+    Existing(Box<Reservation>),
+}
+
+fn now() -> NaiveDateTime {
+    Utc::now().naive_utc()
+}
+
+fn is_duplicate_key(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+pub async fn insert_preparing(
+    pool: &MySqlPool,
+    r: &NewReservation,
+) -> Result<InsertOutcome, sqlx::Error> {
+    let now = now();
+    let result = sqlx::query(
+        "INSERT INTO inventory_reservation (id, order_id, order_item_id, merchant_id, dish_id, \
+         stock_bucket_id, stock_date, quantity, order_type, processing_time, expire_at, status, \
+         current_operation_id, next_retry_at, created_at, updated_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(r.id)
+    .bind(r.order_id)
+    .bind(r.order_item_id)
+    .bind(r.merchant_id)
+    .bind(r.dish_id)
+    .bind(&r.stock_bucket_id)
+    .bind(r.stock_date)
+    .bind(r.quantity)
+    .bind(r.order_type)
+    .bind(r.processing_time)
+    .bind(r.expire_at)
+    .bind(ReservationStatus::Preparing.code() as i8)
+    .bind(&r.try_operation_id)
+    .bind(now)
+    .bind(now)
+    .bind(now)
+    .execute(pool)
+    .await;
+    match result {
+        Ok(_) => Ok(InsertOutcome::Inserted),
+        Err(e) if is_duplicate_key(&e) => {
+            match find_by_item(pool, r.order_item_id, r.dish_id).await? {
+                Some(existing) => Ok(InsertOutcome::Existing(Box::new(existing))),
+                // The duplicate was on the primary key: a snowflake collision would be a bug.
+                None => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+pub async fn find(pool: &MySqlPool, id: u64) -> Result<Option<Reservation>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM inventory_reservation WHERE id = ?"
+    ))
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+}
+
+pub async fn find_by_item(
+    pool: &MySqlPool,
+    order_item_id: u64,
+    dish_id: u64,
+) -> Result<Option<Reservation>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM inventory_reservation WHERE order_item_id = ? AND dish_id = ?"
+    ))
+    .bind(order_item_id)
+    .bind(dish_id)
+    .fetch_optional(pool)
+    .await
+}
+
+pub async fn list_by_order(
+    pool: &MySqlPool,
+    order_id: u64,
+) -> Result<Vec<Reservation>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM inventory_reservation WHERE order_id = ? ORDER BY order_item_id, dish_id"
+    ))
+    .bind(order_id)
+    .fetch_all(pool)
+    .await
+}
+
+/// The intermediate step a CAS moves into, with what a resume needs.
+#[derive(Debug, Clone)]
+pub struct Step<'a> {
+    pub to: ReservationStatus,
+    pub operation_id: &'a str,
+    pub pending_quantity: u32,
+    /// For a partial refund: where the reservation returns afterwards.
+    pub resume_status: Option<ReservationStatus>,
+}
+
+/// CAS `from`@`version` → `step.to`. False when another actor changed the row first.
+pub async fn begin_step(
+    conn: &mut sqlx::MySqlConnection,
+    id: u64,
+    from: ReservationStatus,
+    version: u32,
+    step: &Step<'_>,
+) -> Result<bool, sqlx::Error> {
+    let now = now();
+    let done = sqlx::query(
+        "UPDATE inventory_reservation SET status = ?, current_operation_id = ?, pending_quantity = ?, \
+         resume_status = ?, retry_count = 0, next_retry_at = ?, last_error = NULL, version = version + 1, \
+         updated_at = ? WHERE id = ? AND status = ? AND version = ?",
+    )
+    .bind(step.to.code() as i8)
+    .bind(step.operation_id)
+    .bind(step.pending_quantity)
+    .bind(step.resume_status.map(|s| s.code() as i8))
+    .bind(now)
+    .bind(now)
+    .bind(id)
+    .bind(from.code() as i8)
+    .bind(version)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// How a finished Redis step lands in MySQL.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub to: ReservationStatus,
+    /// Redis version after the step, which the projector must reach (None: no Redis change).
+    pub expected_redis_version: Option<u64>,
+    pub refunded_add: u32,
+    pub reject_reason: Option<String>,
+    pub outbox: Vec<NewOutbox>,
+}
+
+/// One transaction: CAS `from`@`version` → `completion.to` and the outbox rows.
+/// False (and nothing written) when another actor changed the row first.
+pub async fn complete_step(
+    pool: &MySqlPool,
+    id: u64,
+    from: ReservationStatus,
+    version: u32,
+    completion: &Completion,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let now = now();
+    let done = sqlx::query(
+        "UPDATE inventory_reservation SET status = ?, \
+         expected_redis_version = COALESCE(?, expected_redis_version), \
+         sync_status = IF(? IS NULL, sync_status, 10), \
+         refunded_quantity = refunded_quantity + ?, pending_quantity = 0, resume_status = NULL, \
+         reject_reason = COALESCE(?, reject_reason), retry_count = 0, last_error = NULL, \
+         version = version + 1, updated_at = ? WHERE id = ? AND status = ? AND version = ?",
+    )
+    .bind(completion.to.code() as i8)
+    .bind(completion.expected_redis_version)
+    .bind(completion.expected_redis_version)
+    .bind(completion.refunded_add)
+    .bind(completion.reject_reason.as_deref())
+    .bind(now)
+    .bind(id)
+    .bind(from.code() as i8)
+    .bind(version)
+    .execute(&mut *tx)
+    .await?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    insert_outbox(&mut tx, &completion.outbox).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+pub async fn insert_outbox(
+    tx: &mut Transaction<'_, MySql>,
+    rows: &[NewOutbox],
+) -> Result<(), sqlx::Error> {
+    let now = now();
+    for row in rows {
+        sqlx::query(
+            "INSERT INTO inventory_outbox (event_id, aggregate_id, event_type, topic, partition_key, \
+             payload, status, next_retry_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 10, ?, ?)",
+        )
+        .bind(&row.event_id)
+        .bind(row.aggregate_id)
+        .bind(&row.event_type)
+        .bind(&row.topic)
+        .bind(&row.partition_key)
+        .bind(&row.payload)
+        .bind(now)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Notes a failed attempt on an intermediate state without moving it: the recovery worker
+/// picks it up at `next_retry_at` and resumes with the stored operation id.
+pub async fn record_failure(
+    pool: &MySqlPool,
+    id: u64,
+    status: ReservationStatus,
+    error: &str,
+    retry_after: chrono::Duration,
+) -> Result<(), sqlx::Error> {
+    let error: String = error.chars().take(1000).collect();
+    sqlx::query(
+        "UPDATE inventory_reservation SET retry_count = retry_count + 1, last_error = ?, \
+         next_retry_at = ?, updated_at = ? WHERE id = ? AND status = ?",
+    )
+    .bind(error)
+    .bind(now() + retry_after)
+    .bind(now())
+    .bind(id)
+    .bind(status.code() as i8)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// `inventory_refund` row: one per refund request.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct RefundRecord {
+    pub reservation_id: u64,
+    pub refund_key: String,
+    pub operation_id: String,
+    pub quantity: u32,
+    pub status: i8,
+    pub redis_version: Option<u64>,
+}
+
+pub const REFUND_IN_PROGRESS: i8 = 10;
+pub const REFUND_DONE: i8 = 20;
+/// Refused by Redis as more than held; nothing moved.
+pub const REFUND_REFUSED: i8 = 30;
+
+pub async fn find_refund(
+    pool: &MySqlPool,
+    reservation_id: u64,
+    refund_key: &str,
+) -> Result<Option<RefundRecord>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT reservation_id, refund_key, operation_id, quantity, status, redis_version \
+         FROM inventory_refund WHERE reservation_id = ? AND refund_key = ?",
+    )
+    .bind(reservation_id)
+    .bind(refund_key)
+    .fetch_optional(pool)
+    .await
+}
+
+/// One transaction: the refund request row and the CAS into REFUNDING. False when either
+/// the request was already recorded or the reservation changed first.
+pub async fn begin_refund(
+    pool: &MySqlPool,
+    reservation: &Reservation,
+    from: ReservationStatus,
+    refund_key: &str,
+    step: &Step<'_>,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let now = now();
+    let inserted = sqlx::query(
+        "INSERT IGNORE INTO inventory_refund (reservation_id, refund_key, operation_id, quantity, status, \
+         created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(reservation.id)
+    .bind(refund_key)
+    .bind(step.operation_id)
+    .bind(step.pending_quantity)
+    .bind(REFUND_IN_PROGRESS)
+    .bind(now)
+    .bind(now)
+    .execute(&mut *tx)
+    .await?;
+    if inserted.rows_affected() != 1
+        || !begin_step(&mut tx, reservation.id, from, reservation.version, step).await?
+    {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Completes a refund: the reservation CAS, the refund row and the outbox in one transaction.
+pub async fn complete_refund(
+    pool: &MySqlPool,
+    reservation: &Reservation,
+    completion: &Completion,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let now = now();
+    let done = sqlx::query(
+        "UPDATE inventory_reservation SET status = ?, \
+         expected_redis_version = COALESCE(?, expected_redis_version), sync_status = 10, \
+         refunded_quantity = refunded_quantity + ?, pending_quantity = 0, resume_status = NULL, \
+         retry_count = 0, last_error = NULL, version = version + 1, updated_at = ? \
+         WHERE id = ? AND status = ? AND version = ?",
+    )
+    .bind(completion.to.code() as i8)
+    .bind(completion.expected_redis_version)
+    .bind(completion.refunded_add)
+    .bind(now)
+    .bind(reservation.id)
+    .bind(ReservationStatus::Refunding.code() as i8)
+    .bind(reservation.version)
+    .execute(&mut *tx)
+    .await?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    sqlx::query(
+        "UPDATE inventory_refund SET status = ?, redis_version = ?, updated_at = ? WHERE operation_id = ?",
+    )
+    .bind(if completion.refunded_add > 0 { REFUND_DONE } else { REFUND_REFUSED })
+    .bind(completion.expected_redis_version)
+    .bind(now)
+    .bind(&reservation.current_operation_id)
+    .execute(&mut *tx)
+    .await?;
+    insert_outbox(&mut tx, &completion.outbox).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// `dish_stock_baseline` as the Try path needs it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Baseline {
+    pub stock_bucket_id: String,
+    pub merchant_id: u64,
+    pub dish_id: u64,
+    pub stock_date: NaiveDate,
+    pub timezone: String,
+    pub total_stock: i64,
+    pub baseline_version: u64,
+    pub stock_status: i8,
+    pub bucket_status: i8,
+}
+
+pub async fn find_baseline(
+    pool: &MySqlPool,
+    bucket_id: &str,
+) -> Result<Option<Baseline>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, timezone, total_stock, \
+         baseline_version, stock_status, bucket_status FROM dish_stock_baseline WHERE stock_bucket_id = ?",
+    )
+    .bind(bucket_id)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Creates the baseline row if missing (same bucket, same values: a no-op on repeat).
+pub async fn ensure_baseline(pool: &MySqlPool, b: &Baseline) -> Result<(), sqlx::Error> {
+    let now = now();
+    sqlx::query(
+        "INSERT IGNORE INTO dish_stock_baseline (stock_bucket_id, merchant_id, dish_id, stock_date, \
+         timezone, total_stock, baseline_version, stock_status, bucket_status, created_at, updated_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&b.stock_bucket_id)
+    .bind(b.merchant_id)
+    .bind(b.dish_id)
+    .bind(b.stock_date)
+    .bind(&b.timezone)
+    .bind(b.total_stock)
+    .bind(b.baseline_version)
+    .bind(b.stock_status)
+    .bind(b.bucket_status)
+    .bind(now)
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The merchant's IANA time zone, if configured.
+pub async fn merchant_timezone(
+    pool: &MySqlPool,
+    merchant_id: u64,
+) -> Result<Option<String>, sqlx::Error> {
+    let row: Option<(String,)> =
+        sqlx::query_as("SELECT timezone FROM merchant_settings WHERE merchant_id = ?")
+            .bind(merchant_id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.map(|(tz,)| tz))
+}
+
+pub async fn set_merchant_timezone(
+    pool: &MySqlPool,
+    merchant_id: u64,
+    timezone: &str,
+) -> Result<(), sqlx::Error> {
+    let now = now();
+    sqlx::query(
+        "INSERT INTO merchant_settings (merchant_id, timezone, created_at, updated_at) VALUES (?, ?, ?, ?) \
+         ON DUPLICATE KEY UPDATE timezone = VALUES(timezone), updated_at = VALUES(updated_at)",
+    )
+    .bind(merchant_id)
+    .bind(timezone)
+    .bind(now)
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub async fn find_refund_by_operation(
+    pool: &MySqlPool,
+    operation_id: &str,
+) -> Result<Option<RefundRecord>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT reservation_id, refund_key, operation_id, quantity, status, redis_version \
+         FROM inventory_refund WHERE operation_id = ?",
+    )
+    .bind(operation_id)
+    .fetch_optional(pool)
+    .await
+}
