@@ -236,10 +236,19 @@ impl BucketModel {
         if phase.fences_try() {
             return self.record(op_id, OpCode::Fenced, false, reservation_id);
         }
-        if phase == FencePhase::Reserved {
+        if let Some(f) = self
+            .fences
+            .get(&reservation_id)
+            .filter(|_| phase == FencePhase::Reserved)
+        {
             // Already held under this reservation (e.g. the op record expired): succeed
-            // without taking the units a second time.
-            return self.record(op_id, OpCode::Succeeded, false, reservation_id);
+            // without taking the units a second time, unless it asks for another quantity.
+            let code = if f.quantity == qty {
+                OpCode::Succeeded
+            } else {
+                OpCode::Conflict
+            };
+            return self.record(op_id, code, false, reservation_id);
         }
         let qty_i = i64::from(qty);
         if self.available < qty_i {

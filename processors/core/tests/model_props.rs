@@ -93,6 +93,11 @@ fn partial_refunds_grow_refunded_until_everything_is_back() {
         "replay of the first try"
     );
     assert_eq!(m.try_("t-other", 1, 4).code, OpCode::Fenced);
+    // A second Try of a held reservation succeeds only with the same quantity, as try.lua.
+    m.try_("t3", 3, 2);
+    assert_eq!(m.try_("t3-again", 3, 2).code, OpCode::Succeeded);
+    assert_eq!(m.try_("t3-more", 3, 3).code, OpCode::Conflict);
+    m.cancel("x3", 3, 2);
     // Before confirm a refund returns reserved units, and confirm moves only what is left.
     m.try_("t2", 2, 5);
     m.refund("r2", 2, 2);

@@ -72,6 +72,38 @@ pub struct Settings {
     pub redis: RedisSettings,
     pub http: HttpSettings,
     pub log: LogSettings,
+    pub reservation: ReservationSettings,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReservationSettings {
+    /// Snowflake worker id (0-1023) of this instance. Unset: leased from MySQL
+    /// (`snowflake_worker_lease`), which guarantees two running instances never share one.
+    pub worker_id: Option<u16>,
+    /// IANA time zone of merchants without a `merchant_settings` row.
+    pub default_timezone: String,
+    /// A RESERVED reservation is alerted after this many seconds (never cancelled).
+    pub hold_ttl_secs: u64,
+    /// How many seconds in the past a scheduled order's processing_time may lie.
+    pub scheduled_grace_secs: u64,
+    /// Largest quantity of one Try.
+    pub max_quantity: u32,
+    /// Days Redis keeps each operation's first result (the idempotency window).
+    pub op_ttl_days: u64,
+}
+
+impl Default for ReservationSettings {
+    fn default() -> Self {
+        Self {
+            worker_id: None,
+            default_timezone: "UTC".into(),
+            hold_ttl_secs: 1800,
+            scheduled_grace_secs: 300,
+            max_quantity: 999,
+            op_ttl_days: 30,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

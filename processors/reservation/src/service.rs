@@ -163,6 +163,10 @@ impl ReservationService {
         &self.pool
     }
 
+    pub fn lua(&self) -> &LuaExecutor {
+        &self.lua
+    }
+
     pub async fn get(&self, id: u64) -> Result<Option<ReservationView>, ServiceError> {
         Ok(repo::find(&self.pool, id)
             .await?
@@ -423,7 +427,9 @@ impl ReservationService {
             Intent::Refund | Intent::PartialRefund => rules::refund_operation_id(id, refund_id),
             Intent::MarkCreated => String::new(),
         };
-        let refund_key = refund_id.unwrap_or("full");
+        // A full refund (OrderCanceled) has no refund id of its own; refund ids from the
+        // order service are never empty, so "" cannot collide with one.
+        let refund_key = refund_id.unwrap_or("");
         for _ in 0..MAX_CAS_ROUNDS {
             let row = self.load(id).await?;
             let status = row.status()?;
@@ -787,7 +793,7 @@ impl ReservationService {
                 let refund_id = repo::find_refund_by_operation(&self.pool, op)
                     .await?
                     .map(|r| r.refund_key)
-                    .filter(|k| k != "full");
+                    .filter(|k| !k.is_empty());
                 (
                     vec![
                         outbox::stock_change(

@@ -4,7 +4,7 @@ use serde::Serialize;
 use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_store::reservations::Reservation;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct ReservationView {
     /// Snowflake id; also the `inventory_reservation_ids` the order service puts in its events.
     pub reservation_id: String,

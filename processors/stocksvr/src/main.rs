@@ -7,6 +7,7 @@
 mod admin;
 mod event_log;
 mod probes;
+mod reservation_boot;
 mod serve;
 
 use anyhow::Context;

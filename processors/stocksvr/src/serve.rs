@@ -1,7 +1,7 @@
 //! `stocksvr all` and the single-processor commands: the HTTP listener plus the selected
 //! processors, stopped together by one shutdown signal (SIGTERM or Ctrl-C).
 
-use crate::{event_log, probes};
+use crate::{event_log, probes, reservation_boot};
 use anyhow::Context;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -58,17 +58,20 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
     let probes: Vec<Arc<dyn Probe>> = vec![
         Arc::new(probes::KafkaProbe(settings.kafka.clone())),
         Arc::new(probes::RegistryProbe(registry)),
-        Arc::new(probes::MysqlProbe(pool)),
+        Arc::new(probes::MysqlProbe(pool.clone())),
         Arc::new(probes::RedisProbe(redis)),
     ];
     let health = HealthState::new(probes, &settings.http, metrics);
 
     let redacted = serde_json::to_value(&settings)?;
     let admin = Router::new().route("/admin/config", get(move || async move { Json(redacted) }));
-    let router = http::health_routes(health).merge(http::protect_admin(
-        admin,
-        settings.http.admin_token.clone(),
-    ));
+    let api = stocksvr_api::ApiState::new();
+    let router = http::health_routes(health)
+        .merge(stocksvr_api::router(api.clone()))
+        .merge(http::protect_admin(
+            admin,
+            settings.http.admin_token.clone(),
+        ));
 
     let listener = tokio::net::TcpListener::bind(&settings.http.listen)
         .await
@@ -87,6 +90,15 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
         .await;
         ("http listener", served.map_err(anyhow::Error::from))
     });
+    {
+        let (settings, pool, stop) = (settings.clone(), pool.clone(), stop_rx.clone());
+        tasks.spawn(async move {
+            (
+                "reservation service",
+                reservation_boot::run(settings, pool, api, stop).await,
+            )
+        });
+    }
     let codec = AvroCodec::new(&settings.registry, catalog.clone())?;
     match processors {
         Processors::All | Processors::EventLogOnly => {

@@ -3,6 +3,8 @@
 //! the same way as the binary: defaults overridden by `STOCKSVR__...` variables.
 #![allow(dead_code)]
 
+pub mod server;
+
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message, TopicPartitionList};

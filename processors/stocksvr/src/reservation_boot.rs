@@ -1,0 +1,124 @@
+//! Brings the reservation service up inside `stocksvr all`: connects Redis, obtains a
+//! snowflake worker id (configured, or leased from MySQL and renewed), then installs the
+//! service into the API. Until then the API answers 503 (fail closed) and `/readyz` says
+//! which dependency is missing. A lost worker-id lease stops the process: minting ids
+//! another instance may also mint would break reservation-id uniqueness.
+
+use anyhow::Context;
+use backon::{ExponentialBuilder, Retryable};
+use chrono::TimeDelta;
+use std::sync::Arc;
+use std::time::Duration;
+use stocksvr_api::ApiState;
+use stocksvr_core::snowflake::SnowflakeGenerator;
+use stocksvr_pipeline::config::Settings;
+use stocksvr_reservation::{ReservationService, ServiceConfig};
+use stocksvr_store::lua::LuaExecutor;
+use stocksvr_store::worker_lease::WorkerLease;
+use tokio::sync::watch;
+
+const LEASE_TTL: TimeDelta = TimeDelta::seconds(30);
+
+fn service_config(settings: &Settings) -> anyhow::Result<ServiceConfig> {
+    let r = &settings.reservation;
+    let tz: chrono_tz::Tz = r.default_timezone.parse().map_err(|e| {
+        anyhow::anyhow!("reservation.default_timezone {:?}: {e}", r.default_timezone)
+    })?;
+    Ok(ServiceConfig {
+        default_timezone: tz,
+        hold_ttl: TimeDelta::seconds(r.hold_ttl_secs as i64),
+        scheduled_grace: TimeDelta::seconds(r.scheduled_grace_secs as i64),
+        max_quantity: r.max_quantity,
+        op_ttl: Duration::from_secs(r.op_ttl_days * 24 * 3600),
+        ..ServiceConfig::default()
+    })
+}
+
+/// Resolves once shutdown was asked; the watch guard is dropped inside so the future is Send.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+fn owner() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    format!("{host}:{}:{started}", std::process::id())
+}
+
+pub async fn run(
+    settings: Settings,
+    pool: sqlx::MySqlPool,
+    api: ApiState,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let config = service_config(&settings)?;
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(10))
+        .without_max_times();
+    let redis_url = settings.redis.url.expose().to_string();
+    let timeout = Duration::from_millis(settings.redis.response_timeout_ms);
+    let connect = || stocksvr_store::connect_redis(&redis_url, timeout);
+    let conn = tokio::select! {
+        _ = stopped(&mut stop) => return Ok(()),
+        c = connect.retry(backoff).notify(|e, after| tracing::warn!(error = %e, ?after, "redis not reachable; the Try API stays unavailable")) => c?,
+    };
+    let lease = match settings.reservation.worker_id {
+        Some(_) => None,
+        None => {
+            let owner = owner();
+            let acquire = || WorkerLease::acquire(&pool, &owner, LEASE_TTL);
+            Some(tokio::select! {
+                _ = stopped(&mut stop) => return Ok(()),
+                l = acquire.retry(backoff).notify(|e, after| tracing::warn!(error = %e, ?after, "cannot lease a snowflake worker id yet")) => l?,
+            })
+        }
+    };
+    let worker_id = settings
+        .reservation
+        .worker_id
+        .or(lease.as_ref().map(|l| l.worker_id))
+        .context("no worker id")?;
+    let ids = SnowflakeGenerator::new(worker_id)
+        .map_err(|e| anyhow::anyhow!("reservation.worker_id: {e}"))?;
+    let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
+    api.install(Arc::new(ReservationService::new(
+        pool.clone(),
+        lua,
+        ids,
+        config,
+    )));
+    tracing::info!(
+        worker_id,
+        leased = lease.is_some(),
+        "reservation service ready"
+    );
+
+    let Some(lease) = lease else {
+        stopped(&mut stop).await;
+        return Ok(());
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = stopped(&mut stop) => break,
+            _ = tick.tick() => {
+                match lease.renew(&pool).await {
+                    Ok(()) => {}
+                    Err(e @ stocksvr_store::worker_lease::LeaseError::Lost(_)) => return Err(e.into()),
+                    // MySQL briefly down: the lease has 30 s; keep trying.
+                    Err(e) => tracing::warn!(error = %e, "renewing the worker-id lease failed"),
+                }
+            }
+        }
+    }
+    if let Err(e) = lease.release(&pool).await {
+        tracing::warn!(error = %e, "releasing the worker-id lease failed; it expires by itself");
+    }
+    Ok(())
+}
