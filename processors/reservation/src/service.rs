@@ -86,7 +86,7 @@ pub struct TryReply {
 pub enum IntentOutcome {
     /// The step ran (or had already run: `already` true) and the row is in its new status.
     Done {
-        reservation: ReservationView,
+        reservation: Box<ReservationView>,
         already: bool,
     },
     /// Too early (e.g. Confirm while the Try is PREPARING): retry later.
@@ -449,7 +449,7 @@ impl ReservationService {
             match decision {
                 Decision::AlreadyDone => {
                     return Ok(IntentOutcome::Done {
-                        reservation: ReservationView::from_row(&row),
+                        reservation: Box::new(ReservationView::from_row(&row)),
                         already: true,
                     })
                 }
@@ -460,7 +460,7 @@ impl ReservationService {
                 Decision::InProgress { .. } => {
                     let row = self.run_step(row).await?;
                     return Ok(IntentOutcome::Done {
-                        reservation: ReservationView::from_row(&row),
+                        reservation: Box::new(ReservationView::from_row(&row)),
                         already: false,
                     });
                 }
@@ -478,7 +478,9 @@ impl ReservationService {
                                 .await?
                             {
                                 return Ok(IntentOutcome::Done {
-                                    reservation: ReservationView::from_row(&self.load(id).await?),
+                                    reservation: Box::new(ReservationView::from_row(
+                                        &self.load(id).await?,
+                                    )),
                                     already: false,
                                 });
                             }
@@ -520,7 +522,7 @@ impl ReservationService {
                     if started {
                         let row = self.run_step(self.load(id).await?).await?;
                         return Ok(IntentOutcome::Done {
-                            reservation: ReservationView::from_row(&row),
+                            reservation: Box::new(ReservationView::from_row(&row)),
                             already: false,
                         });
                     }

@@ -217,7 +217,7 @@ async fn two_thousand_concurrent_trys_never_oversell() {
     );
     assert_eq!(available + reserved + sold, total);
     assert!(
-        available >= 0 && available < 3,
+        (0..3).contains(&available),
         "stock left behind while Trys were rejected: {available}"
     );
     let (rows, qty): (i64, Option<i64>) = sqlx::query_as(
