@@ -7,7 +7,8 @@ registered under `<topic>-<record full name>`, and (3) the stock deserializer, u
 writer schema from the registry, returns the example unchanged.
 
 By default each event goes to its own topic from schemas/catalog.yaml (the topics must exist);
---topic sends everything to one scratch topic instead (subjects are then `<that topic>-...`).
+--topic sends everything to one scratch topic instead, created if missing (subjects are then
+`<that topic>-...`), which leaves the real topics untouched for the processors.
 Exits 1 if any example fails.
 """
 
@@ -40,6 +41,21 @@ def catalog():
     return {r["file"][: -len(".avsc")]: r for r in rows}
 
 
+def ensure_topic(bootstrap, topic, partitions=3):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if topic in admin.list_topics(timeout=10).topics:
+        return
+    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
+    try:
+        future.result(timeout=30)
+        print(f"created topic {topic} ({partitions} partitions)")
+    except Exception as e:  # lost a race with another creator: fine
+        if "TOPIC_ALREADY_EXISTS" not in str(e):
+            raise
+
+
 def run(cmd):
     p = subprocess.run(cmd, capture_output=True, text=True)
     # The scripts' own message is their last stderr line; librdkafka may log above it.
@@ -56,6 +72,8 @@ def main() -> int:
     args = ap.parse_args()
 
     events = catalog()
+    if args.topic:
+        ensure_topic(args.bootstrap, args.topic)
     examples_dir = os.path.join(SCHEMAS, "examples")
     failures = 0
     for name in sorted(os.listdir(examples_dir)):
