@@ -77,6 +77,8 @@ impl WorkerLease {
 }
 
 /// Inserts the row, or takes it over only if its lease expired; true when `owner` holds it.
+/// Two single statements, no explicit transaction: a locking read of an absent row takes gap
+/// locks, and concurrent claimers then deadlock each other on the insert.
 async fn claim(
     pool: &MySqlPool,
     worker_id: u16,
@@ -84,38 +86,29 @@ async fn claim(
     ttl: TimeDelta,
 ) -> Result<bool, sqlx::Error> {
     let now = Utc::now().naive_utc();
-    let mut tx = pool.begin().await?;
-    let current: Option<(String, chrono::NaiveDateTime)> = sqlx::query_as(
-        "SELECT lease_owner, lease_expire_at FROM snowflake_worker_lease WHERE worker_id = ? FOR UPDATE",
-    )
-    .bind(worker_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let free = match &current {
-        None => true,
-        Some((holder, expires)) => holder == owner || *expires < now,
-    };
-    if !free {
-        tx.rollback().await?;
-        return Ok(false);
-    }
-    let written = sqlx::query(
-        "INSERT INTO snowflake_worker_lease (worker_id, lease_owner, lease_expire_at, updated_at) VALUES (?, ?, ?, ?) \
-         ON DUPLICATE KEY UPDATE lease_owner = VALUES(lease_owner), lease_expire_at = VALUES(lease_expire_at), updated_at = VALUES(updated_at)",
+    let inserted = sqlx::query(
+        "INSERT IGNORE INTO snowflake_worker_lease (worker_id, lease_owner, lease_expire_at, updated_at) VALUES (?, ?, ?, ?)",
     )
     .bind(worker_id)
     .bind(owner)
     .bind(now + ttl)
     .bind(now)
-    .execute(&mut *tx)
-    .await;
-    match written {
-        Ok(_) => {
-            tx.commit().await?;
-            Ok(true)
-        }
-        // Two instances inserting the same absent id: the loser moves on to the next id.
-        Err(sqlx::Error::Database(db)) if db.is_unique_violation() => Ok(false),
-        Err(e) => Err(e),
+    .execute(pool)
+    .await?;
+    if inserted.rows_affected() == 1 {
+        return Ok(true);
     }
+    let taken = sqlx::query(
+        "UPDATE snowflake_worker_lease SET lease_owner = ?, lease_expire_at = ?, updated_at = ? \
+         WHERE worker_id = ? AND (lease_expire_at < ? OR lease_owner = ?)",
+    )
+    .bind(owner)
+    .bind(now + ttl)
+    .bind(now)
+    .bind(worker_id)
+    .bind(now)
+    .bind(owner)
+    .execute(pool)
+    .await?;
+    Ok(taken.rows_affected() == 1)
 }
