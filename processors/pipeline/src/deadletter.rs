@@ -2,7 +2,7 @@
 //! source topic, partition, offset, timestamp, consumer group, error class and message,
 //! so an operator can see why and a replay can put the record back where it came from.
 
-use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::Duration;
 
@@ -43,9 +43,9 @@ pub fn dead_letter_topic(topic: &str) -> String {
 
 /// Produces the dead letter and waits for the broker's acknowledgement, so the caller may
 /// commit past the original record only once its copy is durable.
-pub async fn send(
+pub async fn send<M: Message>(
     producer: &FutureProducer,
-    message: &BorrowedMessage<'_>,
+    message: &M,
     group: &str,
     class: ErrorClass,
     error: &str,

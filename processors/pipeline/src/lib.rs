@@ -5,6 +5,7 @@
 pub mod catalog;
 pub mod codec;
 pub mod config;
+pub mod consumer;
 pub mod deadletter;
 pub mod http;
 pub mod json;

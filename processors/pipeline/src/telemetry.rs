@@ -10,6 +10,10 @@ pub mod names {
     pub const EVENTS_CONSUMED: &str = "stocksvr_events_consumed_total";
     pub const EVENTS_DEAD_LETTERED: &str = "stocksvr_events_dead_lettered_total";
     pub const EVENTS_PRODUCED: &str = "stocksvr_events_produced_total";
+    pub const EVENTS_APPLIED: &str = "stocksvr_events_applied_total";
+    pub const RETRIES: &str = "stocksvr_processing_retries_total";
+    pub const PROCESSING_SECONDS: &str = "stocksvr_processing_seconds";
+    pub const CONSUMER_LAG: &str = "stocksvr_consumer_lag";
     pub const READINESS: &str = "stocksvr_dependency_ready";
     pub const BUILD_INFO: &str = "stocksvr_build_info";
 }

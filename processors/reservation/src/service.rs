@@ -27,6 +27,7 @@ pub mod names {
     pub const LATENCY: &str = "stocksvr_reservation_operation_seconds";
     pub const UNKNOWN: &str = "stocksvr_redis_unknown_outcomes_total";
     pub const FENCE_HITS: &str = "stocksvr_fence_hits_total";
+    pub const CONFLICTS: &str = "stocksvr_reservation_conflicts_total";
 }
 
 #[derive(Debug, Clone)]
@@ -534,6 +535,38 @@ impl ReservationService {
             reservation_id: id,
             reason: format!("still contended after {MAX_CAS_ROUNDS} CAS rounds"),
         })
+    }
+
+    /// Tells the order domain that `trigger_event_id` asked for something the reservation's
+    /// state refuses (Confirm after Cancel, Cancel after OrderCreated, …): a lifecycle event
+    /// of the state it is really in, with `reason_code` naming the conflict. Enqueued once
+    /// per (trigger, reservation) however often the trigger is redelivered.
+    pub async fn report_conflict(
+        &self,
+        id: u64,
+        trigger_event_id: &str,
+        reason_code: &str,
+    ) -> Result<bool, ServiceError> {
+        let row = self.load(id).await?;
+        let op = format!("conflict_{trigger_event_id}_{id}");
+        let mut event = match row.status()? {
+            ReservationStatus::Canceling | ReservationStatus::Canceled => {
+                outbox::canceled(&row, &op, false)
+            }
+            ReservationStatus::Confirming | ReservationStatus::Confirmed => {
+                outbox::confirmed(&row, &op)
+            }
+            ReservationStatus::Refunding | ReservationStatus::Refunded => {
+                outbox::refunded(&row, &op, row.refunded_quantity, None, false)
+            }
+            ReservationStatus::Rejected => outbox::rejected(&row, &op, reason_code, None),
+            ReservationStatus::Preparing
+            | ReservationStatus::Reserved
+            | ReservationStatus::CreatedReserved => outbox::reserved(&row, &op),
+        };
+        event.payload["data"]["reason_code"] = serde_json::Value::String(reason_code.to_string());
+        metrics::counter!(names::CONFLICTS, "reason" => reason_code.to_string()).increment(1);
+        Ok(repo::enqueue_once(&self.pool, &event).await?)
     }
 
     /// Runs (or resumes) the Redis step of an intermediate status with its stored operation

@@ -173,9 +173,16 @@ fn example_record(file: &Path) -> anyhow::Result<String> {
     Ok(name.split('.').next().unwrap_or(name).to_string())
 }
 
-pub async fn produce_example(settings: &Settings, file: &Path) -> anyhow::Result<()> {
+pub async fn produce_example(
+    settings: &Settings,
+    file: &Path,
+    event: Option<&str>,
+) -> anyhow::Result<()> {
     let catalog = Arc::new(Catalog::embedded()?);
-    let record = example_record(file)?;
+    let record = match event {
+        Some(name) => name.to_string(),
+        None => example_record(file)?,
+    };
     let Some(event) = catalog
         .events()
         .iter()
@@ -184,7 +191,11 @@ pub async fn produce_example(settings: &Settings, file: &Path) -> anyhow::Result
         bail!("no schema {record}.avsc in the catalog");
     };
     let event = event.clone();
-    let text = std::fs::read_to_string(file)?;
+    let text = if file == Path::new("-") {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(file)?
+    };
     let payload: serde_json::Value = serde_json::from_str(&text)?;
     let value = json::json_to_avro(&payload, &event.parsed)?;
     let key = payload["data"][&event.key]
@@ -208,6 +219,59 @@ pub async fn produce_example(settings: &Settings, file: &Path) -> anyhow::Result
         delivery.partition,
         delivery.offset,
         bytes.len()
+    );
+    Ok(())
+}
+
+pub async fn bucket_init(
+    settings: &Settings,
+    merchant_id: u64,
+    dish_id: u64,
+    date: Option<&str>,
+    total: i64,
+    timezone: &str,
+) -> anyhow::Result<()> {
+    use stocksvr_store::reservations::{self as repo, Baseline};
+    if total < 0 {
+        bail!("--total must not be negative");
+    }
+    let tz = stocksvr_core::bucket::parse_timezone(timezone)?;
+    let date = match date {
+        Some(d) => chrono::NaiveDate::parse_from_str(d, "%Y-%m-%d")
+            .with_context(|| format!("--date {d:?}"))?,
+        None => stocksvr_core::bucket::business_date(chrono::Utc::now(), tz),
+    };
+    let url = settings.mysql.url.expose();
+    let pool = stocksvr_store::mysql_pool(
+        url,
+        2,
+        Duration::from_millis(settings.mysql.acquire_timeout_ms),
+    )?;
+    repo::set_merchant_timezone(&pool, merchant_id, timezone)
+        .await
+        .with_context(|| format!("connecting to {}", redact_url(url)))?;
+    let key = stocksvr_core::bucket::BucketKey::new(merchant_id, dish_id, date);
+    repo::ensure_baseline(
+        &pool,
+        &Baseline {
+            stock_bucket_id: key.stock_bucket_id(),
+            merchant_id,
+            dish_id,
+            stock_date: date,
+            timezone: timezone.to_string(),
+            total_stock: total,
+            baseline_version: 1,
+            stock_status: 1,
+            bucket_status: 10,
+        },
+    )
+    .await?;
+    let stored = repo::find_baseline(&pool, &key.stock_bucket_id())
+        .await?
+        .context("baseline missing right after its insert")?;
+    println!(
+        "bucket {}: merchant {merchant_id} dish {dish_id} day {date} ({timezone}) total {} baseline v{}",
+        stored.stock_bucket_id, stored.total_stock, stored.baseline_version
     );
     Ok(())
 }

@@ -5,7 +5,6 @@
 //! idempotent: running one twice changes nothing the second time.
 
 mod admin;
-mod event_log;
 mod probes;
 mod reservation_boot;
 mod serve;
@@ -46,16 +45,43 @@ enum Command {
     },
     /// Run the HTTP listener and every processor in one process.
     All,
-    /// Run only the event log processor: decodes and logs every inbound event,
-    /// dead-letters records that cannot be decoded.
-    EventLog,
+    /// Run the Try API and the order-lifecycle processor (instances share the partitions).
+    OrderLifecycle,
     /// Produce one example payload from schemas/examples to its topic (for demos and smoke tests).
     Produce {
-        /// Path of an example JSON payload, e.g. schemas/examples/OrderCreated.json.
+        /// JSON payload file (plain JSON, as in schemas/examples), or `-` for standard input.
         file: PathBuf,
+        /// Event name (e.g. OrderCreated); default: the file name up to its first dot.
+        #[arg(long)]
+        event: Option<String>,
+    },
+    /// Stock buckets: `bucket init` creates a day's baseline (the bucket reaches Redis on
+    /// the first Try, through the idempotent init script).
+    Bucket {
+        #[command(subcommand)]
+        action: BucketAction,
     },
     /// Print the effective configuration with secrets masked.
     Config,
+}
+
+#[derive(Subcommand)]
+enum BucketAction {
+    /// Create the baseline of one dish for one business day (a no-op if it exists).
+    Init {
+        #[arg(long)]
+        merchant_id: u64,
+        #[arg(long)]
+        dish_id: u64,
+        /// Business day YYYY-MM-DD; default: today in the merchant's time zone.
+        #[arg(long)]
+        date: Option<String>,
+        #[arg(long)]
+        total: i64,
+        /// The merchant's IANA time zone, stored for every later Try.
+        #[arg(long, default_value = "UTC")]
+        timezone: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -110,16 +136,37 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
         Command::Schemas {
             action: SchemasAction::Check,
         } => admin::schemas_check(&settings).await,
-        Command::All => serve::run(settings, serve::Processors::All)
+        Command::All => serve::run(settings, serve::Processors::ALL)
             .await
             .map(|_| ExitCode::SUCCESS),
-        Command::EventLog => serve::run(settings, serve::Processors::EventLogOnly)
+        Command::OrderLifecycle => serve::run(settings, serve::Processors { reservations: true })
             .await
             .map(|_| ExitCode::SUCCESS),
-        Command::Produce { file } => admin::produce_example(&settings, &file)
-            .await
-            .with_context(|| format!("producing {}", file.display()))
-            .map(|_| ExitCode::SUCCESS),
+        Command::Bucket {
+            action:
+                BucketAction::Init {
+                    merchant_id,
+                    dish_id,
+                    date,
+                    total,
+                    timezone,
+                },
+        } => admin::bucket_init(
+            &settings,
+            merchant_id,
+            dish_id,
+            date.as_deref(),
+            total,
+            &timezone,
+        )
+        .await
+        .map(|_| ExitCode::SUCCESS),
+        Command::Produce { file, event } => {
+            admin::produce_example(&settings, &file, event.as_deref())
+                .await
+                .with_context(|| format!("producing {}", file.display()))
+                .map(|_| ExitCode::SUCCESS)
+        }
         Command::Config => {
             println!("{}", serde_json::to_string_pretty(&settings)?);
             Ok(ExitCode::SUCCESS)

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_api::ApiState;
 use stocksvr_core::snowflake::SnowflakeGenerator;
+use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::config::Settings;
 use stocksvr_reservation::{ReservationService, ServiceConfig};
 use stocksvr_store::lua::LuaExecutor;
@@ -54,6 +55,7 @@ pub async fn run(
     settings: Settings,
     pool: sqlx::MySqlPool,
     api: ApiState,
+    codec: AvroCodec,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let config = service_config(&settings)?;
@@ -87,18 +89,40 @@ pub async fn run(
     let ids = SnowflakeGenerator::new(worker_id)
         .map_err(|e| anyhow::anyhow!("reservation.worker_id: {e}"))?;
     let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
-    api.install(Arc::new(ReservationService::new(
-        pool.clone(),
-        lua,
-        ids,
-        config,
-    )));
+    let service = Arc::new(ReservationService::new(pool.clone(), lua, ids, config));
+    api.install(service.clone());
     tracing::info!(
         worker_id,
         leased = lease.is_some(),
         "reservation service ready"
     );
 
+    // The processors that need the reservation service start once it exists.
+    let lifecycle = async {
+        let handler = Arc::new(stocksvr_order_lifecycle::OrderLifecycle::new(
+            service.clone(),
+        ));
+        stocksvr_pipeline::consumer::run(
+            &settings.kafka,
+            codec.clone(),
+            stocksvr_order_lifecycle::loop_config(),
+            handler,
+            stop.clone(),
+        )
+        .await
+        .context("order-lifecycle processor")
+    };
+    let renewals = renew(lease, &pool, stop.clone());
+    tokio::try_join!(lifecycle, renewals)?;
+    Ok(())
+}
+
+/// Keeps the worker-id lease alive until shutdown, then gives it back.
+async fn renew(
+    lease: Option<WorkerLease>,
+    pool: &sqlx::MySqlPool,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let Some(lease) = lease else {
         stopped(&mut stop).await;
         return Ok(());
@@ -108,7 +132,7 @@ pub async fn run(
         tokio::select! {
             _ = stopped(&mut stop) => break,
             _ = tick.tick() => {
-                match lease.renew(&pool).await {
+                match lease.renew(pool).await {
                     Ok(()) => {}
                     Err(e @ stocksvr_store::worker_lease::LeaseError::Lost(_)) => return Err(e.into()),
                     // MySQL briefly down: the lease has 30 s; keep trying.
@@ -117,7 +141,7 @@ pub async fn run(
             }
         }
     }
-    if let Err(e) = lease.release(&pool).await {
+    if let Err(e) = lease.release(pool).await {
         tracing::warn!(error = %e, "releasing the worker-id lease failed; it expires by itself");
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! `stocksvr all` and the single-processor commands: the HTTP listener plus the selected
 //! processors, stopped together by one shutdown signal (SIGTERM or Ctrl-C).
 
-use crate::{event_log, probes, reservation_boot};
+use crate::{probes, reservation_boot};
 use anyhow::Context;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -16,10 +16,15 @@ use stocksvr_pipeline::telemetry;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+/// Which parts run in this process (the HTTP listener always does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Processors {
-    All,
-    EventLogOnly,
+pub struct Processors {
+    /// The Try API and the order-lifecycle processor (both need the reservation service).
+    pub reservations: bool,
+}
+
+impl Processors {
+    pub const ALL: Processors = Processors { reservations: true };
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -90,21 +95,18 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
         .await;
         ("http listener", served.map_err(anyhow::Error::from))
     });
-    {
-        let (settings, pool, stop) = (settings.clone(), pool.clone(), stop_rx.clone());
-        tasks.spawn(async move {
-            (
-                "reservation service",
-                reservation_boot::run(settings, pool, api, stop).await,
-            )
-        });
-    }
     let codec = AvroCodec::new(&settings.registry, catalog.clone())?;
-    match processors {
-        Processors::All | Processors::EventLogOnly => {
-            let (settings, stop) = (settings.clone(), stop_rx.clone());
-            tasks.spawn(async move { ("event-log", event_log::run(settings, codec, stop).await) });
-        }
+    if processors.reservations {
+        let (settings, pool, stop, codec) = (
+            settings.clone(),
+            pool.clone(),
+            stop_rx.clone(),
+            codec.clone(),
+        );
+        tasks.spawn(async move {
+            let result = reservation_boot::run(settings, pool, api, codec, stop).await;
+            ("reservation service and order-lifecycle", result)
+        });
     }
 
     let outcome: anyhow::Result<()> = tokio::select! {

@@ -5,98 +5,11 @@
 mod common;
 
 use chrono::Utc;
+use common::api::{get, post, shop, wait_for_api};
 use common::server::Server;
 use serde_json::{json, Value};
 use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
-use stocksvr_store::reservations::{self as repo, Baseline};
-
-struct Shop {
-    db_url: String,
-    merchant_id: u64,
-    dish_id: u64,
-}
-
-/// A fresh database with a merchant (UTC) and today's bucket of `total` for one dish.
-async fn shop(total: i64) -> Shop {
-    let db_url = common::fresh_database().await;
-    let (ok, _, err) = common::run(
-        common::stocksvr()
-            .arg("migrate")
-            .env("STOCKSVR__MYSQL__URL", &db_url),
-    );
-    assert!(ok, "{err}");
-    let pool = stocksvr_store::mysql_pool(&db_url, 2, Duration::from_secs(5)).expect("pool");
-    let merchant_id = 2_000_000
-        + std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_micros() as u64
-            % 1_000_000_000;
-    let dish_id = 31;
-    repo::set_merchant_timezone(&pool, merchant_id, "UTC")
-        .await
-        .expect("tz");
-    let today = Utc::now().date_naive();
-    repo::ensure_baseline(
-        &pool,
-        &Baseline {
-            stock_bucket_id: BucketKey::new(merchant_id, dish_id, today).stock_bucket_id(),
-            merchant_id,
-            dish_id,
-            stock_date: today,
-            timezone: "UTC".into(),
-            total_stock: total,
-            baseline_version: 1,
-            stock_status: 1,
-            bucket_status: 10,
-        },
-    )
-    .await
-    .expect("baseline");
-    Shop {
-        db_url,
-        merchant_id,
-        dish_id,
-    }
-}
-
-async fn post(server: &Server, path: &str, body: &str) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("{}{path}", server.base))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("request");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
-async fn get(server: &Server, path: &str) -> (u16, Value) {
-    let resp = reqwest::get(format!("{}{path}", server.base))
-        .await
-        .expect("request");
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
-/// Polls a Try until the service is installed (it comes up right after Redis answers).
-async fn wait_for_api(server: &Server) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while std::time::Instant::now() < deadline {
-        // Connection refused until the listener is bound; 503 until the service is installed.
-        if let Ok(resp) = reqwest::get(format!("{}/v1/reservations/1", server.base)).await {
-            if resp.status().as_u16() == 404 {
-                let body: Value = resp.json().await.unwrap_or(Value::Null);
-                assert_eq!(body["error"], "reservation_not_found");
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("the Try API never came up; log:\n{}", server.log());
-}
 
 #[tokio::test]
 async fn try_api_reserves_repeats_and_reads() {

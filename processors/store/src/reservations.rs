@@ -524,3 +524,24 @@ pub async fn find_refund_by_operation(
     .fetch_optional(pool)
     .await
 }
+
+/// Enqueues one event outside a state change (e.g. a conflict report). Idempotent on
+/// `event_id`: a redelivered trigger enqueues nothing new.
+pub async fn enqueue_once(pool: &MySqlPool, row: &NewOutbox) -> Result<bool, sqlx::Error> {
+    let now = now();
+    let done = sqlx::query(
+        "INSERT IGNORE INTO inventory_outbox (event_id, aggregate_id, event_type, topic, partition_key, \
+         payload, status, next_retry_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 10, ?, ?)",
+    )
+    .bind(&row.event_id)
+    .bind(row.aggregate_id)
+    .bind(&row.event_type)
+    .bind(&row.topic)
+    .bind(&row.partition_key)
+    .bind(&row.payload)
+    .bind(now)
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -3,6 +3,7 @@
 //! the same way as the binary: defaults overridden by `STOCKSVR__...` variables.
 #![allow(dead_code)]
 
+pub mod api;
 pub mod server;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};

@@ -1,0 +1,191 @@
+//! order-lifecycle processor on `order.lifecycle.v1`: OrderCreated confirms instant orders
+//! and parks scheduled ones in CREATED_RESERVED; OrderCreatedFailed cancels every
+//! reservation of the order (a Try that never reached Redis becomes an empty rollback);
+//! OrderCanceled and RefundRequested refund (never cancel).
+//!
+//! Delivery: at-least-once through the shared consumer loop; effects are applied once
+//! because every step is a CAS on the reservation state machine plus an idempotent Lua
+//! operation, so a redelivered event finds its work done. Records of one order (key
+//! order_id) stay in partition order, but correctness never depends on it: an event that
+//! arrives too early (its Try still PREPARING) is retried in place, a conflicting one
+//! (Confirm after Cancel) is reported to the order domain and not retried.
+
+mod plan;
+
+pub use plan::{plan, Known, Op, OrderEvent};
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use std::collections::HashMap;
+use std::sync::Arc;
+use stocksvr_core::events::{topics, EventKind, OrderType};
+use stocksvr_pipeline::consumer::{Applied, Failure, Handler, LoopConfig, Record};
+use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError};
+
+pub const NAME: &str = "order-lifecycle";
+
+pub fn loop_config() -> LoopConfig {
+    LoopConfig::new(NAME, vec![topics::ORDER_LIFECYCLE.to_string()])
+}
+
+pub struct OrderLifecycle {
+    service: Arc<ReservationService>,
+}
+
+impl OrderLifecycle {
+    pub fn new(service: Arc<ReservationService>) -> Self {
+        Self { service }
+    }
+
+    fn decode(record: &Record) -> Result<OrderEvent, Failure> {
+        let name = record.event.full_name.as_str();
+        let invalid = |e: String| Failure::Invalid(format!("{name}: {e}"));
+        let event = match EventKind::from_full_name(name) {
+            Some(EventKind::OrderCreated) => OrderEvent::Created(
+                record
+                    .event
+                    .clone()
+                    .into_typed(name)
+                    .map_err(|e| invalid(e.to_string()))?,
+            ),
+            Some(EventKind::OrderCreatedFailed) => OrderEvent::CreatedFailed(
+                record
+                    .event
+                    .clone()
+                    .into_typed(name)
+                    .map_err(|e| invalid(e.to_string()))?,
+            ),
+            Some(EventKind::OrderCanceled) => OrderEvent::Canceled(
+                record
+                    .event
+                    .clone()
+                    .into_typed(name)
+                    .map_err(|e| invalid(e.to_string()))?,
+            ),
+            Some(EventKind::RefundRequested) => OrderEvent::RefundRequested(
+                record
+                    .event
+                    .clone()
+                    .into_typed(name)
+                    .map_err(|e| invalid(e.to_string()))?,
+            ),
+            _ => {
+                return Err(Failure::Invalid(format!(
+                    "{name} is not an order lifecycle event"
+                )))
+            }
+        };
+        let check = match &event {
+            OrderEvent::Created(e) => e.check(name),
+            OrderEvent::CreatedFailed(e) => e.check(name),
+            OrderEvent::Canceled(e) => e.check(name),
+            OrderEvent::RefundRequested(e) => e.check(name),
+        };
+        check.map_err(|e| invalid(e.to_string()))?;
+        Ok(event)
+    }
+
+    async fn one(&self, record: &Record) -> Result<Applied, Failure> {
+        let event = Self::decode(record)?;
+        let order_id = u64::try_from(event.order_id())
+            .map_err(|_| Failure::Invalid(format!("order id {} is not valid", event.order_id())))?;
+        let rows = self.service.list_order(order_id).await.map_err(classify)?;
+        let known: HashMap<u64, Known> = rows
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r.reservation_id.parse().ok()?,
+                    Known {
+                        merchant_id: r.merchant_id,
+                        order_type: if r.order_type == "SCHEDULED" {
+                            OrderType::Scheduled
+                        } else {
+                            OrderType::Instant
+                        },
+                    },
+                ))
+            })
+            .collect();
+        let ops = plan(&event, &known).map_err(Failure::Invalid)?;
+        let mut applied = Applied::Duplicate;
+        for (id, op) in ops {
+            let outcome = match &op {
+                Op::Confirm => self.service.confirm(id).await,
+                Op::MarkCreated => self.service.mark_created(id).await,
+                Op::Cancel => self.service.cancel(id).await,
+                Op::Refund {
+                    refund_id,
+                    quantity,
+                } => {
+                    self.service
+                        .refund(id, refund_id.as_deref(), *quantity)
+                        .await
+                }
+            }
+            .map_err(classify)?;
+            match outcome {
+                IntentOutcome::Done { already: false, .. } => applied = Applied::Applied,
+                IntentOutcome::Done { already: true, .. } => {}
+                // The Try (or a refund) has not settled yet: retry in place; the recovery
+                // worker settles it, and this event then applies.
+                IntentOutcome::NotYet { status } => {
+                    return Err(Failure::Retryable(format!(
+                        "reservation {id} is {} and cannot take {} yet",
+                        status.name(),
+                        op.name()
+                    )))
+                }
+                IntentOutcome::Conflict { status, reason } => {
+                    let code = format!("CONFLICT_{}_IN_{}", op.name(), status.name());
+                    tracing::warn!(
+                        reservation_id = id,
+                        event_id = event.event_id(),
+                        reason,
+                        code,
+                        "conflicting order event"
+                    );
+                    self.service
+                        .report_conflict(id, event.event_id(), &code)
+                        .await
+                        .map_err(classify)?;
+                    if applied == Applied::Duplicate {
+                        applied = Applied::Conflict;
+                    }
+                }
+            }
+        }
+        Ok(applied)
+    }
+}
+
+/// Service errors into the loop's three classes.
+fn classify(e: ServiceError) -> Failure {
+    match e {
+        ServiceError::Invalid { .. }
+        | ServiceError::OverRefund { .. }
+        | ServiceError::NotFound(_) => Failure::Invalid(e.to_string()),
+        ServiceError::BucketNotFound(_) | ServiceError::BucketUnavailable { .. } => {
+            Failure::Invalid(e.to_string())
+        }
+        // Redis/MySQL unavailable, or a row that needs the recovery worker: retry, then DLT.
+        ServiceError::OutcomeUnknown { .. }
+        | ServiceError::Mysql(_)
+        | ServiceError::Inconsistent { .. } => Failure::Retryable(e.to_string()),
+    }
+}
+
+impl Handler for OrderLifecycle {
+    fn handle<'a>(
+        &'a self,
+        batch: &'a [Record],
+    ) -> BoxFuture<'a, Result<Vec<Result<Applied, Failure>>, Failure>> {
+        async move {
+            let mut results = Vec::with_capacity(batch.len());
+            for record in batch {
+                results.push(self.one(record).await);
+            }
+            Ok(results)
+        }
+        .boxed()
+    }
+}

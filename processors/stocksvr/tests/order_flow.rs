@@ -1,0 +1,267 @@
+//! End to end through `stocksvr all`: a Try through the API, then order events produced by
+//! an independent client (Python confluent-kafka with the Confluent Avro serializer) drive
+//! the reservation to CONFIRMED, CANCELED or REFUNDED. Duplicates change nothing, an event
+//! naming reservations of another order is dead-lettered with the reason, and a Confirm
+//! after a Cancel is reported as a conflict instead of being retried for ever.
+
+mod common;
+
+use common::api::{get, post, shop, wait_for_api, Shop};
+use common::server::Server;
+use serde_json::{json, Value};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn python() -> String {
+    let out = Command::new("bash")
+        .arg(common::repo_root().join("tests/interop/venv.sh"))
+        .output()
+        .expect("venv.sh runs");
+    assert!(
+        out.status.success(),
+        "venv.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Produces one order event the way the order service does: Python's AvroSerializer.
+fn produce_order_event(kind: &str, data: Value) {
+    let order_id = data["order_id"].to_string();
+    let event = json!({
+        "event_id": common::unique(&format!("evt-{kind}")),
+        "event_type": kind,
+        "schema_version": 1,
+        "occurred_at": "2026-11-29T12:00:00.000+00:00",
+        "producer": "order-service",
+        "trace_id": null,
+        "partition_key": order_id,
+        "data": data,
+    });
+    produce_raw(kind, &event);
+}
+
+fn produce_raw(kind: &str, event: &Value) {
+    let settings = common::settings();
+    let root = common::repo_root();
+    let file = std::env::temp_dir().join(format!("{}.json", common::unique(kind)));
+    std::fs::write(&file, event.to_string()).expect("write payload");
+    let out = Command::new(python())
+        .arg(root.join("tests/interop/produce.py"))
+        .args([
+            "--bootstrap",
+            &settings.kafka.brokers,
+            "--registry",
+            &settings.registry.url,
+        ])
+        .args(["--topic", "order.lifecycle.v1"])
+        .arg("--schema-file")
+        .arg(root.join(format!("schemas/{kind}.avsc")))
+        .arg("--payload-file")
+        .arg(&file)
+        .output()
+        .expect("produce.py runs");
+    assert!(
+        out.status.success(),
+        "produce.py: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn try_item(
+    server: &Server,
+    shop: &Shop,
+    order_id: u64,
+    item: u64,
+    quantity: u32,
+    order_type: &str,
+) -> u64 {
+    let mut body = json!({"order_id": order_id, "order_item_id": item, "merchant_id": shop.merchant_id,
+                          "dish_id": shop.dish_id, "quantity": quantity, "order_type": order_type});
+    if order_type == "SCHEDULED" {
+        body["processing_time"] =
+            json!((chrono::Utc::now() + chrono::TimeDelta::minutes(1)).to_rfc3339());
+    }
+    let (status, reply) = post(server, "/v1/reservations", &body.to_string()).await;
+    assert_eq!(status, 201, "{reply}");
+    assert_eq!(reply["reservation"]["status"], "RESERVED", "{reply}");
+    reply["reservation"]["reservation_id"]
+        .as_str()
+        .expect("id")
+        .parse()
+        .expect("number")
+}
+
+/// Polls the reservation until it reaches `status` (processing is asynchronous).
+async fn wait_for_status(server: &Server, id: u64, status: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = Value::Null;
+    while Instant::now() < deadline {
+        let (code, body) = get(server, &format!("/v1/reservations/{id}")).await;
+        if code == 200 && body["status"] == status {
+            return body;
+        }
+        last = body;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!(
+        "reservation {id} never reached {status}: last {last}; log:\n{}",
+        server.log()
+    );
+}
+
+async fn redis_numbers(server: &Server, shop: &Shop) -> (i64, i64, i64) {
+    let (_, stock) = get(
+        server,
+        &format!("/v1/stock/{}/{}", shop.merchant_id, shop.dish_id),
+    )
+    .await;
+    let n = &stock["redis"];
+    (
+        n["available"].as_i64().expect("available"),
+        n["reserved"].as_i64().expect("reserved"),
+        n["sold"].as_i64().expect("sold"),
+    )
+}
+
+#[tokio::test]
+async fn order_events_from_a_python_producer_drive_reservations() {
+    let (ok, _, err) = common::run(common::stocksvr().args(["topics", "apply"]));
+    assert!(ok, "{err}");
+    let shop = shop(20).await;
+    let server = Server::start(&[
+        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
+        ("STOCKSVR__KAFKA__GROUP_PREFIX", &common::unique("it-flow")),
+    ]);
+    wait_for_api(&server).await;
+    let base = 7_000_000 + shop.merchant_id % 1_000_000;
+    let m = shop.merchant_id;
+
+    // OrderCreated (instant) -> CONFIRMED; sent twice, applied once.
+    let (o1, r1) = (
+        base + 1,
+        try_item(&server, &shop, base + 1, 1, 3, "INSTANT").await,
+    );
+    let created = json!({"order_id": o1, "merchant_id": m, "order_type": "INSTANT", "processing_time": null,
+                         "inventory_reservation_ids": [r1]});
+    produce_order_event("OrderCreated", created.clone());
+    produce_order_event("OrderCreated", created);
+    wait_for_status(&server, r1, "CONFIRMED").await;
+
+    // OrderCreatedFailed -> CANCELED (every reservation of the order, listed or not).
+    let (o2, r2) = (
+        base + 2,
+        try_item(&server, &shop, base + 2, 2, 2, "INSTANT").await,
+    );
+    produce_order_event(
+        "OrderCreatedFailed",
+        json!({"order_id": o2, "merchant_id": m,
+        "inventory_reservation_ids": [], "reason": "payment failed"}),
+    );
+    wait_for_status(&server, r2, "CANCELED").await;
+    // A late OrderCreated for the failed order conflicts: reported, not applied, not stuck.
+    produce_order_event(
+        "OrderCreated",
+        json!({"order_id": o2, "merchant_id": m, "order_type": "INSTANT",
+        "processing_time": null, "inventory_reservation_ids": [r2]}),
+    );
+
+    // OrderCanceled after OrderCreated -> REFUNDED (sold back to available).
+    let (o3, r3) = (
+        base + 3,
+        try_item(&server, &shop, base + 3, 3, 4, "INSTANT").await,
+    );
+    produce_order_event(
+        "OrderCreated",
+        json!({"order_id": o3, "merchant_id": m, "order_type": "INSTANT",
+        "processing_time": null, "inventory_reservation_ids": [r3]}),
+    );
+    wait_for_status(&server, r3, "CONFIRMED").await;
+    produce_order_event(
+        "OrderCanceled",
+        json!({"order_id": o3, "merchant_id": m,
+        "inventory_reservation_ids": [r3], "reason": "customer canceled"}),
+    );
+    wait_for_status(&server, r3, "REFUNDED").await;
+
+    // Scheduled order: OrderCreated parks it in CREATED_RESERVED; a partial refund keeps it there.
+    let (o4, r4) = (
+        base + 4,
+        try_item(&server, &shop, base + 4, 4, 2, "SCHEDULED").await,
+    );
+    produce_order_event(
+        "OrderCreated",
+        json!({"order_id": o4, "merchant_id": m, "order_type": "SCHEDULED",
+        "processing_time": "2026-11-29T13:00:00.000+00:00", "inventory_reservation_ids": [r4]}),
+    );
+    wait_for_status(&server, r4, "CREATED_RESERVED").await;
+    let refund = json!({"order_id": o4, "merchant_id": m, "refund_id": "rf-1",
+        "items": [{"inventory_reservation_id": r4, "quantity": 1}], "reason": null});
+    produce_order_event("RefundRequested", refund.clone());
+    produce_order_event("RefundRequested", refund);
+
+    // Ids of another order: dead-lettered with the reason, and the partition moves on.
+    let bad_key = o1.to_string();
+    produce_order_event(
+        "OrderCanceled",
+        json!({"order_id": o1, "merchant_id": m,
+        "inventory_reservation_ids": [r2], "reason": null}),
+    );
+    let (o5, r5) = (
+        base + 5,
+        try_item(&server, &shop, base + 5, 5, 1, "INSTANT").await,
+    );
+    produce_order_event(
+        "OrderCreated",
+        json!({"order_id": o5, "merchant_id": m, "order_type": "INSTANT",
+        "processing_time": null, "inventory_reservation_ids": [r5]}),
+    );
+    wait_for_status(&server, r5, "CONFIRMED").await;
+
+    let held = wait_for_status(&server, r4, "CREATED_RESERVED").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut refunded = held["refunded_quantity"].as_u64();
+    while refunded != Some(1) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        refunded =
+            get(&server, &format!("/v1/reservations/{r4}")).await.1["refunded_quantity"].as_u64();
+    }
+    assert_eq!(
+        refunded,
+        Some(1),
+        "the repeated RefundRequested refunded once"
+    );
+
+    // Conservation in Redis: r1 (3) and r5 (1) sold; r4 holds 1 reserved; the rest is back.
+    assert_eq!(redis_numbers(&server, &shop).await, (20 - 3 - 1 - 1, 1, 4));
+    let (_, r2_now) = get(&server, &format!("/v1/reservations/{r2}")).await;
+    assert_eq!(
+        r2_now["status"], "CANCELED",
+        "the conflicting OrderCreated did not revive it"
+    );
+
+    let dead = common::find_record("order.lifecycle.v1.dlt", Duration::from_secs(30), |msg| {
+        use rdkafka::message::{Headers, Message};
+        msg.key() == Some(bad_key.as_bytes())
+            && msg.headers().is_some_and(|h| {
+                h.iter().any(|x| {
+                    x.key == stocksvr_pipeline::deadletter::headers::ERROR_MESSAGE
+                        && x.value.is_some_and(|v| {
+                            String::from_utf8_lossy(v).contains("does not belong to order")
+                        })
+                })
+            })
+    });
+    assert!(
+        dead.is_some(),
+        "the mismatched OrderCanceled was dead-lettered with its reason"
+    );
+
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("conflicting order event"),
+        "the late OrderCreated was reported as a conflict"
+    );
+}
