@@ -10,6 +10,7 @@ pub mod deadletter;
 pub mod http;
 pub mod json;
 pub mod kafka;
+pub mod offsets;
 pub mod registry;
 pub mod telemetry;
 pub mod topics;

@@ -104,6 +104,9 @@ pub struct ReservationService {
     lua: Arc<LuaExecutor>,
     ids: SnowflakeGenerator,
     config: ServiceConfig,
+    /// Woken after every commit that wrote outbox rows, so the relay publishes at once
+    /// instead of at its next poll.
+    outbox_written: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// CAS races are bounded: each lost race means another actor moved the row, and a handful
@@ -153,6 +156,19 @@ impl ReservationService {
             lua,
             ids,
             config,
+            outbox_written: None,
+        }
+    }
+
+    /// Wakes `relay` after each commit that wrote outbox rows.
+    pub fn with_outbox_waker(mut self, relay: Arc<tokio::sync::Notify>) -> Self {
+        self.outbox_written = Some(relay);
+        self
+    }
+
+    fn outbox_committed(&self) {
+        if let Some(waker) = &self.outbox_written {
+            waker.notify_one();
         }
     }
 
@@ -566,7 +582,11 @@ impl ReservationService {
         };
         event.payload["data"]["reason_code"] = serde_json::Value::String(reason_code.to_string());
         metrics::counter!(names::CONFLICTS, "reason" => reason_code.to_string()).increment(1);
-        Ok(repo::enqueue_once(&self.pool, &event).await?)
+        let enqueued = repo::enqueue_once(&self.pool, &event).await?;
+        if enqueued {
+            self.outbox_committed();
+        }
+        Ok(enqueued)
     }
 
     /// Runs (or resumes) the Redis step of an intermediate status with its stored operation
@@ -711,6 +731,8 @@ impl ReservationService {
                     reservation_id = row.id,
                     "completion lost its CAS; another actor finished first"
                 );
+            } else if !completion.outbox.is_empty() {
+                self.outbox_committed();
             }
         }
         self.load(row.id).await

@@ -5,6 +5,7 @@
 //! idempotent: running one twice changes nothing the second time.
 
 mod admin;
+mod offsets_cmd;
 mod probes;
 mod reservation_boot;
 mod serve;
@@ -47,6 +48,10 @@ enum Command {
     All,
     /// Run the Try API and the order-lifecycle processor (instances share the partitions).
     OrderLifecycle,
+    /// Run only the outbox relay (several relays never publish a row twice in normal operation).
+    OutboxRelay,
+    /// Run only the stock projector (instances share the partitions).
+    Projector,
     /// Produce one example payload from schemas/examples to its topic (for demos and smoke tests).
     Produce {
         /// JSON payload file (plain JSON, as in schemas/examples), or `-` for standard input.
@@ -60,6 +65,12 @@ enum Command {
     Bucket {
         #[command(subcommand)]
         action: BucketAction,
+    },
+    /// Show a consumer group's committed offsets and lag, or move them (a dry run unless
+    /// --execute; refuses while the group has active members).
+    Offsets {
+        #[command(subcommand)]
+        action: offsets_cmd::OffsetsAction,
     },
     /// Print the effective configuration with secrets masked.
     Config,
@@ -139,9 +150,33 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
         Command::All => serve::run(settings, serve::Processors::ALL)
             .await
             .map(|_| ExitCode::SUCCESS),
-        Command::OrderLifecycle => serve::run(settings, serve::Processors { reservations: true })
-            .await
-            .map(|_| ExitCode::SUCCESS),
+        Command::Projector => serve::run(
+            settings,
+            serve::Processors {
+                projector: true,
+                ..serve::Processors::NONE
+            },
+        )
+        .await
+        .map(|_| ExitCode::SUCCESS),
+        Command::OutboxRelay => serve::run(
+            settings,
+            serve::Processors {
+                relay: true,
+                ..serve::Processors::NONE
+            },
+        )
+        .await
+        .map(|_| ExitCode::SUCCESS),
+        Command::OrderLifecycle => serve::run(
+            settings,
+            serve::Processors {
+                reservations: true,
+                ..serve::Processors::NONE
+            },
+        )
+        .await
+        .map(|_| ExitCode::SUCCESS),
         Command::Bucket {
             action:
                 BucketAction::Init {
@@ -167,6 +202,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
                 .with_context(|| format!("producing {}", file.display()))
                 .map(|_| ExitCode::SUCCESS)
         }
+        Command::Offsets { action } => offsets_cmd::run(&settings, action).await,
         Command::Config => {
             println!("{}", serde_json::to_string_pretty(&settings)?);
             Ok(ExitCode::SUCCESS)

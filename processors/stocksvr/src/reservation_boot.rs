@@ -56,6 +56,7 @@ pub async fn run(
     pool: sqlx::MySqlPool,
     api: ApiState,
     codec: AvroCodec,
+    outbox_waker: Option<Arc<tokio::sync::Notify>>,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let config = service_config(&settings)?;
@@ -89,7 +90,11 @@ pub async fn run(
     let ids = SnowflakeGenerator::new(worker_id)
         .map_err(|e| anyhow::anyhow!("reservation.worker_id: {e}"))?;
     let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
-    let service = Arc::new(ReservationService::new(pool.clone(), lua, ids, config));
+    let mut service = ReservationService::new(pool.clone(), lua, ids, config);
+    if let Some(waker) = outbox_waker {
+        service = service.with_outbox_waker(waker);
+    }
+    let service = Arc::new(service);
     api.install(service.clone());
     tracing::info!(
         worker_id,

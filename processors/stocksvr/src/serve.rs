@@ -21,10 +21,23 @@ use tokio::task::JoinSet;
 pub struct Processors {
     /// The Try API and the order-lifecycle processor (both need the reservation service).
     pub reservations: bool,
+    /// The outbox relay.
+    pub relay: bool,
+    /// The stock projector.
+    pub projector: bool,
 }
 
 impl Processors {
-    pub const ALL: Processors = Processors { reservations: true };
+    pub const ALL: Processors = Processors {
+        reservations: true,
+        relay: true,
+        projector: true,
+    };
+    pub const NONE: Processors = Processors {
+        reservations: false,
+        relay: false,
+        projector: false,
+    };
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -96,6 +109,41 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
         ("http listener", served.map_err(anyhow::Error::from))
     });
     let codec = AvroCodec::new(&settings.registry, catalog.clone())?;
+    // The relay starts first so the reservation service can wake it after each commit.
+    let mut outbox_waker = None;
+    if processors.relay {
+        let producer = stocksvr_pipeline::kafka::producer(&settings.kafka, "outbox-relay")?;
+        let relay = stocksvr_outbox_relay::OutboxRelay::new(
+            pool.clone(),
+            producer,
+            codec.clone(),
+            stocksvr_outbox_relay::RelayConfig::default(),
+        )?;
+        outbox_waker = Some(relay.waker());
+        let stop = stop_rx.clone();
+        tasks.spawn(async move {
+            (
+                "outbox relay",
+                relay.run(stop).await.map_err(anyhow::Error::from),
+            )
+        });
+    }
+    if processors.projector {
+        let group = stocksvr_projector::group_name(&settings.kafka);
+        let handler = Arc::new(stocksvr_projector::Projector::new(pool.clone(), group)?);
+        let (settings, stop, codec) = (settings.clone(), stop_rx.clone(), codec.clone());
+        tasks.spawn(async move {
+            let result = stocksvr_pipeline::consumer::run(
+                &settings.kafka,
+                codec,
+                stocksvr_projector::loop_config(),
+                handler,
+                stop,
+            )
+            .await;
+            ("projector", result.map_err(anyhow::Error::from))
+        });
+    }
     if processors.reservations {
         let (settings, pool, stop, codec) = (
             settings.clone(),
@@ -104,7 +152,8 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
             codec.clone(),
         );
         tasks.spawn(async move {
-            let result = reservation_boot::run(settings, pool, api, codec, stop).await;
+            let result =
+                reservation_boot::run(settings, pool, api, codec, outbox_waker, stop).await;
             ("reservation service and order-lifecycle", result)
         });
     }

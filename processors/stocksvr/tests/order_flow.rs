@@ -258,6 +258,53 @@ async fn order_events_from_a_python_producer_drive_reservations() {
         "the mismatched OrderCanceled was dead-lettered with its reason"
     );
 
+    // The relay publishes every outbox row, the projector folds the stock-change events into
+    // the snapshot: it converges on Redis, with one ledger row per Redis operation. (The topic
+    // is shared with other tests, whose events this projector books too: count this shop's.)
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut stock = Value::Null;
+    while Instant::now() < deadline {
+        stock = get(
+            &server,
+            &format!("/v1/stock/{}/{}", shop.merchant_id, shop.dish_id),
+        )
+        .await
+        .1;
+        if !stock["snapshot"].is_null() && stock["snapshot"]["version"] == stock["redis"]["version"]
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for field in ["total", "available", "reserved", "sold", "version"] {
+        assert_eq!(
+            stock["snapshot"][field], stock["redis"][field],
+            "snapshot {field}: {stock}"
+        );
+    }
+    let pool = stocksvr_store::mysql_pool(&shop.db_url, 1, Duration::from_secs(5)).expect("pool");
+    let (ledger, operations): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), COUNT(DISTINCT operation_id) FROM inventory_ledger WHERE merchant_id = ?",
+    )
+    .bind(shop.merchant_id)
+    .fetch_one(&pool)
+    .await
+    .expect("ledger");
+    let (changes,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(DISTINCT JSON_UNQUOTE(JSON_EXTRACT(payload, '$.data.operation_id'))) FROM inventory_outbox WHERE topic = 'inventory.stock-change.v1'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("outbox");
+    assert_eq!(ledger, operations, "one ledger row per operation");
+    assert_eq!(ledger, changes, "every Redis operation booked once");
+    let (unsent,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM inventory_outbox WHERE status <> 30")
+            .fetch_one(&pool)
+            .await
+            .expect("outbox");
+    assert_eq!(unsent, 0, "every outbox row published");
+
     let (status, log) = server.terminate();
     assert!(status.success(), "{log}");
     assert!(

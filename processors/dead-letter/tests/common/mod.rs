@@ -1,0 +1,234 @@
+//! Helpers of the dead-letter tests. They talk to the real stack started by
+//! `scripts/stack up` (Kafka, the schema registry, MariaDB), configured like the binary:
+//! defaults overridden by `STOCKSVR__...` variables. Every test has its own database,
+//! topics and consumer groups.
+#![allow(dead_code)]
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{OwnedMessage, Timestamp};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{Message, TopicPartitionList};
+use sqlx::MySqlPool;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use stocksvr_dead_letter::Parker;
+use stocksvr_pipeline::catalog::Catalog;
+use stocksvr_pipeline::codec::AvroCodec;
+use stocksvr_pipeline::config::Settings;
+use stocksvr_pipeline::consumer::{self, Applied, Failure, Handler, Record};
+use stocksvr_pipeline::deadletter::{self, ErrorClass};
+use stocksvr_pipeline::kafka;
+use stocksvr_pipeline::topics::TopicSpec;
+use tokio::sync::watch;
+
+pub fn settings() -> Settings {
+    Settings::load(None).expect("configuration loads")
+}
+
+/// A name no other test or run uses.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos();
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A new database with every migration applied.
+pub async fn fresh_database() -> MySqlPool {
+    fresh_database_with_url().await.1
+}
+
+/// As [`fresh_database`], with the database's URL.
+pub async fn fresh_database_with_url() -> (String, MySqlPool) {
+    let base = settings().mysql.url.expose().to_string();
+    let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
+    let name = unique("stocksvr_dlq_test");
+    sqlx::query(&format!("CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+        .execute(&admin)
+        .await
+        .expect("create test database (the stack's user has CREATE)");
+    let (prefix, _) = base.rsplit_once('/').expect("url has a database path");
+    let url = format!("{prefix}/{name}");
+    let pool = stocksvr_store::mysql_pool(&url, 4, Duration::from_secs(10)).expect("pool");
+    stocksvr_store::migrate(&pool)
+        .await
+        .expect("migrations apply");
+    (url, pool)
+}
+
+/// A source topic `<t>` and its dead-letter topic `<t>.dlt`, 2 partitions each.
+pub async fn topic_pair() -> (String, String) {
+    let topic = unique("dlq-test");
+    let dlt = deadletter::dead_letter_topic(&topic);
+    let admin = kafka::admin_client(&settings().kafka).expect("admin client");
+    let new: Vec<NewTopic> = [&topic, &dlt]
+        .iter()
+        .map(|n| NewTopic::new(n, 2, TopicReplication::Fixed(1)))
+        .collect();
+    for r in admin
+        .create_topics(
+            new.iter(),
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("create_topics answers")
+    {
+        r.expect("topic created");
+    }
+    (topic, dlt)
+}
+
+pub fn producer() -> FutureProducer {
+    kafka::producer(&settings().kafka, "dlq-test").expect("producer")
+}
+
+/// The record a processor failed on, as the loop holds it.
+pub fn original(
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+) -> OwnedMessage {
+    OwnedMessage::new(
+        value.map(<[u8]>::to_vec),
+        key.map(<[u8]>::to_vec),
+        topic.to_string(),
+        Timestamp::CreateTime(1_700_000_000_123),
+        partition,
+        offset,
+        None,
+    )
+}
+
+/// Dead-letters `message` as the shared loop does; returns the dead letter's coordinates.
+pub async fn send_dead_letter(message: &OwnedMessage, error: &str) -> (String, i32, i64) {
+    deadletter::send(
+        &producer(),
+        message,
+        "stocksvr.order-lifecycle",
+        ErrorClass::Invalid,
+        error,
+    )
+    .await
+    .expect("dead letter acknowledged")
+}
+
+/// Counts what the parker answered, so a test knows when a run has seen everything.
+struct Counting {
+    inner: Parker,
+    seen: Arc<Mutex<Vec<Applied>>>,
+}
+
+impl Handler for Counting {
+    fn handle<'a>(
+        &'a self,
+        batch: &'a [Record],
+    ) -> BoxFuture<'a, Result<Vec<Result<Applied, Failure>>, Failure>> {
+        async move {
+            let results = self.inner.handle(batch).await?;
+            let mut seen = self.seen.lock().expect("not poisoned");
+            seen.extend(results.iter().filter_map(|r| r.as_ref().ok().copied()));
+            Ok(results)
+        }
+        .boxed()
+    }
+}
+
+/// Runs the dead-letter processor from a fresh consumer group over `<t>.dlt` until it has
+/// handled `expected` records, stops it through the watch channel and returns what the
+/// parker answered for each record.
+pub async fn run_processor(pool: &MySqlPool, source: &str, expected: usize) -> Vec<Applied> {
+    let mut settings = settings();
+    settings.kafka.group_prefix = unique("dlq-test-group");
+    let spec = |name: String, of: Option<String>| TopicSpec {
+        name,
+        partitions: 2,
+        replication_factor: 1,
+        config: Default::default(),
+        dead_letter_of: of,
+    };
+    let config = stocksvr_dead_letter::loop_config(&[
+        spec(source.to_string(), None),
+        spec(
+            deadletter::dead_letter_topic(source),
+            Some(source.to_string()),
+        ),
+    ]);
+    assert_eq!(config.topics, [deadletter::dead_letter_topic(source)]);
+    let codec = AvroCodec::new(
+        &settings.registry,
+        Arc::new(Catalog::embedded().expect("catalog")),
+    )
+    .expect("codec");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let handler = Arc::new(Counting {
+        inner: Parker::new(pool.clone()),
+        seen: seen.clone(),
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let kafka_settings = settings.kafka.clone();
+    let run = tokio::spawn(async move {
+        consumer::run(&kafka_settings, codec, config, handler, stop_rx).await
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.lock().expect("not poisoned").len() < expected {
+        assert!(
+            Instant::now() < deadline,
+            "the processor handled {} of {expected} dead letters within 60 s",
+            seen.lock().expect("not poisoned").len()
+        );
+        assert!(!run.is_finished(), "the processor stopped early");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop_tx.send(true).expect("processor listening");
+    run.await
+        .expect("processor task")
+        .expect("processor stops cleanly");
+    let seen = seen.lock().expect("not poisoned").clone();
+    seen
+}
+
+/// Reads the record at `partition`/`offset` of `topic`.
+pub fn read_at(topic: &str, partition: i32, offset: i64) -> OwnedMessage {
+    let consumer: BaseConsumer = kafka::client_config(&settings().kafka, "dlq-test-reader")
+        .set("group.id", unique("dlq-test-reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))
+        .expect("valid offset");
+    consumer.assign(&tpl).expect("assign");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) if m.offset() == offset => return m.detach(),
+            Some(Ok(_)) | None => continue,
+            Some(Err(e)) => panic!("reading {topic}/{partition}@{offset}: {e}"),
+        }
+    }
+    panic!("no record at {topic}/{partition}@{offset}");
+}
+
+/// The value of header `name` of `message`, as text.
+pub fn header(message: &OwnedMessage, name: &str) -> Option<String> {
+    use rdkafka::message::Headers;
+    message
+        .headers()?
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}

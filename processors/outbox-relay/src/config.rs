@@ -1,0 +1,127 @@
+//! Tuning of the relay. Every knob has a production default; tests shrink the timings.
+
+use crate::error::RelayError;
+use std::time::Duration;
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// How the relay claims, publishes, retries and purges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayConfig {
+    /// Rows claimed (and published concurrently) per round. A full batch means a backlog,
+    /// so the next round starts at once.
+    pub batch_size: u32,
+    /// Sleep after a partial batch, and the first sleep after an empty one.
+    pub min_poll: Duration,
+    /// Longest sleep when idle: empty rounds double the sleep up to this (seed 003's
+    /// adaptive polling: fast under backlog, easy on the database when idle).
+    pub max_poll: Duration,
+    /// How long a claimed (SENDING) row belongs to this relay. `next_retry_at` holds the
+    /// lease expiry; after it another relay may claim the row again, which is what recovers
+    /// rows from a relay that crashed mid-batch.
+    pub claim_lease: Duration,
+    /// Longest wait for the broker's acknowledgements of one batch. Must stay below
+    /// `claim_lease`, or a slow batch could be claimed by a second relay while the first
+    /// is still waiting (a duplicate publish).
+    pub publish_timeout: Duration,
+    /// Delay before the first retry of a failed row; doubles per failure.
+    pub retry_initial: Duration,
+    /// Upper bound of the retry delay.
+    pub retry_max: Duration,
+    /// SENT rows older than this (by `sent_at`) are deleted.
+    pub retention: Duration,
+    /// Rows deleted per purge statement, so one purge never holds many locks at once.
+    pub purge_batch: u32,
+    /// How often the purge runs.
+    pub purge_every: Duration,
+    /// How often the backlog gauges are refreshed (one cheap query each time).
+    pub gauge_every: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 200,
+            min_poll: Duration::from_millis(20),
+            max_poll: Duration::from_secs(2),
+            claim_lease: Duration::from_secs(30),
+            publish_timeout: Duration::from_secs(20),
+            retry_initial: Duration::from_secs(1),
+            retry_max: Duration::from_secs(5 * 60),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            purge_batch: 500,
+            purge_every: Duration::from_secs(60),
+            gauge_every: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Rejects settings under which the relay could not keep its guarantees.
+    pub fn validate(&self) -> Result<(), RelayError> {
+        let fail = |reason: &str| Err(RelayError::Config(reason.to_string()));
+        if self.batch_size == 0 {
+            return fail("batch_size must be at least 1");
+        }
+        if self.purge_batch == 0 {
+            return fail("purge_batch must be at least 1");
+        }
+        if self.min_poll.is_zero() || self.min_poll > self.max_poll {
+            return fail("min_poll must be above zero and at most max_poll");
+        }
+        if self.publish_timeout.is_zero() || self.publish_timeout >= self.claim_lease {
+            return fail("publish_timeout must be above zero and below claim_lease");
+        }
+        // Leases and retries are stored with millisecond precision (DATETIME(3)); beyond a
+        // day a crashed relay's rows, or a failed row, would be hidden for too long to be a
+        // deliberate choice.
+        if self.claim_lease < Duration::from_millis(1) || self.claim_lease > DAY {
+            return fail("claim_lease must be between 1 ms and 1 day");
+        }
+        if self.retry_initial.is_zero()
+            || self.retry_initial > self.retry_max
+            || self.retry_max > DAY
+        {
+            return fail(
+                "retry_initial must be above zero and at most retry_max, itself at most 1 day",
+            );
+        }
+        if self.purge_every.is_zero() || self.gauge_every.is_zero() {
+            return fail("purge_every and gauge_every must be above zero");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_design() {
+        let c = RelayConfig::default();
+        c.validate().expect("defaults are valid");
+        assert_eq!(c.batch_size, 200);
+        assert_eq!(c.retention, Duration::from_secs(604_800));
+        assert_eq!(c.purge_batch, 500);
+        assert!(c.publish_timeout < c.claim_lease);
+    }
+
+    #[test]
+    fn a_publish_timeout_beyond_the_lease_is_rejected() {
+        let c = RelayConfig {
+            publish_timeout: Duration::from_secs(30),
+            ..RelayConfig::default()
+        };
+        assert!(matches!(c.validate(), Err(RelayError::Config(_))));
+    }
+
+    #[test]
+    fn inverted_poll_bounds_are_rejected() {
+        let c = RelayConfig {
+            min_poll: Duration::from_secs(3),
+            ..RelayConfig::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,198 @@
+//! Turning claimed rows into Kafka records: pick the schema, convert the JSON envelope,
+//! encode in the Confluent wire format, send, and wait for the broker's acknowledgement.
+
+use crate::store::ClaimedRow;
+use futures::future::join_all;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use std::time::Duration;
+use stocksvr_pipeline::catalog::{Catalog, EventSchema};
+use stocksvr_pipeline::codec::AvroCodec;
+use stocksvr_pipeline::json::json_to_avro;
+use tokio::time::Instant;
+
+/// Kafka header carrying the event id, so consumers and operators can deduplicate or trace
+/// a record without decoding it.
+pub const EVENT_ID_HEADER: &str = "stocksvr.event-id";
+
+/// Why one row was not published; the label is the `reason` of the failure metric.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RowFailure {
+    /// The row cannot become a record (unknown event, payload off its schema, registry
+    /// refused or unreachable). Retried like any failure: the row is never dropped, and a
+    /// fixed schema or registry lets it through later.
+    Encode(String),
+    /// The broker (or the local producer) refused the record.
+    Delivery(String),
+    /// No acknowledgement within the publish timeout.
+    Timeout(Duration),
+}
+
+impl RowFailure {
+    pub fn label(&self) -> &'static str {
+        match self {
+            RowFailure::Encode(_) => "encode",
+            RowFailure::Delivery(_) => "delivery",
+            RowFailure::Timeout(_) => "timeout",
+        }
+    }
+
+    /// The text stored in `last_error`.
+    pub fn reason(&self) -> String {
+        match self {
+            RowFailure::Encode(r) => format!("encode: {r}"),
+            RowFailure::Delivery(r) => format!("delivery: {r}"),
+            RowFailure::Timeout(t) => format!("delivery: no acknowledgement within {t:?}"),
+        }
+    }
+}
+
+/// The catalog schema of an outbox row. The event type is the record's simple name
+/// (`InventoryReserved` for `io.stocksvr.inventory.InventoryReserved`). An entry declared
+/// for the row's topic wins; otherwise the one entry with that simple name is used, which
+/// lets a deployment (or a test) route an event to a topic other than the catalog's. The
+/// subject is always `<row topic>-<full name>`, so the registry sees the real topic.
+pub fn resolve<'c>(
+    catalog: &'c Catalog,
+    topic: &str,
+    event_type: &str,
+) -> Result<&'c EventSchema, String> {
+    let simple = |e: &EventSchema| e.full_name.rsplit('.').next() == Some(event_type);
+    let mut named = catalog.events().iter().filter(|e| simple(e));
+    if let Some(exact) = catalog
+        .events()
+        .iter()
+        .find(|e| simple(e) && e.topic == topic)
+    {
+        return Ok(exact);
+    }
+    match (named.next(), named.next()) {
+        (Some(only), None) => Ok(only),
+        (None, _) => Err(format!("event type {event_type} is not in the catalog")),
+        (Some(_), Some(_)) => Err(format!(
+            "event type {event_type} is declared for several topics, none of them {topic}"
+        )),
+    }
+}
+
+/// Encodes one row. Every failure is this row's alone.
+pub async fn encode(codec: &AvroCodec, row: &ClaimedRow) -> Result<Vec<u8>, RowFailure> {
+    let payload = row
+        .payload
+        .as_ref()
+        .map_err(|e| RowFailure::Encode(e.clone()))?;
+    let entry =
+        resolve(codec.catalog(), &row.topic, &row.event_type).map_err(RowFailure::Encode)?;
+    let value = json_to_avro(payload, &entry.parsed).map_err(|e| {
+        RowFailure::Encode(format!("payload does not fit {}: {e}", entry.full_name))
+    })?;
+    codec
+        .encode_value_on(&row.topic, &entry.full_name, entry.raw, value)
+        .await
+        .map_err(|e| RowFailure::Encode(e.to_string()))
+}
+
+/// Publishes a batch and returns each row's outcome, in the rows' order.
+///
+/// All rows are encoded concurrently (the registry is asked at most once per subject, then
+/// cached), then enqueued in id order, so records with the same key reach their partition in
+/// the order they were written; then every acknowledgement is awaited until one shared
+/// deadline. A record not acknowledged by then may still be delivered later by the
+/// producer; the row is retried anyway (at-least-once: consumers deduplicate on event_id).
+pub async fn publish_batch(
+    codec: &AvroCodec,
+    producer: &FutureProducer,
+    rows: &[ClaimedRow],
+    timeout: Duration,
+) -> Vec<Result<(), RowFailure>> {
+    let deadline = Instant::now() + timeout;
+    let encoded = join_all(
+        rows.iter()
+            .map(|row| tokio::time::timeout_at(deadline, encode(codec, row))),
+    )
+    .await;
+    let mut deliveries = Vec::with_capacity(rows.len());
+    for (row, bytes) in rows.iter().zip(encoded) {
+        let bytes = match bytes {
+            Ok(Ok(bytes)) => bytes,
+            Ok(Err(failure)) => {
+                deliveries.push(Err(failure));
+                continue;
+            }
+            Err(_) => {
+                deliveries.push(Err(RowFailure::Encode(format!(
+                    "encoding did not finish within {timeout:?}"
+                ))));
+                continue;
+            }
+        };
+        let headers = OwnedHeaders::new().insert(Header {
+            key: EVENT_ID_HEADER,
+            value: Some(row.event_id.as_str()),
+        });
+        let record = FutureRecord::to(&row.topic)
+            .key(row.partition_key.as_str())
+            .payload(&bytes)
+            .headers(headers);
+        // send_result enqueues synchronously, which is what keeps the id order per key.
+        deliveries.push(
+            producer
+                .send_result(record)
+                .map_err(|(e, _)| RowFailure::Delivery(e.to_string())),
+        );
+    }
+    join_all(deliveries.into_iter().map(|delivery| async move {
+        let future = delivery?;
+        match tokio::time::timeout_at(deadline, future).await {
+            Ok(Ok(Ok(_delivered))) => Ok(()),
+            Ok(Ok(Err((e, _message)))) => Err(RowFailure::Delivery(e.to_string())),
+            Ok(Err(_canceled)) => Err(RowFailure::Delivery("producer was shut down".into())),
+            Err(_elapsed) => Err(RowFailure::Timeout(timeout)),
+        }
+    }))
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_by_simple_name_preferring_the_rows_topic() {
+        let catalog = Catalog::embedded().expect("catalog");
+        let on_own_topic =
+            resolve(&catalog, "inventory.lifecycle.v1", "InventoryReserved").expect("declared");
+        assert_eq!(
+            on_own_topic.full_name,
+            "io.stocksvr.inventory.InventoryReserved"
+        );
+        let elsewhere = resolve(&catalog, "test-topic-1", "InventoryRedisReserved")
+            .expect("unique simple name");
+        assert_eq!(
+            elsewhere.full_name,
+            "io.stocksvr.inventory.InventoryRedisReserved"
+        );
+        let unknown = resolve(&catalog, "inventory.lifecycle.v1", "NoSuchEvent").unwrap_err();
+        assert!(unknown.contains("NoSuchEvent"), "{unknown}");
+        // A partial simple name must not match a longer one.
+        assert!(resolve(&catalog, "x", "Reserved").is_err());
+    }
+
+    #[test]
+    fn every_catalog_event_resolves_on_its_own_topic() {
+        let catalog = Catalog::embedded().expect("catalog");
+        for e in catalog.events() {
+            let simple = e.full_name.rsplit('.').next().expect("name");
+            let found = resolve(&catalog, &e.topic, simple).expect("resolves");
+            assert_eq!(found.full_name, e.full_name);
+        }
+    }
+
+    #[test]
+    fn failures_carry_their_class() {
+        let f = RowFailure::Timeout(Duration::from_secs(2));
+        assert_eq!(f.label(), "timeout");
+        assert!(f.reason().contains("2s"));
+        assert_eq!(RowFailure::Encode("x".into()).reason(), "encode: x");
+    }
+}

@@ -1,0 +1,281 @@
+//! The relay: claim → publish → mark, the adaptive poll loop, the purge and the gauges.
+
+use crate::config::RelayConfig;
+use crate::error::{sqlx_is_retryable, RelayError};
+use crate::publish::{publish_batch, RowFailure};
+use crate::schedule::{jitter, retry_delay, Poller, Round};
+use crate::store::{self, Backlog, Failure};
+use crate::telemetry as names;
+use backon::{ExponentialBuilder, Retryable};
+use rdkafka::producer::FutureProducer;
+use sqlx::MySqlPool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use stocksvr_pipeline::codec::AvroCodec;
+use tokio::sync::{watch, Notify};
+
+/// What one round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayReport {
+    /// Rows claimed (leased) by this round.
+    pub claimed: usize,
+    /// Rows the broker acknowledged and that are now SENT.
+    pub sent: usize,
+    /// Rows that went to RETRY.
+    pub failed: usize,
+}
+
+/// Publishes `inventory_outbox` rows to Kafka. Cheap to share behind an `Arc`; every method
+/// but [`OutboxRelay::run`] takes `&self`.
+pub struct OutboxRelay {
+    pool: MySqlPool,
+    producer: FutureProducer,
+    codec: AvroCodec,
+    config: RelayConfig,
+    wake: Arc<Notify>,
+}
+
+impl OutboxRelay {
+    /// `producer` should come from [`stocksvr_pipeline::kafka::producer`] (idempotent,
+    /// `acks=all`): a send retried inside the producer is then written once per partition.
+    pub fn new(
+        pool: MySqlPool,
+        producer: FutureProducer,
+        codec: AvroCodec,
+        config: RelayConfig,
+    ) -> Result<Self, RelayError> {
+        config.validate()?;
+        names::describe();
+        Ok(Self {
+            pool,
+            producer,
+            codec,
+            config,
+            wake: Arc::new(Notify::new()),
+        })
+    }
+
+    pub fn config(&self) -> &RelayConfig {
+        &self.config
+    }
+
+    /// A service that committed outbox rows calls `notify_one()` on this so the relay
+    /// publishes at once instead of at its next poll. A notification sent while the relay
+    /// is busy is kept and ends its next sleep, so none is lost.
+    pub fn waker(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// One round: claim a batch, publish it, and record each row's outcome.
+    ///
+    /// A row is SENT only after the broker acknowledged it; every other outcome (payload
+    /// off its schema, registry or broker failure, timeout) is RETRY with backoff and the
+    /// reason, and never holds up the other rows of the batch.
+    #[tracing::instrument(skip_all, err)]
+    pub async fn relay_once(&self) -> Result<RelayReport, RelayError> {
+        let started = Instant::now();
+        let claim =
+            store::claim(&self.pool, self.config.batch_size, self.config.claim_lease).await?;
+        if claim.rows.is_empty() {
+            return Ok(RelayReport::default());
+        }
+        let outcomes = publish_batch(
+            &self.codec,
+            &self.producer,
+            &claim.rows,
+            self.config.publish_timeout,
+        )
+        .await;
+        let mut sent = Vec::with_capacity(claim.rows.len());
+        let mut failed = Vec::new();
+        for (row, outcome) in claim.rows.iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => {
+                    sent.push(row.id);
+                    metrics::counter!(names::PUBLISHED, "topic" => row.topic.clone(), "event_type" => row.event_type.clone())
+                        .increment(1);
+                }
+                Err(failure) => {
+                    metrics::counter!(names::PUBLISH_FAILURES, "topic" => row.topic.clone(), "event_type" => row.event_type.clone(), "reason" => failure.label())
+                        .increment(1);
+                    let reason = failure.reason();
+                    match &failure {
+                        // A row that cannot be encoded will not heal by itself: a person
+                        // has to look at the payload or the schema.
+                        RowFailure::Encode(_) => tracing::error!(
+                            outbox_id = row.id, event_id = %row.event_id, event_type = %row.event_type,
+                            topic = %row.topic, retry_count = row.retry_count, error = %reason,
+                            "outbox row cannot be encoded; it stays in RETRY"
+                        ),
+                        _ => tracing::warn!(
+                            outbox_id = row.id, event_id = %row.event_id, topic = %row.topic,
+                            retry_count = row.retry_count, error = %reason,
+                            "outbox row not acknowledged; it will be retried"
+                        ),
+                    }
+                    failed.push(Failure {
+                        id: row.id,
+                        retry_after: retry_delay(
+                            row.retry_count,
+                            self.config.retry_initial,
+                            self.config.retry_max,
+                            jitter(),
+                        ),
+                        reason,
+                    });
+                }
+            }
+        }
+        // The broker has the records now; losing this write would only mean publishing them
+        // again after the lease, so it is worth a few quick retries.
+        let lease_until = claim.lease_until;
+        let marked = (|| store::mark(&self.pool, lease_until, &sent, &failed))
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(50))
+                    .with_max_delay(Duration::from_secs(1))
+                    .with_max_times(4),
+            )
+            .when(sqlx_is_retryable)
+            .notify(|e, after| tracing::warn!(error = %e, ?after, "marking outbox rows failed; retrying"))
+            .await?;
+        let lost =
+            ((sent.len() + failed.len()) as u64).saturating_sub(marked.sent + marked.retried);
+        if lost > 0 {
+            // Only possible when a batch outlived its lease (it should not: publish_timeout
+            // is below claim_lease) and another relay claimed the rows meanwhile.
+            tracing::warn!(
+                lost,
+                "lease lost on outbox rows before their outcome was written; they may be published twice"
+            );
+        }
+        metrics::histogram!(names::BATCH_PUBLISH_SECONDS).record(started.elapsed().as_secs_f64());
+        Ok(RelayReport {
+            claimed: claim.rows.len(),
+            sent: marked.sent as usize,
+            failed: marked.retried as usize,
+        })
+    }
+
+    /// Deletes SENT rows older than the retention, in batches of `purge_batch`, until a
+    /// batch comes back short. Returns the number of rows deleted.
+    #[tracing::instrument(skip_all, err)]
+    pub async fn purge_once(&self) -> Result<u64, RelayError> {
+        let mut total = 0;
+        loop {
+            let (found, deleted) =
+                store::purge_batch(&self.pool, self.config.retention, self.config.purge_batch)
+                    .await?;
+            total += deleted;
+            metrics::counter!(names::PURGED).increment(deleted);
+            if found < self.config.purge_batch as usize {
+                break;
+            }
+        }
+        if total > 0 {
+            tracing::info!(deleted = total, "purged sent outbox rows");
+        }
+        Ok(total)
+    }
+
+    /// Reads the backlog and sets the backlog gauges.
+    pub async fn refresh_backlog(&self) -> Result<Backlog, RelayError> {
+        let backlog = store::backlog(&self.pool).await?;
+        metrics::gauge!(names::BACKLOG).set(backlog.rows as f64);
+        metrics::gauge!(names::OLDEST_PENDING_SECONDS).set(backlog.oldest_age.as_secs_f64());
+        Ok(backlog)
+    }
+
+    /// Relays until `stop` turns true (or its sender is dropped), then returns after the
+    /// batch in flight has been published and marked. Retryable database errors are logged
+    /// and waited out; a fatal one stops the relay with the error.
+    pub async fn run(self, stop: watch::Receiver<bool>) -> Result<(), RelayError> {
+        tracing::info!(
+            batch_size = self.config.batch_size,
+            min_poll = ?self.config.min_poll,
+            max_poll = ?self.config.max_poll,
+            "outbox relay started"
+        );
+        let result = tokio::try_join!(
+            self.publish_loop(stop.clone()),
+            self.purge_loop(stop.clone()),
+            self.gauge_loop(stop),
+        );
+        tracing::info!("outbox relay stopped");
+        result.map(|_| ())
+    }
+
+    async fn publish_loop(&self, mut stop: watch::Receiver<bool>) -> Result<(), RelayError> {
+        let mut poller = Poller::new(self.config.min_poll, self.config.max_poll);
+        let batch = self.config.batch_size as usize;
+        while !stopped(&stop) {
+            let round = match self.relay_once().await {
+                Ok(r) if r.claimed >= batch => Round::Full,
+                Ok(r) if r.claimed > 0 => Round::Partial,
+                Ok(_) => Round::Empty,
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(error = %e, "outbox relay round failed; backing off");
+                    Round::Failed
+                }
+                Err(e) => return Err(e),
+            };
+            let sleep = poller.next(round);
+            if sleep.is_zero() {
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(sleep) => {}
+                _ = self.wake.notified() => poller.woken(),
+                _ = stop.changed() => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn purge_loop(&self, mut stop: watch::Receiver<bool>) -> Result<(), RelayError> {
+        while !stopped(&stop) {
+            match self.purge_once().await {
+                Ok(_) => {}
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(error = %e, "outbox purge failed; trying at the next interval")
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.purge_every) => {}
+                _ = stop.changed() => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn gauge_loop(&self, mut stop: watch::Receiver<bool>) -> Result<(), RelayError> {
+        while !stopped(&stop) {
+            // A gauge is best effort: a failed read leaves the last value and is logged.
+            if let Err(e) = self.refresh_backlog().await {
+                tracing::warn!(error = %e, "reading the outbox backlog failed");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.gauge_every) => {}
+                _ = stop.changed() => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Stop when asked, or when nobody is left who could ask.
+fn stopped(stop: &watch::Receiver<bool>) -> bool {
+    *stop.borrow() || stop.has_changed().is_err()
+}
+
+/// A processor spawns the relay on the runtime, so its futures must be `Send`; this fails to
+/// compile if one stops being so (sqlx's `raw_sql` on a pooled connection did).
+#[allow(dead_code)]
+fn futures_are_send(relay: OutboxRelay, stop: watch::Receiver<bool>) {
+    fn is_send<T: Send>(_: &T) {}
+    is_send(&relay.relay_once());
+    is_send(&relay.purge_once());
+    is_send(&relay.refresh_backlog());
+    is_send(&relay.run(stop));
+}

@@ -1,0 +1,285 @@
+//! Fixtures against the real stack: a fresh database and fresh 3-partition topics per test,
+//! outbox rows built from `schemas/examples`, and a consumer that reads a topic to its end.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use anyhow::{bail, Context, Result};
+use chrono::NaiveDateTime;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use serde_json::Value as Json;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use stocksvr_outbox_relay::{OutboxRelay, RelayConfig, EVENT_ID_HEADER};
+use stocksvr_pipeline::catalog::Catalog;
+use stocksvr_pipeline::codec::AvroCodec;
+use stocksvr_pipeline::config::Settings;
+use stocksvr_store::reservations::{insert_outbox, NewOutbox};
+
+pub const PARTITIONS: i32 = 3;
+
+/// Unique per call within and across test processes.
+pub fn unique() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!(
+        "{}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000_000,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub struct Stack {
+    pub settings: Settings,
+    pub pool: sqlx::MySqlPool,
+    pub topic: String,
+    pub codec: AvroCodec,
+}
+
+impl Stack {
+    /// A fresh database (migrated) and a fresh topic.
+    pub async fn new() -> Result<Self> {
+        let settings = Settings::load(None).context("settings")?;
+        let base = settings.mysql.url.expose().to_string();
+        let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10))?;
+        let db = format!("stocksvr_relay_{}", unique());
+        sqlx::query(&format!("CREATE DATABASE `{db}`"))
+            .execute(&admin)
+            .await
+            .context("create database (is the stack up? scripts/stack up)")?;
+        admin.close().await;
+        let (prefix, _) = base.rsplit_once('/').context("database path in the url")?;
+        let pool =
+            stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 16, Duration::from_secs(30))?;
+        stocksvr_store::migrate(&pool).await?;
+        let topic = format!("outbox-relay-test-{}", unique().replace('_', "-"));
+        create_topic(&settings, &topic).await?;
+        let codec = AvroCodec::new(&settings.registry, Arc::new(Catalog::embedded()?))?;
+        Ok(Self {
+            settings,
+            pool,
+            topic,
+            codec,
+        })
+    }
+
+    pub fn relay(&self, config: RelayConfig) -> Result<OutboxRelay> {
+        let producer = stocksvr_pipeline::kafka::producer(&self.settings.kafka, "outbox-relay")?;
+        Ok(OutboxRelay::new(
+            self.pool.clone(),
+            producer,
+            self.codec.clone(),
+            config,
+        )?)
+    }
+
+    /// An outbox row for `example` (a file stem in schemas/examples) on this test's topic,
+    /// with its own event id.
+    pub fn row(&self, example: &str) -> Result<NewOutbox> {
+        let mut payload = example_json(example)?;
+        let event_id = format!("evt_{}", unique());
+        payload["event_id"] = Json::String(event_id.clone());
+        let event_type = payload["event_type"]
+            .as_str()
+            .context("example has event_type")?
+            .to_string();
+        let partition_key = payload["partition_key"]
+            .as_str()
+            .context("example has partition_key")?
+            .to_string();
+        Ok(NewOutbox {
+            event_id,
+            aggregate_id: 1,
+            event_type,
+            topic: self.topic.clone(),
+            partition_key,
+            payload,
+        })
+    }
+
+    /// Commits `rows` in one transaction, as a service would.
+    pub async fn insert(&self, rows: &[NewOutbox]) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        insert_outbox(&mut tx, rows).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn state(&self, event_id: &str) -> Result<RowState> {
+        let (status, retry_count, last_error, sent_at, due): (
+            i8,
+            u32,
+            Option<String>,
+            Option<NaiveDateTime>,
+            bool,
+        ) = sqlx::query_as(
+            "SELECT status, retry_count, last_error, sent_at, next_retry_at > NOW(3) \
+             FROM inventory_outbox WHERE event_id = ?",
+        )
+        .bind(event_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(RowState {
+            status,
+            retry_count,
+            last_error,
+            sent_at,
+            retry_in_future: due,
+        })
+    }
+
+    pub async fn count(&self, status: i8) -> Result<i64> {
+        Ok(
+            sqlx::query_scalar("SELECT COUNT(*) FROM inventory_outbox WHERE status = ?")
+                .bind(status)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Runs `sql` with the event id bound as its only parameter.
+    pub async fn exec(&self, sql: &str, event_id: &str) -> Result<()> {
+        let done = sqlx::query(sql).bind(event_id).execute(&self.pool).await?;
+        if done.rows_affected() != 1 {
+            bail!("{sql} changed {} rows", done.rows_affected());
+        }
+        Ok(())
+    }
+
+    /// Every record of the topic, read from the beginning to the high watermarks.
+    pub async fn read_topic(&self) -> Result<Vec<Record>> {
+        read_topic(&self.settings, &self.topic).await
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RowState {
+    pub status: i8,
+    pub retry_count: u32,
+    pub last_error: Option<String>,
+    pub sent_at: Option<NaiveDateTime>,
+    pub retry_in_future: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub partition: i32,
+    pub key: Option<String>,
+    pub event_ids: Vec<String>,
+    pub payload: Option<Vec<u8>>,
+}
+
+pub fn example_json(stem: &str) -> Result<Json> {
+    let path = format!(
+        "{}/../../schemas/examples/{stem}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).with_context(|| path.clone())?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+async fn create_topic(settings: &Settings, topic: &str) -> Result<()> {
+    let admin = stocksvr_pipeline::kafka::admin_client(&settings.kafka)?;
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await?;
+    for r in results {
+        if let Err((name, code)) = r {
+            bail!("creating topic {name}: {code}");
+        }
+    }
+    Ok(())
+}
+
+async fn read_topic(settings: &Settings, topic: &str) -> Result<Vec<Record>> {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &settings.kafka.brokers)
+        .set("group.id", format!("outbox-relay-test-{}", unique()))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    let mut ends = HashMap::new();
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        let (_, high) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
+        if high > 0 {
+            ends.insert(partition, high);
+            assignment.add_partition_offset(topic, partition, Offset::Beginning)?;
+        }
+    }
+    if ends.is_empty() {
+        return Ok(Vec::new());
+    }
+    consumer.assign(&assignment)?;
+    let mut records = Vec::new();
+    let mut done = HashSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while done.len() < ends.len() {
+        let message = tokio::time::timeout_at(deadline, consumer.recv())
+            .await
+            .context("topic not read to its end within 30 s")??;
+        let event_ids = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .filter(|h| h.key == EVENT_ID_HEADER)
+                    .filter_map(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        records.push(Record {
+            partition: message.partition(),
+            key: message
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
+            event_ids,
+            payload: message.payload().map(<[u8]>::to_vec),
+        });
+        if message.offset() + 1 >= ends[&message.partition()] {
+            done.insert(message.partition());
+        }
+    }
+    Ok(records)
+}
+
+/// Polls `check` every 50 ms until it holds or `within` passes.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> Result<bool>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await? {
+            return Ok(true);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Timings for tests: quick polls, a short publish timeout and lease.
+pub fn fast_config() -> RelayConfig {
+    RelayConfig {
+        min_poll: Duration::from_millis(20),
+        max_poll: Duration::from_millis(200),
+        claim_lease: Duration::from_secs(20),
+        publish_timeout: Duration::from_secs(15),
+        ..RelayConfig::default()
+    }
+}

@@ -1,0 +1,416 @@
+//! The outbox relay against the real stack (Kafka, the Apicurio registry, MariaDB): each test
+//! has its own database and its own 3-partition topic, and its rows are the payloads of
+//! `schemas/examples` with fresh event ids.
+
+mod common;
+
+use anyhow::{Context, Result};
+use common::{eventually, fast_config, Stack};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use stocksvr_outbox_relay::{status, RelayConfig, RelayReport};
+use stocksvr_pipeline::catalog::subject_for;
+use stocksvr_pipeline::json::avro_to_json;
+use stocksvr_pipeline::registry::RegistryClient;
+use tokio::sync::watch;
+
+const NAMESPACE: &str = "io.stocksvr.inventory";
+
+#[tokio::test]
+async fn rows_are_published_keyed_and_decode_back_to_their_payload() -> Result<()> {
+    let stack = Stack::new().await?;
+    let rows = vec![
+        stack.row("InventoryReserved")?,
+        stack.row("InventoryRedisReserved")?,
+        stack.row("InventoryReserved.scheduled")?,
+        stack.row("InventoryRedisConfirmed")?,
+    ];
+    stack.insert(&rows).await?;
+    let relay = stack.relay(fast_config())?;
+
+    let report = relay.relay_once().await?;
+    assert_eq!(
+        report,
+        RelayReport {
+            claimed: 4,
+            sent: 4,
+            failed: 0
+        }
+    );
+    for row in &rows {
+        let state = stack.state(&row.event_id).await?;
+        assert_eq!(state.status, status::SENT, "{}", row.event_id);
+        assert!(state.sent_at.is_some(), "SENT without sent_at");
+        assert_eq!(state.retry_count, 0);
+    }
+    assert_eq!(
+        relay.relay_once().await?.claimed,
+        0,
+        "a SENT row is claimed again"
+    );
+
+    let records = stack.read_topic().await?;
+    assert_eq!(records.len(), rows.len());
+    for row in &rows {
+        let record = records
+            .iter()
+            .find(|r| r.event_ids == [row.event_id.clone()])
+            .with_context(|| format!("{} not on the topic", row.event_id))?;
+        assert_eq!(record.key.as_deref(), Some(row.partition_key.as_str()));
+        let decoded = stack.codec.decode(record.payload.as_deref()).await?;
+        assert_eq!(decoded.full_name, format!("{NAMESPACE}.{}", row.event_type));
+        assert_eq!(avro_to_json(&decoded.value), row.payload);
+    }
+    // One key, one partition: the Redis Reserved and Confirmed events share their bucket key.
+    let mut partitions_of: HashMap<&str, Vec<i32>> = HashMap::new();
+    for r in &records {
+        partitions_of
+            .entry(r.key.as_deref().unwrap_or_default())
+            .or_default()
+            .push(r.partition);
+    }
+    let bucket = &partitions_of["bucket_10001_90001_20260726"];
+    assert_eq!(bucket.len(), 2);
+    assert!(
+        partitions_of.values().all(|p| p.iter().all(|x| *x == p[0])),
+        "{partitions_of:?}"
+    );
+
+    // TopicRecordNameStrategy on the row's topic.
+    let subjects = RegistryClient::new(&stack.settings.registry)?
+        .subjects()
+        .await?;
+    for name in ["InventoryReserved", "InventoryRedisReserved"] {
+        let subject = subject_for(&stack.topic, &format!("{NAMESPACE}.{name}"));
+        assert!(subjects.contains(&subject), "{subject} not registered");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_running_relays_publish_each_event_exactly_once() -> Result<()> {
+    let stack = Stack::new().await?;
+    let mut rows = Vec::new();
+    for i in 0..500 {
+        let example = if i % 2 == 0 {
+            "InventoryReserved"
+        } else {
+            "InventoryRedisReserved"
+        };
+        rows.push(stack.row(example)?);
+    }
+    for chunk in rows.chunks(100) {
+        stack.insert(chunk).await?;
+    }
+    // Small batches so the two relays interleave many claims.
+    let config = RelayConfig {
+        batch_size: 25,
+        ..fast_config()
+    };
+    let (stop, stopped) = watch::channel(false);
+    let a = tokio::spawn(stack.relay(config.clone())?.run(stopped.clone()));
+    let b = tokio::spawn(stack.relay(config)?.run(stopped));
+
+    let all_sent = eventually(Duration::from_secs(90), || async {
+        Ok(stack.count(status::SENT).await? == 500)
+    })
+    .await?;
+    stop.send(true)?;
+    for relay in [a, b] {
+        tokio::time::timeout(Duration::from_secs(30), relay)
+            .await
+            .context("relay did not stop")???;
+    }
+    assert!(
+        all_sent,
+        "only {} of 500 rows SENT",
+        stack.count(status::SENT).await?
+    );
+
+    let records = stack.read_topic().await?;
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for record in &records {
+        assert_eq!(record.event_ids.len(), 1, "one event-id header per record");
+        *seen.entry(record.event_ids[0].clone()).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "published more than once: {twice:?}");
+    assert_eq!(records.len(), 500);
+    for row in &rows {
+        assert_eq!(seen.get(&row.event_id), Some(&1), "{}", row.event_id);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_never_overlap() -> Result<()> {
+    let stack = Stack::new().await?;
+    let rows: Vec<_> = (0..300)
+        .map(|_| stack.row("InventoryRedisReserved"))
+        .collect::<Result<_>>()?;
+    stack.insert(&rows).await?;
+    let config = RelayConfig {
+        batch_size: 20,
+        ..fast_config()
+    };
+    // Two relays claiming in tight loops, started together: every row is claimed by exactly
+    // one of them, so the claims add up to the rows, and both get a share.
+    let start = Arc::new(tokio::sync::Barrier::new(2));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let relay = Arc::new(stack.relay(config.clone())?);
+        let start = start.clone();
+        let pool = stack.pool.clone();
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            let mut claimed = 0;
+            loop {
+                let report = relay.relay_once().await?;
+                assert_eq!(report.sent, report.claimed);
+                claimed += report.claimed;
+                if report.claimed == 0 {
+                    let unsent: i64 = sqlx::query_scalar(
+                        "SELECT COUNT(*) FROM inventory_outbox WHERE status <> 30",
+                    )
+                    .fetch_one(&pool)
+                    .await?;
+                    if unsent == 0 {
+                        return anyhow::Ok(claimed);
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }));
+    }
+    let mut claims = Vec::new();
+    for task in tasks {
+        claims.push(tokio::time::timeout(Duration::from_secs(60), task).await???);
+    }
+    assert_eq!(claims.iter().sum::<usize>(), 300, "claims {claims:?}");
+    assert!(
+        claims.iter().all(|c| *c > 0),
+        "one relay claimed everything, so nothing ran concurrently: {claims:?}"
+    );
+    assert_eq!(stack.count(status::SENT).await?, 300);
+    assert_eq!(stack.read_topic().await?.len(), 300);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_row_that_does_not_fit_its_schema_is_retried_and_does_not_block_others() -> Result<()> {
+    let stack = Stack::new().await?;
+    let before = stack.row("InventoryReserved")?;
+    let mut bad = stack.row("InventoryReserved")?;
+    bad.payload["data"]["quantity"] = serde_json::json!("two");
+    let mut unknown = stack.row("InventoryRedisReserved")?;
+    unknown.event_type = "NoSuchEvent".into();
+    let after = stack.row("InventoryRedisReserved")?;
+    stack
+        .insert(&[before.clone(), bad.clone(), unknown.clone(), after.clone()])
+        .await?;
+    let relay = stack.relay(fast_config())?;
+
+    let report = relay.relay_once().await?;
+    assert_eq!(
+        report,
+        RelayReport {
+            claimed: 4,
+            sent: 2,
+            failed: 2
+        }
+    );
+    for ok in [&before, &after] {
+        assert_eq!(stack.state(&ok.event_id).await?.status, status::SENT);
+    }
+    let state = stack.state(&bad.event_id).await?;
+    assert_eq!(state.status, status::RETRY);
+    assert_eq!(state.retry_count, 1);
+    assert!(state.retry_in_future, "retry is due only after the backoff");
+    let error = state.last_error.context("last_error")?;
+    assert!(error.contains(".data.quantity"), "{error}");
+    let state = stack.state(&unknown.event_id).await?;
+    assert_eq!(state.status, status::RETRY);
+    assert!(
+        state
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("NoSuchEvent"),
+        "{:?}",
+        state.last_error
+    );
+    // Backing off: not claimed again right away.
+    assert_eq!(relay.relay_once().await?.claimed, 0);
+    let records = stack.read_topic().await?;
+    assert_eq!(records.len(), 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_sending_row_with_an_expired_lease_is_published_by_the_next_relay() -> Result<()> {
+    let stack = Stack::new().await?;
+    let orphan = stack.row("InventoryReserved")?;
+    let leased = stack.row("InventoryReserved")?;
+    stack.insert(&[orphan.clone(), leased.clone()]).await?;
+    // A relay claimed both and was killed mid-batch: one lease has run out, one has not.
+    stack
+        .exec(
+            "UPDATE inventory_outbox SET status = 20, next_retry_at = NOW(3) - INTERVAL 1 SECOND \
+             WHERE event_id = ?",
+            &orphan.event_id,
+        )
+        .await?;
+    stack
+        .exec(
+            "UPDATE inventory_outbox SET status = 20, next_retry_at = NOW(3) + INTERVAL 1 MINUTE \
+             WHERE event_id = ?",
+            &leased.event_id,
+        )
+        .await?;
+    let relay = stack.relay(fast_config())?;
+
+    let report = relay.relay_once().await?;
+    assert_eq!(report.claimed, 1);
+    assert_eq!(report.sent, 1);
+    let state = stack.state(&orphan.event_id).await?;
+    assert_eq!(state.status, status::SENT);
+    assert!(state.sent_at.is_some());
+    assert_eq!(
+        stack.state(&leased.event_id).await?.status,
+        status::SENDING,
+        "a row under a live lease belongs to its relay"
+    );
+    let records = stack.read_topic().await?;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].event_ids, std::slice::from_ref(&orphan.event_id));
+    Ok(())
+}
+
+#[tokio::test]
+async fn purge_deletes_only_sent_rows_past_the_retention() -> Result<()> {
+    let stack = Stack::new().await?;
+    let old_pending = stack.row("InventoryReserved")?;
+    let old_sent: Vec<_> = (0..7)
+        .map(|_| stack.row("InventoryReserved"))
+        .collect::<Result<_>>()?;
+    let recent_sent = stack.row("InventoryReserved")?;
+    let old_retry = stack.row("InventoryReserved")?;
+    let old_sending = stack.row("InventoryReserved")?;
+    stack.insert(std::slice::from_ref(&old_pending)).await?;
+    stack.insert(&old_sent).await?;
+    stack
+        .insert(&[recent_sent.clone(), old_retry.clone(), old_sending.clone()])
+        .await?;
+    stack
+        .exec(
+            "UPDATE inventory_outbox SET created_at = NOW(3) - INTERVAL 30 DAY WHERE event_id = ?",
+            &old_pending.event_id,
+        )
+        .await?;
+    for row in &old_sent {
+        stack
+            .exec(
+                "UPDATE inventory_outbox SET status = 30, sent_at = NOW(3) - INTERVAL 8 DAY \
+                 WHERE event_id = ?",
+                &row.event_id,
+            )
+            .await?;
+    }
+    stack
+        .exec(
+            "UPDATE inventory_outbox SET status = 30, sent_at = NOW(3) - INTERVAL 6 DAY \
+             WHERE event_id = ?",
+            &recent_sent.event_id,
+        )
+        .await?;
+    stack
+        .exec(
+            "UPDATE inventory_outbox SET status = 40, created_at = NOW(3) - INTERVAL 9 DAY, \
+             next_retry_at = NOW(3) + INTERVAL 1 HOUR WHERE event_id = ?",
+            &old_retry.event_id,
+        )
+        .await?;
+    stack
+        .exec(
+            "UPDATE inventory_outbox SET status = 20, created_at = NOW(3) - INTERVAL 9 DAY, \
+             next_retry_at = NOW(3) + INTERVAL 1 HOUR WHERE event_id = ?",
+            &old_sending.event_id,
+        )
+        .await?;
+    // Batches of 3 over 7 rows: the purge must loop until a batch comes back short.
+    let relay = stack.relay(RelayConfig {
+        purge_batch: 3,
+        ..fast_config()
+    })?;
+
+    assert_eq!(relay.purge_once().await?, 7);
+    for row in &old_sent {
+        let gone: Option<i8> =
+            sqlx::query_scalar("SELECT status FROM inventory_outbox WHERE event_id = ?")
+                .bind(&row.event_id)
+                .fetch_optional(&stack.pool)
+                .await?;
+        assert_eq!(gone, None);
+    }
+    for (row, expected) in [
+        (&old_pending, status::PENDING),
+        (&recent_sent, status::SENT),
+        (&old_retry, status::RETRY),
+        (&old_sending, status::SENDING),
+    ] {
+        assert_eq!(stack.state(&row.event_id).await?.status, expected);
+    }
+    assert_eq!(relay.purge_once().await?, 0);
+
+    // The backlog gauges' query: three unsent rows, the oldest created 30 days ago.
+    let backlog = relay.refresh_backlog().await?;
+    assert_eq!(backlog.rows, 3);
+    let days = backlog.oldest_age.as_secs_f64() / 86_400.0;
+    assert!(
+        (29.9..30.1).contains(&days),
+        "oldest unsent row is {days} days old"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_notification_publishes_at_once_despite_a_long_poll() -> Result<()> {
+    let stack = Stack::new().await?;
+    // Every sleep is 30 s: only the wake-up can explain a prompt publish.
+    let relay = stack.relay(RelayConfig {
+        min_poll: Duration::from_secs(30),
+        max_poll: Duration::from_secs(30),
+        ..fast_config()
+    })?;
+    let waker = relay.waker();
+    let (stop, stopped) = watch::channel(false);
+    let running = tokio::spawn(relay.run(stopped));
+    // Let the first (empty) round finish so the relay is asleep.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let unannounced = stack.row("InventoryReserved")?;
+    stack.insert(std::slice::from_ref(&unannounced)).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        stack.state(&unannounced.event_id).await?.status,
+        status::PENDING,
+        "the relay should be asleep; the test proves nothing otherwise"
+    );
+
+    let announced = stack.row("InventoryRedisReserved")?;
+    stack.insert(std::slice::from_ref(&announced)).await?;
+    waker.notify_one();
+    let published = eventually(Duration::from_secs(5), || async {
+        Ok(stack.state(&announced.event_id).await?.status == status::SENT)
+    })
+    .await?;
+    assert!(published, "not SENT within 5 s of notify_one()");
+
+    // Stopping interrupts the 30 s sleep too.
+    stop.send(true)?;
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .context("relay did not stop promptly")???;
+    Ok(())
+}

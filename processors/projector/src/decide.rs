@@ -1,0 +1,354 @@
+//! Decide: from one decoded stock-change record to the rows it projects. Pure, so every
+//! rule (which ledger action, which deltas, what makes a record invalid) is unit-tested
+//! without a database; [`crate::store`] only executes what this module decided.
+//!
+//! Validation here is deliberately strict about everything MySQL would refuse in strict
+//! mode (ids longer than their VARCHAR(64), negative values for UNSIGNED columns, a date
+//! that is not a date): such a record can never be applied, so it must be reported
+//! [`Failure::Invalid`](stocksvr_pipeline::consumer::Failure::Invalid) on its own instead
+//! of failing the database transaction of the whole batch.
+
+use chrono::NaiveDate;
+use stocksvr_core::events::{
+    Envelope, EventData, EventError, EventKind, StockAction, StockAfter, StockBaselineAdjustedData,
+    StockBucketInitializedData, StockChangeData,
+};
+use stocksvr_pipeline::codec::{DecodeError, Decoded};
+
+/// Length of the VARCHAR(64) id columns (event_id, operation_id, stock_bucket_id, ...).
+pub const MAX_ID_LEN: usize = 64;
+
+/// `inventory_ledger.action`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LedgerAction {
+    Init,
+    Try,
+    Confirm,
+    Cancel,
+    Adjust,
+    Refund,
+}
+
+impl LedgerAction {
+    /// The TINYINT stored in `inventory_ledger.action` (migration 20261129000001).
+    pub const fn code(self) -> i8 {
+        match self {
+            LedgerAction::Init => 1,
+            LedgerAction::Try => 2,
+            LedgerAction::Confirm => 3,
+            LedgerAction::Cancel => 4,
+            LedgerAction::Adjust => 5,
+            LedgerAction::Refund => 6,
+        }
+    }
+}
+
+impl From<StockAction> for LedgerAction {
+    fn from(action: StockAction) -> Self {
+        match action {
+            StockAction::Try => LedgerAction::Try,
+            StockAction::Confirm => LedgerAction::Confirm,
+            StockAction::Cancel => LedgerAction::Cancel,
+            StockAction::Refund => LedgerAction::Refund,
+        }
+    }
+}
+
+/// Everything one event writes, decided before any I/O.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Projection {
+    pub kind: EventKind,
+    /// Inbox key: a redelivered event keeps its event_id and is skipped.
+    pub event_id: String,
+    pub ledger: LedgerRow,
+    /// `None` when the event carries no bucket version (an empty rollback on a bucket Redis
+    /// has not created yet reports version 0): there is no Redis state to project.
+    pub snapshot: Option<SnapshotRow>,
+    /// Only reservation steps have a reservation; init and adjust come from the WAL.
+    pub sync: Option<ReservationSync>,
+}
+
+/// One `inventory_ledger` row; unique on `operation_id`, so an operation is booked once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerRow {
+    /// The operation id itself: globally unique already and within VARCHAR(64), so a
+    /// derived id would add nothing but a second way to collide.
+    pub ledger_id: String,
+    pub operation_id: String,
+    pub reservation_id: Option<u64>,
+    pub stock_bucket_id: String,
+    pub order_id: Option<u64>,
+    pub order_item_id: Option<u64>,
+    pub merchant_id: u64,
+    pub dish_id: u64,
+    pub action: LedgerAction,
+    pub quantity: u32,
+    pub available_delta: i64,
+    pub reserved_delta: i64,
+    pub sold_delta: i64,
+    pub total_delta: i64,
+    /// `None` for version 0, which names no bucket state.
+    pub redis_version: Option<u64>,
+}
+
+/// The absolute after-quantities of a bucket at `redis_version`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRow {
+    pub stock_bucket_id: String,
+    pub merchant_id: u64,
+    pub dish_id: u64,
+    pub stock_date: NaiveDate,
+    pub after: StockAfter,
+    /// `Some` only for events that state the deficit (init resets it to 0, adjust reports
+    /// it); reservation steps do not carry it, so the stored value is kept for them.
+    pub deficit: Option<i64>,
+    pub redis_version: u64,
+}
+
+/// Advances `inventory_reservation.synced_redis_version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReservationSync {
+    pub reservation_id: u64,
+    pub redis_version: u64,
+}
+
+/// Why a record can never be projected; becomes `Failure::Invalid` (dead letter).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidEvent {
+    #[error("{0} is not a stock-change event")]
+    NotAStockChange(String),
+    #[error("cannot read as a typed event: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("envelope contradicts its data: {0}")]
+    Contract(#[from] EventError),
+    #[error("{event}: {field} {reason}")]
+    Field {
+        event: String,
+        field: &'static str,
+        reason: String,
+    },
+}
+
+/// Decodes `event` by its writer full name and turns it into the rows it projects.
+pub fn decide(event: &Decoded) -> Result<Projection, InvalidEvent> {
+    let kind = EventKind::from_full_name(&event.full_name)
+        .ok_or_else(|| InvalidEvent::NotAStockChange(event.full_name.clone()))?;
+    match kind {
+        EventKind::InventoryRedisReserved
+        | EventKind::InventoryRedisConfirmed
+        | EventKind::InventoryRedisCanceled
+        | EventKind::InventoryRedisRefunded => stock_change(typed(event)?),
+        EventKind::StockBucketInitialized => bucket_initialized(typed(event)?),
+        EventKind::StockBaselineAdjusted => baseline_adjusted(typed(event)?),
+        _ => Err(InvalidEvent::NotAStockChange(event.full_name.clone())),
+    }
+}
+
+fn typed<D: EventData>(event: &Decoded) -> Result<Envelope<D>, InvalidEvent> {
+    let envelope: Envelope<D> = event.clone().into_typed(&event.full_name)?;
+    // An InventoryRedisReserved record whose action is CONFIRM, or a partition_key that is
+    // not the bucket, is a producer bug: projecting it would book the wrong action.
+    envelope.check(&event.full_name)?;
+    Ok(envelope)
+}
+
+/// Field checks of one event, naming the event in every error.
+struct Check<'a> {
+    event: &'a str,
+}
+
+impl Check<'_> {
+    fn fail(&self, field: &'static str, reason: impl Into<String>) -> InvalidEvent {
+        InvalidEvent::Field {
+            event: self.event.to_owned(),
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    fn id(&self, field: &'static str, value: &str) -> Result<String, InvalidEvent> {
+        if value.is_empty() {
+            return Err(self.fail(field, "is empty"));
+        }
+        if value.chars().count() > MAX_ID_LEN {
+            return Err(self.fail(field, format!("is longer than {MAX_ID_LEN} characters")));
+        }
+        Ok(value.to_owned())
+    }
+
+    fn unsigned(&self, field: &'static str, value: i64) -> Result<u64, InvalidEvent> {
+        u64::try_from(value).map_err(|_| self.fail(field, format!("is negative ({value})")))
+    }
+
+    fn quantity(&self, field: &'static str, value: i64) -> Result<u32, InvalidEvent> {
+        u32::try_from(value).map_err(|_| self.fail(field, format!("{value} is out of range")))
+    }
+
+    fn date(&self, value: &str) -> Result<NaiveDate, InvalidEvent> {
+        NaiveDate::parse_from_str(value, "%Y-%m-%d")
+            .map_err(|e| self.fail("stock_date", format!("{value:?} is not YYYY-MM-DD: {e}")))
+    }
+
+    /// Redis refuses to write a negative quantity (`check_stock`), so one here was not
+    /// produced by the scripts and must not reach the snapshot.
+    fn after(&self, after: StockAfter) -> Result<StockAfter, InvalidEvent> {
+        for (name, value) in [
+            ("after.total", after.total),
+            ("after.available", after.available),
+            ("after.reserved", after.reserved),
+            ("after.sold", after.sold),
+        ] {
+            if value < 0 {
+                return Err(self.fail("after", format!("{name} is negative ({value})")));
+            }
+        }
+        Ok(after)
+    }
+}
+
+fn stock_change(e: Envelope<StockChangeData>) -> Result<Projection, InvalidEvent> {
+    let c = Check { event: &e.event_id };
+    let d = &e.data;
+    let version = c.unsigned("redis_version", d.redis_version)?;
+    let bucket = c.id("stock_bucket_id", &d.stock_bucket_id)?;
+    let merchant_id = c.unsigned("merchant_id", d.merchant_id)?;
+    let dish_id = c.unsigned("dish_id", d.dish_id)?;
+    let reservation_id = c.unsigned("reservation_id", d.reservation_id)?;
+    let snapshot = SnapshotRow {
+        stock_bucket_id: bucket.clone(),
+        merchant_id,
+        dish_id,
+        stock_date: c.date(&d.stock_date)?,
+        after: c.after(d.after)?,
+        deficit: None,
+        redis_version: version,
+    };
+    let ledger = LedgerRow {
+        ledger_id: c.id("operation_id", &d.operation_id)?,
+        operation_id: c.id("operation_id", &d.operation_id)?,
+        reservation_id: Some(reservation_id),
+        stock_bucket_id: bucket,
+        order_id: Some(c.unsigned("order_id", d.order_id)?),
+        order_item_id: Some(c.unsigned("order_item_id", d.order_item_id)?),
+        merchant_id,
+        dish_id,
+        action: d.action.into(),
+        quantity: c.quantity("quantity", d.quantity.into())?,
+        // The deltas are what the reservation service computed for this step (an empty
+        // rollback has all three at 0); the ledger books them as stated.
+        available_delta: d.available_delta,
+        reserved_delta: d.reserved_delta,
+        sold_delta: d.sold_delta,
+        total_delta: 0,
+        redis_version: (version > 0).then_some(version),
+    };
+    Ok(Projection {
+        kind: e.kind(),
+        event_id: c.id("event_id", &e.event_id)?,
+        ledger,
+        snapshot: (version > 0).then_some(snapshot),
+        sync: Some(ReservationSync {
+            reservation_id,
+            redis_version: version,
+        }),
+    })
+}
+
+fn bucket_initialized(e: Envelope<StockBucketInitializedData>) -> Result<Projection, InvalidEvent> {
+    let c = Check { event: &e.event_id };
+    let d = &e.data;
+    let version = c.unsigned("redis_version", d.redis_version)?;
+    let bucket = c.id("stock_bucket_id", &d.stock_bucket_id)?;
+    let merchant_id = c.unsigned("merchant_id", d.merchant_id)?;
+    let dish_id = c.unsigned("dish_id", d.dish_id)?;
+    let after = c.after(d.after)?;
+    let ledger = LedgerRow {
+        ledger_id: c.id("operation_id", &d.operation_id)?,
+        operation_id: c.id("operation_id", &d.operation_id)?,
+        reservation_id: None,
+        stock_bucket_id: bucket.clone(),
+        order_id: None,
+        order_item_id: None,
+        merchant_id,
+        dish_id,
+        action: LedgerAction::Init,
+        // The script's own argument (init_bucket records `total` as the op quantity).
+        quantity: c.quantity("total", d.total)?,
+        // The bucket comes into existence: every quantity moves from nothing to `after`.
+        available_delta: after.available,
+        reserved_delta: after.reserved,
+        sold_delta: after.sold,
+        total_delta: after.total,
+        redis_version: (version > 0).then_some(version),
+    };
+    let snapshot = SnapshotRow {
+        stock_bucket_id: bucket,
+        merchant_id,
+        dish_id,
+        stock_date: c.date(&d.stock_date)?,
+        after,
+        // init_bucket always leaves deficit at 0, also when it re-initialises.
+        deficit: Some(0),
+        redis_version: version,
+    };
+    Ok(Projection {
+        kind: EventKind::StockBucketInitialized,
+        event_id: c.id("event_id", &e.event_id)?,
+        ledger,
+        snapshot: (version > 0).then_some(snapshot),
+        sync: None,
+    })
+}
+
+fn baseline_adjusted(e: Envelope<StockBaselineAdjustedData>) -> Result<Projection, InvalidEvent> {
+    let c = Check { event: &e.event_id };
+    let d = &e.data;
+    let version = c.unsigned("redis_version", d.redis_version)?;
+    let bucket = c.id("stock_bucket_id", &d.stock_bucket_id)?;
+    let merchant_id = c.unsigned("merchant_id", d.merchant_id)?;
+    let dish_id = c.unsigned("dish_id", d.dish_id)?;
+    let after = c.after(d.after)?;
+    if d.deficit < 0 {
+        return Err(c.fail("deficit", format!("is negative ({})", d.deficit)));
+    }
+    let ledger = LedgerRow {
+        ledger_id: c.id("operation_id", &d.operation_id)?,
+        operation_id: c.id("operation_id", &d.operation_id)?,
+        reservation_id: None,
+        stock_bucket_id: bucket.clone(),
+        order_id: None,
+        order_item_id: None,
+        merchant_id,
+        dish_id,
+        action: LedgerAction::Adjust,
+        // The script's own argument (adjust records `new_total` as the op quantity).
+        quantity: c.quantity("new_total", d.new_total)?,
+        available_delta: d.available_delta,
+        // Accepted orders are never taken back by an adjust.
+        reserved_delta: 0,
+        sold_delta: 0,
+        // What actually applied: `after.total` may differ from `new_total` when part of a
+        // decrease became a deficit, and summing the ledger must give the stored total.
+        total_delta: after.total - d.old_total,
+        redis_version: (version > 0).then_some(version),
+    };
+    let snapshot = SnapshotRow {
+        stock_bucket_id: bucket,
+        merchant_id,
+        dish_id,
+        stock_date: c.date(&d.stock_date)?,
+        after,
+        deficit: Some(d.deficit),
+        redis_version: version,
+    };
+    Ok(Projection {
+        kind: EventKind::StockBaselineAdjusted,
+        event_id: c.id("event_id", &e.event_id)?,
+        ledger,
+        snapshot: (version > 0).then_some(snapshot),
+        sync: None,
+    })
+}
+
+#[cfg(test)]
+mod tests;

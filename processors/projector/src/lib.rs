@@ -1,0 +1,178 @@
+//! The stock projector: keeps MySQL's projection of the Redis stock in step with
+//! `inventory.stock-change.v1`.
+//!
+//! Delivery: at-least-once from Kafka, exactly-once effects in MySQL. The shared loop
+//! ([`stocksvr_pipeline::consumer`]) stores a batch's offsets only after [`Projector`]
+//! returned, and the projector returns only after the batch's one transaction committed:
+//! the inbox rows (`INSERT IGNORE` on event_id and consumer group), one ledger row per
+//! operation_id, the snapshot upsert and the reservation sync commit together or not at
+//! all. A redelivered event hits the inbox and changes nothing; an event re-published
+//! under a new event_id hits the ledger's unique operation_id and books nothing twice.
+//!
+//! Order: events carry absolute after-quantities and the Redis version that produced
+//! them, and the snapshot only ever moves to a newer version, so reordered events (a
+//! retried batch, a re-published outbox row) cannot drift it; a stale event still books
+//! its ledger row and advances its reservation's synced version, never backwards.
+//!
+//! Flow per batch: decide (pure, [`decide`]) → apply in one transaction ([`store`]) →
+//! commit → the loop stores offsets. A record that can never be projected is answered
+//! `Failure::Invalid` on its own and dead-lettered by the loop while the rest of the batch
+//! applies; a database failure fails the whole batch ([`error::classify`]).
+
+pub mod decide;
+pub mod error;
+pub mod store;
+pub mod telemetry;
+
+use chrono::{NaiveDateTime, Utc};
+use decide::{InvalidEvent, Projection, MAX_ID_LEN};
+use error::{classify, ProjectorError};
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use sqlx::{MySqlConnection, MySqlPool};
+use std::collections::HashSet;
+use stocksvr_core::events::topics;
+use stocksvr_pipeline::config::KafkaSettings;
+use stocksvr_pipeline::consumer::{Applied, Failure, Handler, LoopConfig, Record};
+use store::SnapshotWrite;
+use telemetry::Tally;
+
+/// Processor name: metrics label, client id and consumer group suffix.
+pub const NAME: &str = "projector";
+
+/// Records per transaction. Big enough that a burst on a hot bucket costs one commit per
+/// hundred events instead of one each; small enough that a retried batch redoes little.
+pub const MAX_BATCH: usize = 100;
+
+/// The loop settings of the projector: `inventory.stock-change.v1`, batches of 100.
+pub fn loop_config() -> LoopConfig {
+    LoopConfig {
+        max_batch: MAX_BATCH,
+        ..LoopConfig::new(NAME, vec![topics::STOCK_CHANGE.to_string()])
+    }
+}
+
+/// The consumer group [`stocksvr_pipeline::consumer::run`] uses for the projector, which is
+/// also the inbox's `consumer_group`.
+pub fn group_name(settings: &KafkaSettings) -> String {
+    format!("{}.{}", settings.group_prefix, NAME)
+}
+
+/// The projector's [`Handler`].
+#[derive(Debug, Clone)]
+pub struct Projector {
+    pool: MySqlPool,
+    group: String,
+}
+
+impl Projector {
+    /// `group` is recorded in the inbox: another consumer group (a rebuild, a second
+    /// projection) has an inbox of its own. Refused when empty or longer than the inbox
+    /// column, since every inbox insert would then fail.
+    pub fn new(pool: MySqlPool, group: impl Into<String>) -> Result<Self, ProjectorError> {
+        let group = group.into();
+        if group.is_empty() || group.chars().count() > MAX_ID_LEN {
+            return Err(ProjectorError::InvalidGroup(group));
+        }
+        Ok(Self { pool, group })
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    #[tracing::instrument(skip_all, fields(processor = NAME, records = batch.len()), err(Debug))]
+    async fn project(&self, batch: &[Record]) -> Result<Vec<Result<Applied, Failure>>, Failure> {
+        // Decided before the transaction opens: it holds no locks while decoding.
+        let decided: Vec<Result<Projection, InvalidEvent>> =
+            batch.iter().map(|r| decide::decide(&r.event)).collect();
+        let now = Utc::now().naive_utc();
+        let mut tx = self.pool.begin().await.map_err(|e| classify(&e))?;
+        let mut buckets: Vec<&str> = decided
+            .iter()
+            .filter_map(|d| d.as_ref().ok()?.snapshot.as_ref())
+            .map(|s| s.stock_bucket_id.as_str())
+            .collect();
+        buckets.sort_unstable();
+        buckets.dedup();
+        let mut existing = store::existing_buckets(&mut tx, &buckets)
+            .await
+            .map_err(|e| classify(&e))?;
+        let mut tally = Tally::default();
+        let mut results = Vec::with_capacity(batch.len());
+        for (record, decision) in batch.iter().zip(decided) {
+            let result = match decision {
+                Ok(projection) => Ok(self
+                    .apply(&mut tx, &projection, now, &mut existing, &mut tally)
+                    .await
+                    .map_err(|e| classify(&e))?),
+                Err(invalid) => {
+                    tracing::warn!(
+                        topic = record.topic(),
+                        partition = record.partition(),
+                        offset = record.offset(),
+                        error = %invalid,
+                        "invalid stock-change event"
+                    );
+                    Err(Failure::Invalid(invalid.to_string()))
+                }
+            };
+            results.push(result);
+        }
+        // Dropping the transaction on any error above rolls back the whole batch, so no
+        // part of it is durable when the loop retries it.
+        tx.commit().await.map_err(|e| classify(&e))?;
+        tally.emit(batch.len());
+        Ok(results)
+    }
+
+    /// One event inside the batch transaction.
+    #[tracing::instrument(skip_all, fields(event_id = %p.event_id, operation_id = %p.ledger.operation_id, redis_version = ?p.ledger.redis_version))]
+    async fn apply(
+        &self,
+        conn: &mut MySqlConnection,
+        p: &Projection,
+        now: NaiveDateTime,
+        existing: &mut HashSet<String>,
+        tally: &mut Tally,
+    ) -> Result<Applied, sqlx::Error> {
+        if !store::claim(conn, &p.event_id, &self.group, now).await? {
+            tally.duplicate();
+            return Ok(Applied::Duplicate);
+        }
+        if !store::book(conn, &p.ledger, now).await? {
+            tally.already_booked();
+            tracing::debug!("operation already in the ledger");
+        }
+        if let Some(row) = &p.snapshot {
+            let existed = existing.contains(&row.stock_bucket_id);
+            match store::advance_snapshot(conn, row, existed, now).await? {
+                SnapshotWrite::Created | SnapshotWrite::Advanced => {}
+                SnapshotWrite::Stale => {
+                    tally.stale();
+                    tracing::debug!("older than the snapshot; snapshot kept");
+                }
+            }
+            existing.insert(row.stock_bucket_id.clone());
+        }
+        if let Some(sync) = p.sync {
+            if !store::sync_reservation(conn, sync).await? {
+                tracing::debug!(
+                    reservation_id = sync.reservation_id,
+                    "no such reservation to sync"
+                );
+            }
+        }
+        tally.projected(p.kind);
+        Ok(Applied::Applied)
+    }
+}
+
+impl Handler for Projector {
+    fn handle<'a>(
+        &'a self,
+        batch: &'a [Record],
+    ) -> BoxFuture<'a, Result<Vec<Result<Applied, Failure>>, Failure>> {
+        self.project(batch).boxed()
+    }
+}

@@ -1,0 +1,603 @@
+//! The projector's handler against the real MariaDB and schema registry, one fresh
+//! database and one registry topic per test. Records are built the way the loop builds
+//! them (encode, decode through the registry) and handed to `Handler::handle` directly.
+
+mod support;
+
+use anyhow::Result;
+use serde_json::{json, Value as Json};
+use sqlx::MySqlPool;
+use stocksvr_pipeline::consumer::{Applied, Failure, Handler, Record};
+use stocksvr_projector::Projector;
+use support::*;
+
+const BUCKET: &str = "bucket_10001_90001_20260726";
+const GROUP: &str = "test.projector";
+
+struct Harness {
+    pool: MySqlPool,
+    projector: Projector,
+    encoder: Encoder,
+}
+
+impl Harness {
+    async fn new() -> Result<Self> {
+        let settings = settings()?;
+        let pool = fresh_pool(&settings).await?;
+        let projector = Projector::new(pool.clone(), GROUP)?;
+        let encoder = Encoder::new(codec(&settings)?, unique("projector-test"))?;
+        Ok(Self {
+            pool,
+            projector,
+            encoder,
+        })
+    }
+
+    async fn record(&self, name: &str, json: &Json) -> Result<Record> {
+        self.encoder.record(name, json).await
+    }
+
+    async fn handle(&self, batch: &[Record]) -> Result<Vec<Result<Applied, Failure>>, Failure> {
+        self.projector.handle(batch).await
+    }
+
+    /// Handles `batch` and insists the batch as a whole succeeded.
+    async fn apply(&self, batch: &[Record]) -> Vec<Result<Applied, Failure>> {
+        let results = self.handle(batch).await.expect("batch applies");
+        assert_eq!(results.len(), batch.len(), "one result per record");
+        results
+    }
+
+    async fn snapshot(&self) -> Result<Option<Snapshot>> {
+        snapshot(&self.pool, BUCKET).await
+    }
+}
+
+fn name_of(file: &str) -> &str {
+    file.split('.').next().unwrap_or(file)
+}
+
+#[tokio::test]
+async fn every_stock_change_example_projects_and_the_snapshot_is_the_last_after() -> Result<()> {
+    let h = Harness::new().await?;
+    // In Redis version order, as the bucket's partition delivers them.
+    let files = [
+        "StockBucketInitialized",
+        "InventoryRedisReserved",
+        "InventoryRedisConfirmed",
+        "InventoryRedisCanceled",
+        "InventoryRedisCanceled.empty-rollback",
+        "InventoryRedisRefunded",
+        "InventoryRedisRefunded.before-confirm",
+        "StockBaselineAdjusted",
+        "StockBaselineAdjusted.deficit",
+    ];
+    let mut batch = Vec::new();
+    for file in files {
+        batch.push(h.record(name_of(file), &example(file)).await?);
+    }
+    let results = h.apply(&batch).await;
+    assert!(
+        results.iter().all(|r| r == &Ok(Applied::Applied)),
+        "{results:?}"
+    );
+
+    // The deficit example's after-quantities and its deficit.
+    assert_eq!(h.snapshot().await?, Some((29, 0, 4, 25, 9, 421)));
+    assert_eq!(count(&h.pool, "inventory_ledger").await?, 9);
+    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 9);
+    assert_eq!(
+        ledger(&h.pool, "op_init_bucket_10001_90001_20260726").await?,
+        vec![(1, 100, 100, 0, 0, 100, Some(1))]
+    );
+    assert_eq!(
+        ledger(&h.pool, "op_try_100123001").await?,
+        vec![(2, 2, -2, 2, 0, 0, Some(392))]
+    );
+    assert_eq!(
+        ledger(&h.pool, "op_confirm_100123001").await?,
+        vec![(3, 2, 0, -2, 2, 0, Some(395))]
+    );
+    assert_eq!(
+        ledger(&h.pool, "op_cancel_100123030").await?,
+        vec![(4, 1, 0, 0, 0, 0, Some(401))],
+        "an empty rollback is booked with zero deltas"
+    );
+    assert_eq!(
+        ledger(&h.pool, "op_refund_100123001_rfd_90000001_1").await?,
+        vec![(6, 1, 1, 0, -1, 0, Some(410))]
+    );
+    assert_eq!(
+        ledger(&h.pool, "op_adjust_bucket_10001_90001_20260726_2").await?,
+        vec![(5, 120, 20, 0, 0, 20, Some(420))]
+    );
+    assert_eq!(
+        ledger(&h.pool, "op_adjust_bucket_10001_90001_20260726_3").await?,
+        vec![(5, 20, -91, 0, 0, -91, Some(421))]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn duplicates_in_one_batch_and_across_batches_change_nothing() -> Result<()> {
+    let h = Harness::new().await?;
+    let try_ = change(
+        "InventoryRedisReserved",
+        "evt_dup_try",
+        "op_try_dup",
+        392,
+        [100, 72, 8, 20],
+    );
+    let first = h.record("InventoryRedisReserved", &try_).await?;
+    let again = h.record("InventoryRedisReserved", &try_).await?;
+    let results = h.apply(&[first, again]).await;
+    assert_eq!(results, vec![Ok(Applied::Applied), Ok(Applied::Duplicate)]);
+
+    let state = || async {
+        let updated_at: chrono::NaiveDateTime = sqlx::query_scalar(
+            "SELECT updated_at FROM dish_stock_snapshot WHERE stock_bucket_id = ?",
+        )
+        .bind(BUCKET)
+        .fetch_one(&h.pool)
+        .await?;
+        let state = (
+            h.snapshot().await?,
+            updated_at,
+            count(&h.pool, "inventory_ledger").await?,
+            count(&h.pool, "inventory_consumer_inbox").await?,
+        );
+        anyhow::Ok(state)
+    };
+    let after_first = state().await?;
+    assert_eq!(after_first.0, Some((100, 72, 8, 20, 0, 392)));
+    assert_eq!((after_first.2, after_first.3), (1, 1));
+
+    // Redelivered later, alone: not a single column moves (updated_at included).
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let redelivered = h.record("InventoryRedisReserved", &try_).await?;
+    assert_eq!(h.apply(&[redelivered]).await, vec![Ok(Applied::Duplicate)]);
+    assert_eq!(state().await?, after_first);
+
+    // And next to a new event.
+    let redelivered = h.record("InventoryRedisReserved", &try_).await?;
+    let confirm = change(
+        "InventoryRedisConfirmed",
+        "evt_dup_confirm",
+        "op_confirm_dup",
+        395,
+        [100, 72, 6, 22],
+    );
+    let confirm = h.record("InventoryRedisConfirmed", &confirm).await?;
+    let results = h.apply(&[redelivered, confirm.clone()]).await;
+    assert_eq!(results, vec![Ok(Applied::Duplicate), Ok(Applied::Applied)]);
+    assert_eq!(h.apply(&[confirm]).await, vec![Ok(Applied::Duplicate)]);
+
+    assert_eq!(ledger(&h.pool, "op_try_dup").await?.len(), 1);
+    assert_eq!(count(&h.pool, "inventory_ledger").await?, 2);
+    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 2);
+    assert_eq!(h.snapshot().await?, Some((100, 72, 6, 22, 0, 395)));
+    Ok(())
+}
+
+#[tokio::test]
+async fn another_consumer_group_has_an_inbox_of_its_own() -> Result<()> {
+    let h = Harness::new().await?;
+    let try_ = change(
+        "InventoryRedisReserved",
+        "evt_group",
+        "op_try_group",
+        392,
+        [100, 72, 8, 20],
+    );
+    let record = h.record("InventoryRedisReserved", &try_).await?;
+    assert_eq!(
+        h.apply(std::slice::from_ref(&record)).await,
+        vec![Ok(Applied::Applied)]
+    );
+    let rebuild = Projector::new(h.pool.clone(), "rebuild.projector")?;
+    assert_eq!(
+        rebuild.handle(&[record]).await,
+        Ok(vec![Ok(Applied::Applied)])
+    );
+    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 2);
+    assert_eq!(
+        ledger(&h.pool, "op_try_group").await?.len(),
+        1,
+        "still booked once"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_stale_event_keeps_the_newer_snapshot_and_books_its_ledger_once() -> Result<()> {
+    let h = Harness::new().await?;
+    let newer = change(
+        "InventoryRedisConfirmed",
+        "evt_newer",
+        "op_confirm_newer",
+        395,
+        [100, 70, 6, 24],
+    );
+    let older = change(
+        "InventoryRedisReserved",
+        "evt_older",
+        "op_try_older",
+        392,
+        [100, 72, 8, 20],
+    );
+    // Across batches.
+    let r = h.record("InventoryRedisConfirmed", &newer).await?;
+    assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Applied)]);
+    let r = h.record("InventoryRedisReserved", &older).await?;
+    assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Applied)]);
+    assert_eq!(h.snapshot().await?, Some((100, 70, 6, 24, 0, 395)));
+    assert_eq!(
+        ledger(&h.pool, "op_try_older").await?,
+        vec![(2, 2, -2, 2, 0, 0, Some(392))]
+    );
+
+    // The same operation re-published under a new event id, still stale: nothing more.
+    let republished = change(
+        "InventoryRedisReserved",
+        "evt_older_again",
+        "op_try_older",
+        392,
+        [100, 72, 8, 20],
+    );
+    let r = h.record("InventoryRedisReserved", &republished).await?;
+    assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Applied)]);
+    assert_eq!(ledger(&h.pool, "op_try_older").await?.len(), 1);
+    assert_eq!(h.snapshot().await?, Some((100, 70, 6, 24, 0, 395)));
+
+    // Within one batch: newer first, then older, then an equal version.
+    let newest = change(
+        "InventoryRedisCanceled",
+        "evt_newest",
+        "op_cancel_newest",
+        401,
+        [100, 71, 5, 24],
+    );
+    let stale = change(
+        "InventoryRedisRefunded",
+        "evt_stale_in_batch",
+        "op_refund_stale",
+        399,
+        [100, 60, 6, 34],
+    );
+    let equal = change(
+        "InventoryRedisCanceled.empty-rollback",
+        "evt_equal",
+        "op_cancel_equal",
+        401,
+        [100, 50, 50, 0],
+    );
+    let batch = vec![
+        h.record("InventoryRedisCanceled", &newest).await?,
+        h.record("InventoryRedisRefunded", &stale).await?,
+        h.record("InventoryRedisCanceled", &equal).await?,
+    ];
+    let results = h.apply(&batch).await;
+    assert!(
+        results.iter().all(|r| r == &Ok(Applied::Applied)),
+        "{results:?}"
+    );
+    assert_eq!(
+        h.snapshot().await?,
+        Some((100, 71, 5, 24, 0, 401)),
+        "an equal version is not newer either"
+    );
+    assert_eq!(count(&h.pool, "inventory_ledger").await?, 5);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_ledger_has_one_row_per_operation_id_across_event_ids() -> Result<()> {
+    let h = Harness::new().await?;
+    let a = change(
+        "InventoryRedisReserved",
+        "evt_op_a",
+        "op_try_shared",
+        392,
+        [100, 72, 8, 20],
+    );
+    let b = change(
+        "InventoryRedisReserved",
+        "evt_op_b",
+        "op_try_shared",
+        392,
+        [100, 72, 8, 20],
+    );
+    let batch = vec![
+        h.record("InventoryRedisReserved", &a).await?,
+        h.record("InventoryRedisReserved", &b).await?,
+    ];
+    // Two distinct events: both claimed in the inbox, one booking.
+    assert_eq!(
+        h.apply(&batch).await,
+        vec![Ok(Applied::Applied), Ok(Applied::Applied)]
+    );
+    let c = change(
+        "InventoryRedisReserved",
+        "evt_op_c",
+        "op_try_shared",
+        392,
+        [100, 72, 8, 20],
+    );
+    let r = h.record("InventoryRedisReserved", &c).await?;
+    assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Applied)]);
+    assert_eq!(
+        ledger(&h.pool, "op_try_shared").await?,
+        vec![(2, 2, -2, 2, 0, 0, Some(392))]
+    );
+    assert_eq!(count(&h.pool, "inventory_ledger").await?, 1);
+    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn sync_status_becomes_synced_exactly_when_synced_reaches_expected() -> Result<()> {
+    let h = Harness::new().await?;
+    // The example events belong to reservation 100123001.
+    let id = 100_123_001;
+    insert_reservation(&h.pool, id, BUCKET, Some(395)).await?;
+    let unexpected = 100_123_002;
+    insert_reservation(&h.pool, unexpected, BUCKET, None).await?;
+
+    let try_ = change(
+        "InventoryRedisReserved",
+        "evt_sync_try",
+        "op_try_sync",
+        392,
+        [100, 72, 8, 20],
+    );
+    let r = h.record("InventoryRedisReserved", &try_).await?;
+    h.apply(&[r]).await;
+    assert_eq!(sync_of(&h.pool, id).await?, (392, 10), "below expected");
+
+    let confirm = change(
+        "InventoryRedisConfirmed",
+        "evt_sync_confirm",
+        "op_confirm_sync",
+        395,
+        [100, 72, 6, 22],
+    );
+    let r = h.record("InventoryRedisConfirmed", &confirm).await?;
+    h.apply(&[r]).await;
+    assert_eq!(sync_of(&h.pool, id).await?, (395, 20), "reached expected");
+
+    // A stale event never moves synced back.
+    let stale = change(
+        "InventoryRedisReserved",
+        "evt_sync_stale",
+        "op_try_sync_stale",
+        390,
+        [100, 74, 6, 20],
+    );
+    let r = h.record("InventoryRedisReserved", &stale).await?;
+    h.apply(&[r]).await;
+    assert_eq!(sync_of(&h.pool, id).await?, (395, 20));
+
+    // The next step expects 410; an event beyond it syncs at once.
+    set_expected(&h.pool, id, 410).await?;
+    let refund = change(
+        "InventoryRedisRefunded",
+        "evt_sync_refund",
+        "op_refund_sync",
+        412,
+        [100, 71, 6, 23],
+    );
+    let r = h.record("InventoryRedisRefunded", &refund).await?;
+    h.apply(&[r]).await;
+    assert_eq!(sync_of(&h.pool, id).await?, (412, 20));
+
+    // Without an expected version the synced version moves, the status does not.
+    let mut other = change(
+        "InventoryRedisReserved",
+        "evt_sync_other",
+        "op_try_other",
+        413,
+        [100, 69, 8, 23],
+    );
+    other["data"]["reservation_id"] = json!(unexpected);
+    let r = h.record("InventoryRedisReserved", &other).await?;
+    h.apply(&[r]).await;
+    assert_eq!(sync_of(&h.pool, unexpected).await?, (413, 10));
+
+    // An event for a reservation this database does not have still projects.
+    let mut orphan = change(
+        "InventoryRedisReserved",
+        "evt_sync_orphan",
+        "op_try_orphan",
+        414,
+        [100, 67, 10, 23],
+    );
+    orphan["data"]["reservation_id"] = json!(999_999);
+    let r = h.record("InventoryRedisReserved", &orphan).await?;
+    assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Applied)]);
+    assert_eq!(h.snapshot().await?, Some((100, 67, 10, 23, 0, 414)));
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_invalid_record_is_reported_while_the_rest_of_the_batch_applies() -> Result<()> {
+    let h = Harness::new().await?;
+    let try_ = change(
+        "InventoryRedisReserved",
+        "evt_ok_try",
+        "op_try_ok",
+        392,
+        [100, 72, 8, 20],
+    );
+    // Written as InventoryRedisReserved, but its data says CONFIRM.
+    let mut mismatch = change(
+        "InventoryRedisReserved",
+        "evt_bad_kind",
+        "op_bad_kind",
+        393,
+        [100, 72, 6, 22],
+    );
+    mismatch["data"]["action"] = json!("CONFIRM");
+    let mut wrong_key = change(
+        "InventoryRedisConfirmed",
+        "evt_bad_key",
+        "op_bad_key",
+        394,
+        [100, 72, 6, 22],
+    );
+    wrong_key["partition_key"] = json!("another_bucket");
+    let mut bad_date = change(
+        "InventoryRedisConfirmed",
+        "evt_bad_date",
+        "op_bad_date",
+        396,
+        [100, 72, 6, 22],
+    );
+    bad_date["data"]["stock_date"] = json!("2026-02-30");
+    let confirm = change(
+        "InventoryRedisConfirmed",
+        "evt_ok_confirm",
+        "op_confirm_ok",
+        395,
+        [100, 72, 6, 22],
+    );
+    let lifecycle = example("InventoryReserved");
+    let batch = vec![
+        h.record("InventoryRedisReserved", &try_).await?,
+        h.record("InventoryRedisReserved", &mismatch).await?,
+        h.record("InventoryRedisConfirmed", &wrong_key).await?,
+        h.record("InventoryRedisConfirmed", &confirm).await?,
+        h.record("InventoryRedisConfirmed", &bad_date).await?,
+        h.record("InventoryReserved", &lifecycle).await?,
+    ];
+    let results = h.apply(&batch).await;
+    let outcome: Vec<&str> = results
+        .iter()
+        .map(|r| match r {
+            Ok(Applied::Applied) => "applied",
+            Err(Failure::Invalid(_)) => "invalid",
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        outcome,
+        ["applied", "invalid", "invalid", "applied", "invalid", "invalid"]
+    );
+    let reason = |i: usize| match &results[i] {
+        Err(Failure::Invalid(reason)) => reason.clone(),
+        _ => String::new(),
+    };
+    assert!(
+        reason(1).contains("InventoryRedisConfirmed"),
+        "{}",
+        reason(1)
+    );
+    assert!(reason(2).contains("partition_key"), "{}", reason(2));
+    assert!(reason(4).contains("stock_date"), "{}", reason(4));
+    assert!(reason(5).contains("not a stock-change"), "{}", reason(5));
+
+    assert_eq!(h.snapshot().await?, Some((100, 72, 6, 22, 0, 395)));
+    assert_eq!(count(&h.pool, "inventory_ledger").await?, 2);
+    assert_eq!(
+        count(&h.pool, "inventory_consumer_inbox").await?,
+        2,
+        "an invalid event is not marked consumed"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_deficit_comes_from_init_and_adjust_and_is_kept_by_reservation_steps() -> Result<()> {
+    let h = Harness::new().await?;
+    let batch = vec![
+        h.record("StockBucketInitialized", &example("StockBucketInitialized"))
+            .await?,
+        h.record(
+            "StockBaselineAdjusted",
+            &example("StockBaselineAdjusted.deficit"),
+        )
+        .await?,
+    ];
+    h.apply(&batch).await;
+    assert_eq!(h.snapshot().await?, Some((29, 0, 4, 25, 9, 421)));
+
+    let confirm = change(
+        "InventoryRedisConfirmed",
+        "evt_after_deficit",
+        "op_confirm_after_deficit",
+        422,
+        [29, 0, 2, 27],
+    );
+    let r = h.record("InventoryRedisConfirmed", &confirm).await?;
+    h.apply(&[r]).await;
+    assert_eq!(h.snapshot().await?, Some((29, 0, 2, 27, 9, 422)));
+
+    // A stale adjust does not touch the deficit either.
+    let mut stale = example("StockBaselineAdjusted");
+    stale["event_id"] = json!("evt_stale_adjust");
+    stale["data"]["operation_id"] = json!("op_stale_adjust");
+    stale["data"]["redis_version"] = json!(400);
+    let r = h.record("StockBaselineAdjusted", &stale).await?;
+    h.apply(&[r]).await;
+    assert_eq!(h.snapshot().await?, Some((29, 0, 2, 27, 9, 422)));
+
+    // A newer init (re-initialised bucket) resets it.
+    let mut init = example("StockBucketInitialized");
+    init["event_id"] = json!("evt_reinit");
+    init["data"]["operation_id"] = json!("op_reinit");
+    init["data"]["redis_version"] = json!(430);
+    let r = h.record("StockBucketInitialized", &init).await?;
+    h.apply(&[r]).await;
+    assert_eq!(h.snapshot().await?, Some((100, 100, 0, 0, 0, 430)));
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unreachable_database_fails_the_batch_as_retryable() -> Result<()> {
+    let settings = settings()?;
+    let encoder = Encoder::new(codec(&settings)?, unique("projector-test"))?;
+    let record = encoder
+        .record("InventoryRedisReserved", &example("InventoryRedisReserved"))
+        .await?;
+    // Nothing listens on port 1.
+    let pool = stocksvr_store::mysql_pool(
+        "mysql://stocksvr:stocksvr@127.0.0.1:1/stocksvr",
+        1,
+        std::time::Duration::from_millis(500),
+    )?;
+    let projector = Projector::new(pool, GROUP)?;
+    match projector.handle(&[record]).await {
+        Err(Failure::Retryable(reason)) => assert!(reason.contains("database"), "{reason}"),
+        other => panic!("expected Retryable, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unmigrated_database_is_fatal() -> Result<()> {
+    let settings = settings()?;
+    let pool = fresh_database(&settings).await?;
+    let encoder = Encoder::new(codec(&settings)?, unique("projector-test"))?;
+    let record = encoder
+        .record("InventoryRedisReserved", &example("InventoryRedisReserved"))
+        .await?;
+    let projector = Projector::new(pool, GROUP)?;
+    match projector.handle(&[record]).await {
+        Err(Failure::Fatal(reason)) => assert!(reason.contains("schema"), "{reason}"),
+        other => panic!("expected Fatal, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_group_the_inbox_cannot_hold_is_refused() -> Result<()> {
+    let settings = settings()?;
+    let pool = stocksvr_store::mysql_pool(
+        settings.mysql.url.expose(),
+        1,
+        std::time::Duration::from_secs(1),
+    )?;
+    assert!(Projector::new(pool.clone(), "g".repeat(65)).is_err());
+    assert!(Projector::new(pool.clone(), "").is_err());
+    assert_eq!(Projector::new(pool, "g".repeat(64))?.group().len(), 64);
+    Ok(())
+}
