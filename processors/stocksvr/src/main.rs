@@ -52,6 +52,13 @@ enum Command {
     OutboxRelay,
     /// Run only the stock projector (instances share the partitions).
     Projector,
+    /// Run only the dead-letter processor: parks every dead letter in MySQL.
+    DeadLetter,
+    /// Parked dead letters: list, show, replay to the original topic, discard.
+    Dlq {
+        #[command(subcommand)]
+        action: stocksvr_dead_letter::DlqAction,
+    },
     /// Produce one example payload from schemas/examples to its topic (for demos and smoke tests).
     Produce {
         /// JSON payload file (plain JSON, as in schemas/examples), or `-` for standard input.
@@ -150,6 +157,16 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
         Command::All => serve::run(settings, serve::Processors::ALL)
             .await
             .map(|_| ExitCode::SUCCESS),
+        Command::Dlq { action } => stocksvr_dead_letter::run_cli(&settings, action).await,
+        Command::DeadLetter => serve::run(
+            settings,
+            serve::Processors {
+                dead_letter: true,
+                ..serve::Processors::NONE
+            },
+        )
+        .await
+        .map(|_| ExitCode::SUCCESS),
         Command::Projector => serve::run(
             settings,
             serve::Processors {

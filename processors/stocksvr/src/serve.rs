@@ -25,6 +25,8 @@ pub struct Processors {
     pub relay: bool,
     /// The stock projector.
     pub projector: bool,
+    /// The dead-letter processor.
+    pub dead_letter: bool,
 }
 
 impl Processors {
@@ -32,11 +34,13 @@ impl Processors {
         reservations: true,
         relay: true,
         projector: true,
+        dead_letter: true,
     };
     pub const NONE: Processors = Processors {
         reservations: false,
         relay: false,
         projector: false,
+        dead_letter: false,
     };
 }
 
@@ -82,7 +86,14 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
     let health = HealthState::new(probes, &settings.http, metrics);
 
     let redacted = serde_json::to_value(&settings)?;
-    let admin = Router::new().route("/admin/config", get(move || async move { Json(redacted) }));
+    let dlq = stocksvr_dead_letter::AdminState::new(
+        pool.clone(),
+        stocksvr_dead_letter::replay_producer(&settings.kafka)?,
+        Some(AvroCodec::new(&settings.registry, catalog.clone())?),
+    );
+    let admin = Router::new()
+        .route("/admin/config", get(move || async move { Json(redacted) }))
+        .merge(stocksvr_dead_letter::admin_routes(dlq));
     let api = stocksvr_api::ApiState::new();
     let router = http::health_routes(health)
         .merge(stocksvr_api::router(api.clone()))
@@ -125,6 +136,21 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
             (
                 "outbox relay",
                 relay.run(stop).await.map_err(anyhow::Error::from),
+            )
+        });
+    }
+    if processors.dead_letter {
+        let config = stocksvr_dead_letter::loop_config_from_file(&settings.kafka)
+            .context("reading the dead-letter topics from the topics file")?;
+        let handler = Arc::new(stocksvr_dead_letter::Parker::new(pool.clone()));
+        let (settings, stop, codec) = (settings.clone(), stop_rx.clone(), codec.clone());
+        tasks.spawn(async move {
+            let result =
+                stocksvr_pipeline::consumer::run(&settings.kafka, codec, config, handler, stop)
+                    .await;
+            (
+                stocksvr_dead_letter::NAME,
+                result.map_err(anyhow::Error::from),
             )
         });
     }

@@ -130,6 +130,69 @@ async fn all_serves_health_and_dead_letters_garbage() {
             > 0
     );
 
+    // The dead-letter processor parks it in MySQL; operators see it through the admin API.
+    // (The dead-letter topic is shared with earlier runs: find ours by its origin.)
+    let pool = stocksvr_store::mysql_pool(&shop.db_url, 1, Duration::from_secs(5)).expect("pool");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let id: u64 = loop {
+        let row: Option<(u64,)> = sqlx::query_as(
+            "SELECT id FROM inventory_dead_letter WHERE original_topic = ? AND original_partition = ? AND original_offset = ?",
+        )
+        .bind("order.lifecycle.v1")
+        .bind(garbage.partition)
+        .bind(garbage.offset)
+        .fetch_optional(&pool)
+        .await
+        .expect("query");
+        if let Some((id,)) = row {
+            break id;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dead letter was never parked"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let parked: serde_json::Value = client
+        .get(format!("{}/admin/dlq/{id}", server.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("show")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(parked["error_class"], "invalid", "{parked}");
+    let denied = client
+        .get(format!("{}/admin/dlq/{id}", server.base))
+        .send()
+        .await
+        .expect("show");
+    assert_eq!(
+        denied.status().as_u16(),
+        401,
+        "the dlq endpoints need the token"
+    );
+    let discard = client
+        .post(format!("{}/admin/dlq/{id}/discard", server.base))
+        .bearer_auth(token)
+        .json(&serde_json::json!({"reason": "test garbage"}))
+        .send()
+        .await
+        .expect("discard");
+    assert_eq!(discard.status().as_u16(), 200);
+    let replay = client
+        .post(format!("{}/admin/dlq/{id}/replay", server.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("replay");
+    assert_eq!(
+        replay.status().as_u16(),
+        409,
+        "a discarded dead letter is not replayed"
+    );
+
     let (status, log) = server.terminate();
     assert!(status.success(), "exit {status:?}; log:\n{log}");
     assert!(log.contains("committed and stopped"), "{log}");

@@ -72,6 +72,14 @@ impl Server {
         );
     }
 
+    /// SIGKILL: no drain, no commit, no leave-group; the broker notices only after the
+    /// session timeout.
+    pub fn kill9(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.log()
+    }
+
     pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
         Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
