@@ -76,6 +76,15 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
         settings.mysql.max_connections,
         Duration::from_millis(settings.mysql.acquire_timeout_ms),
     )?;
+    // Running against an unmigrated schema would fail record after record; say so once. An
+    // unreachable MySQL is not a reason to refuse to start: /readyz reports it.
+    match stocksvr_store::pending_migrations(&pool).await {
+        Ok(pending) if !pending.is_empty() => {
+            anyhow::bail!("the database lacks migrations {pending:?}: run `stocksvr migrate` first")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot check the database schema yet"),
+    }
     let redis = redis::Client::open(settings.redis.url.expose()).context("redis url")?;
     let probes: Vec<Arc<dyn Probe>> = vec![
         Arc::new(probes::KafkaProbe(settings.kafka.clone())),

@@ -199,8 +199,22 @@ async fn all_serves_health_and_dead_letters_garbage() {
 }
 
 #[tokio::test]
+async fn an_unmigrated_database_is_refused_at_start_with_the_fix() {
+    let url = common::fresh_database().await;
+    let mut cmd = common::stocksvr();
+    cmd.arg("all")
+        .env("STOCKSVR__MYSQL__URL", &url)
+        .env("STOCKSVR__HTTP__LISTEN", "127.0.0.1:0");
+    let (ok, _, err) = common::run(&mut cmd);
+    assert!(!ok, "must exit non-zero");
+    assert!(err.contains("run `stocksvr migrate` first"), "{err}");
+}
+
+#[tokio::test]
 async fn readyz_names_an_unreachable_dependency() {
+    let shop = common::api::shop(1).await;
     let server = Server::start(&[
+        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
         ("STOCKSVR__REDIS__URL", "redis://127.0.0.1:1/"),
         (
             "STOCKSVR__KAFKA__GROUP_PREFIX",

@@ -193,7 +193,9 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
 #[tokio::test]
 async fn an_unreachable_store_fails_closed_with_503() {
     // Redis down: the service never comes up, every Try is refused.
+    let shop = shop(1).await;
     let server = Server::start(&[
+        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
         ("STOCKSVR__REDIS__URL", "redis://127.0.0.1:1/"),
         (
             "STOCKSVR__KAFKA__GROUP_PREFIX",

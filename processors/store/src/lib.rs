@@ -74,6 +74,16 @@ pub async fn migrate(pool: &MySqlPool) -> Result<Vec<MigrationStep>, StoreError>
         .collect())
 }
 
+/// Embedded migrations the database has not applied yet (all of them on an empty database).
+pub async fn pending_migrations(pool: &MySqlPool) -> Result<Vec<i64>, StoreError> {
+    let applied = applied_versions(pool).await?;
+    Ok(MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| !applied.contains(v))
+        .collect())
+}
+
 async fn applied_versions(pool: &MySqlPool) -> Result<Vec<i64>, StoreError> {
     let exists: Option<(String,)> = sqlx::query_as(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",

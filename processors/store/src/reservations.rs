@@ -278,24 +278,36 @@ pub async fn insert_outbox(
     tx: &mut Transaction<'_, MySql>,
     rows: &[NewOutbox],
 ) -> Result<(), sqlx::Error> {
-    let now = now();
     for row in rows {
-        sqlx::query(
-            "INSERT INTO inventory_outbox (event_id, aggregate_id, event_type, topic, partition_key, \
-             payload, status, next_retry_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 10, ?, ?)",
-        )
-        .bind(&row.event_id)
-        .bind(row.aggregate_id)
-        .bind(&row.event_type)
-        .bind(&row.topic)
-        .bind(&row.partition_key)
-        .bind(&row.payload)
-        .bind(now)
-        .bind(now)
-        .execute(&mut **tx)
-        .await?;
+        write_outbox(&mut **tx, row, false).await?;
     }
     Ok(())
+}
+
+/// One outbox row; with `ignore`, a row whose event_id exists already is skipped (the
+/// returned count is then 0).
+async fn write_outbox<'e, E: sqlx::MySqlExecutor<'e>>(
+    exec: E,
+    row: &NewOutbox,
+    ignore: bool,
+) -> Result<u64, sqlx::Error> {
+    let now = now();
+    let verb = if ignore { "INSERT IGNORE" } else { "INSERT" };
+    let done = sqlx::query(&format!(
+        "{verb} INTO inventory_outbox (event_id, aggregate_id, event_type, topic, partition_key, \
+         payload, status, next_retry_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 10, ?, ?)"
+    ))
+    .bind(&row.event_id)
+    .bind(row.aggregate_id)
+    .bind(&row.event_type)
+    .bind(&row.topic)
+    .bind(&row.partition_key)
+    .bind(&row.payload)
+    .bind(now)
+    .bind(now)
+    .execute(exec)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// Notes a failed attempt on an intermediate state without moving it: the recovery worker
@@ -528,20 +540,5 @@ pub async fn find_refund_by_operation(
 /// Enqueues one event outside a state change (e.g. a conflict report). Idempotent on
 /// `event_id`: a redelivered trigger enqueues nothing new.
 pub async fn enqueue_once(pool: &MySqlPool, row: &NewOutbox) -> Result<bool, sqlx::Error> {
-    let now = now();
-    let done = sqlx::query(
-        "INSERT IGNORE INTO inventory_outbox (event_id, aggregate_id, event_type, topic, partition_key, \
-         payload, status, next_retry_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 10, ?, ?)",
-    )
-    .bind(&row.event_id)
-    .bind(row.aggregate_id)
-    .bind(&row.event_type)
-    .bind(&row.topic)
-    .bind(&row.partition_key)
-    .bind(&row.payload)
-    .bind(now)
-    .bind(now)
-    .execute(pool)
-    .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(write_outbox(pool, row, true).await? == 1)
 }
