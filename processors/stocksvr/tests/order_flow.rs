@@ -312,3 +312,165 @@ async fn order_events_from_a_python_producer_drive_reservations() {
         "the late OrderCreated was reported as a conflict"
     );
 }
+
+#[tokio::test]
+async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
+    use rdkafka::message::{Headers, Message};
+    use rdkafka::producer::FutureRecord;
+    let (ok, _, err) = common::run(common::stocksvr().args(["topics", "apply"]));
+    assert!(ok, "{err}");
+    let shop = shop(10).await;
+    let server = Server::start(&[
+        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
+        (
+            "STOCKSVR__KAFKA__GROUP_PREFIX",
+            &common::unique("it-poison"),
+        ),
+    ]);
+    wait_for_api(&server).await;
+    let settings = common::settings();
+    let producer =
+        stocksvr_pipeline::kafka::producer(&settings.kafka, "it-poison").expect("producer");
+    let send = |key: String, value: Vec<u8>| {
+        let producer = producer.clone();
+        async move {
+            producer
+                .send(
+                    FutureRecord::to("order.lifecycle.v1")
+                        .key(&key)
+                        .payload(&value),
+                    Duration::from_secs(10),
+                )
+                .await
+                .map_err(|(e, _)| e)
+                .expect("produced")
+        }
+    };
+    // Poison goes to the partition of the valid order event sent after it (same key), so the
+    // test shows that partition moving on.
+    let order_id = 8_800_000 + shop.merchant_id % 100_000;
+    let partition_key = (order_id + 1).to_string();
+    // 1. Wire format with a schema id the registry never issued.
+    let unknown_key = partition_key.clone();
+    send(
+        unknown_key.clone(),
+        vec![0, 0x7f, 0xff, 0xff, 0xf0, 2, 4, 6],
+    )
+    .await;
+    // 2. A record named OrderCreated but written with a schema that lacks required fields
+    //    (registered by a careless producer under another subject).
+    let thin = r#"{"type":"record","name":"OrderCreated","namespace":"io.stocksvr.order","fields":[{"name":"event_id","type":"string"}]}"#;
+    let catalog =
+        std::sync::Arc::new(stocksvr_pipeline::catalog::Catalog::embedded().expect("catalog"));
+    let codec =
+        stocksvr_pipeline::codec::AvroCodec::new(&settings.registry, catalog).expect("codec");
+    let thin_topic = common::unique("it-thin").replace('_', "-");
+    let thin_bytes = codec
+        .encode_value_on(
+            &thin_topic,
+            "io.stocksvr.order.OrderCreated",
+            thin,
+            apache_avro::types::Value::Record(vec![(
+                "event_id".into(),
+                apache_avro::types::Value::String("x".into()),
+            )]),
+        )
+        .await
+        .expect("encode");
+    let thin_key = partition_key.clone();
+    send(thin_key.clone(), thin_bytes).await;
+
+    // 3. OrderCreatedFailed before the Try reached Redis: a PREPARING row whose Lua never ran.
+    let pool = stocksvr_store::mysql_pool(&shop.db_url, 1, Duration::from_secs(5)).expect("pool");
+    let reservation_id = 900_000_000 + shop.merchant_id % 1_000_000;
+    let today = chrono::Utc::now().date_naive();
+    let key = stocksvr_core::bucket::BucketKey::new(shop.merchant_id, shop.dish_id, today);
+    let new = stocksvr_store::reservations::NewReservation {
+        id: reservation_id,
+        order_id,
+        order_item_id: order_id * 10,
+        merchant_id: shop.merchant_id,
+        dish_id: shop.dish_id,
+        stock_bucket_id: key.stock_bucket_id(),
+        stock_date: today,
+        quantity: 4,
+        order_type: 1,
+        processing_time: None,
+        expire_at: chrono::Utc::now().naive_utc(),
+        try_operation_id: stocksvr_core::reservation::try_operation_id(reservation_id),
+    };
+    stocksvr_store::reservations::insert_preparing(&pool, &new)
+        .await
+        .expect("preparing row");
+    produce_order_event(
+        "OrderCreatedFailed",
+        json!({"order_id": order_id, "merchant_id": shop.merchant_id,
+        "inventory_reservation_ids": [reservation_id], "reason": "payment failed"}),
+    );
+    wait_for_status(&server, reservation_id, "CANCELED").await;
+    // The Try request that was in flight arrives now: it answers CANCELED and holds nothing.
+    let body = json!({"order_id": order_id, "order_item_id": order_id * 10, "merchant_id": shop.merchant_id,
+                      "dish_id": shop.dish_id, "quantity": 4, "order_type": "INSTANT"});
+    let (status, late) = post(&server, "/v1/reservations", &body.to_string()).await;
+    assert_eq!(
+        (status, late["reservation"]["status"].as_str()),
+        (200, Some("CANCELED")),
+        "{late}"
+    );
+
+    // A valid event after the poison is applied: the partition moved on.
+    let after = try_item(
+        &server,
+        &shop,
+        order_id + 1,
+        order_id * 10 + 1,
+        2,
+        "INSTANT",
+    )
+    .await;
+    produce_order_event(
+        "OrderCreated",
+        json!({"order_id": order_id + 1, "merchant_id": shop.merchant_id,
+        "order_type": "INSTANT", "processing_time": null, "inventory_reservation_ids": [after]}),
+    );
+    wait_for_status(&server, after, "CONFIRMED").await;
+    let (_, stock) = get(
+        &server,
+        &format!("/v1/stock/{}/{}", shop.merchant_id, shop.dish_id),
+    )
+    .await;
+    assert_eq!(
+        (
+            stock["redis"]["available"].as_i64(),
+            stock["redis"]["reserved"].as_i64(),
+            stock["redis"]["sold"].as_i64()
+        ),
+        (Some(8), Some(0), Some(2)),
+        "the empty rollback added nothing: {stock}"
+    );
+
+    for (key, reason) in [
+        (unknown_key, "unknown to the registry"),
+        (thin_key, "schema mismatch"),
+    ] {
+        let header = |m: &rdkafka::message::OwnedMessage, name: &str| {
+            m.headers()
+                .and_then(|h| {
+                    h.iter()
+                        .find(|x| x.key == name)
+                        .and_then(|x| x.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+                })
+                .unwrap_or_default()
+        };
+        use stocksvr_pipeline::deadletter::headers::{ERROR_CLASS, ERROR_MESSAGE};
+        // Class "invalid": dead-lettered at once, not after exhausting retries.
+        let dead = common::find_record("order.lifecycle.v1.dlt", Duration::from_secs(30), |m| {
+            m.key() == Some(key.as_bytes())
+                && header(m, ERROR_MESSAGE).contains(reason)
+                && header(m, ERROR_CLASS) == "invalid"
+        });
+        assert!(dead.is_some(), "{key}: no dead letter saying {reason:?}");
+    }
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{log}");
+}
