@@ -474,3 +474,130 @@ async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
     let (status, log) = server.terminate();
     assert!(status.success(), "{log}");
 }
+
+#[tokio::test]
+async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
+    let (ok, _, err) = common::run(common::stocksvr().args(["topics", "apply"]));
+    assert!(ok, "{err}");
+    let shop = shop(10).await;
+    let token = "replay-token";
+    let server = Server::start(&[
+        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
+        (
+            "STOCKSVR__KAFKA__GROUP_PREFIX",
+            &common::unique("it-replay"),
+        ),
+        ("STOCKSVR__HTTP__ADMIN_TOKEN", token),
+    ]);
+    wait_for_api(&server).await;
+    let pool = stocksvr_store::mysql_pool(&shop.db_url, 1, Duration::from_secs(5)).expect("pool");
+    let order_id = 6_600_000 + shop.merchant_id % 100_000;
+    let reservation_id = 800_000_000 + shop.merchant_id % 1_000_000;
+
+    // The OrderCreated overtakes its reservation (say, written to another region first): the
+    // reservation is unknown, so the record is invalid now and parked.
+    produce_order_event(
+        "OrderCreated",
+        json!({"order_id": order_id, "merchant_id": shop.merchant_id,
+        "order_type": "INSTANT", "processing_time": null, "inventory_reservation_ids": [reservation_id]}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let parked: u64 = loop {
+        let row: Option<(u64,)> = sqlx::query_as(
+            "SELECT id FROM inventory_dead_letter WHERE original_topic = 'order.lifecycle.v1' AND error_message LIKE ?",
+        )
+        .bind(format!("%reservation {reservation_id} does not belong%"))
+        .fetch_optional(&pool)
+        .await
+        .expect("query");
+        if let Some((id,)) = row {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "never parked");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+
+    // The reservation appears (a PREPARING row whose Try is then repeated through the API).
+    let today = chrono::Utc::now().date_naive();
+    let key = stocksvr_core::bucket::BucketKey::new(shop.merchant_id, shop.dish_id, today);
+    let new = stocksvr_store::reservations::NewReservation {
+        id: reservation_id,
+        order_id,
+        order_item_id: order_id * 10,
+        merchant_id: shop.merchant_id,
+        dish_id: shop.dish_id,
+        stock_bucket_id: key.stock_bucket_id(),
+        stock_date: today,
+        quantity: 3,
+        order_type: 1,
+        processing_time: None,
+        expire_at: chrono::Utc::now().naive_utc(),
+        try_operation_id: stocksvr_core::reservation::try_operation_id(reservation_id),
+    };
+    stocksvr_store::reservations::insert_preparing(&pool, &new)
+        .await
+        .expect("row");
+    let body = json!({"order_id": order_id, "order_item_id": order_id * 10, "merchant_id": shop.merchant_id,
+                      "dish_id": shop.dish_id, "quantity": 3, "order_type": "INSTANT"});
+    let (status, reply) = post(&server, "/v1/reservations", &body.to_string()).await;
+    assert_eq!(
+        (status, reply["reservation"]["status"].as_str()),
+        (200, Some("RESERVED")),
+        "{reply}"
+    );
+
+    // Replay: the original bytes go back to order.lifecycle.v1 and now confirm.
+    let client = reqwest::Client::new();
+    let replay = |force: bool| {
+        client
+            .post(format!("{}/admin/dlq/{parked}/replay", server.base))
+            .bearer_auth(token)
+            .json(&json!({"force": force}))
+            .send()
+    };
+    assert_eq!(replay(false).await.expect("replay").status().as_u16(), 200);
+    wait_for_status(&server, reservation_id, "CONFIRMED").await;
+    assert_eq!(
+        replay(false).await.expect("replay").status().as_u16(),
+        409,
+        "replayed once unless forced"
+    );
+
+    // A forced second replay is delivered and processed, and changes nothing.
+    assert_eq!(replay(true).await.expect("replay").status().as_u16(), 200);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = reqwest::get(format!("{}/metrics", server.base))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        if metrics
+            .lines()
+            .any(|l| l.starts_with("stocksvr_events_applied_total{processor=\"order-lifecycle\",outcome=\"duplicate\"}"))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the forced replay was never processed"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let (_, stock) = get(
+        &server,
+        &format!("/v1/stock/{}/{}", shop.merchant_id, shop.dish_id),
+    )
+    .await;
+    assert_eq!(
+        (
+            stock["redis"]["available"].as_i64(),
+            stock["redis"]["sold"].as_i64()
+        ),
+        (Some(7), Some(3)),
+        "confirmed once: {stock}"
+    );
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{log}");
+}
