@@ -10,8 +10,9 @@
 
 mod error;
 mod outbox;
+pub mod recovery;
 mod service;
 pub mod view;
 
 pub use error::ServiceError;
-pub use service::{IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest};
+pub use service::{names, IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest};

@@ -6,9 +6,9 @@
 use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
 use stocksvr_core::events::{
-    Envelope, EventData, InventoryCanceledData, InventoryConfirmedData, InventoryRefundedData,
-    InventoryRejectedData, InventoryReservedData, OrderType, StockAction, StockAfter,
-    StockChangeData,
+    Envelope, EventData, InventoryCanceledData, InventoryConfirmedData, InventoryOperationDeadData,
+    InventoryRefundedData, InventoryRejectedData, InventoryReservedData, OrderType, StockAction,
+    StockAfter, StockChangeData,
 };
 use stocksvr_store::lua::OpResult;
 use stocksvr_store::reservations::{NewOutbox, Reservation};
@@ -203,6 +203,26 @@ pub fn refunded(
             refund_id: refund_id.map(str::to_string),
             before_confirm,
             reason_code: None,
+        },
+    )
+}
+
+/// Recovery gave up on `r`: a person must look. Keyed by the stuck operation, so a repeated
+/// verdict enqueues nothing new.
+pub fn operation_dead(r: &Reservation, status_name: &str, action: &str) -> NewOutbox {
+    row(
+        r.id,
+        &format!("dead_{}", r.current_operation_id),
+        InventoryOperationDeadData {
+            reservation_id: Some(r.id as i64),
+            operation_id: r.current_operation_id.clone(),
+            order_id: Some(r.order_id as i64),
+            stock_bucket_id: r.stock_bucket_id.clone(),
+            action: action.to_string(),
+            stuck_status: status_name.to_string(),
+            retry_count: r.retry_count as i32,
+            last_error: r.last_error.clone(),
+            stuck_since: Some(ts(r.updated_at)),
         },
     )
 }

@@ -28,6 +28,8 @@ pub mod names {
     pub const UNKNOWN: &str = "stocksvr_redis_unknown_outcomes_total";
     pub const FENCE_HITS: &str = "stocksvr_fence_hits_total";
     pub const CONFLICTS: &str = "stocksvr_reservation_conflicts_total";
+    pub const RECOVERED: &str = "stocksvr_recovery_attempts_total";
+    pub const DEAD: &str = "stocksvr_reservations_dead_total";
 }
 
 #[derive(Debug, Clone)]
@@ -43,8 +45,12 @@ pub struct ServiceConfig {
     /// Immediate retries of a Redis call whose outcome is unknown, before the row is left
     /// to the recovery worker.
     pub unknown_retries: usize,
-    /// When the recovery worker should look at a row whose step failed.
+    /// First delay before the recovery worker retries a failed step; doubles per attempt.
     pub recovery_delay: TimeDelta,
+    /// Longest delay between two recovery attempts.
+    pub recovery_max_delay: TimeDelta,
+    /// Failed attempts after which recovery gives up: the row is marked dead and alerted.
+    pub recovery_max_attempts: u32,
     /// Time-to-live of Redis operation records (idempotency window).
     pub op_ttl: Duration,
 }
@@ -57,7 +63,9 @@ impl Default for ServiceConfig {
             scheduled_grace: TimeDelta::minutes(5),
             max_quantity: 999,
             unknown_retries: 3,
-            recovery_delay: TimeDelta::seconds(5),
+            recovery_delay: TimeDelta::seconds(1),
+            recovery_max_delay: TimeDelta::minutes(5),
+            recovery_max_attempts: 20,
             op_ttl: Duration::from_secs(30 * 24 * 3600),
         }
     }
@@ -589,6 +597,12 @@ impl ReservationService {
         Ok(enqueued)
     }
 
+    /// Exponential backoff for the next recovery attempt of a row that failed `retry_count` times.
+    fn retry_delay(&self, retry_count: u32) -> TimeDelta {
+        let factor = 1i32 << retry_count.min(20);
+        (self.config.recovery_delay * factor).min(self.config.recovery_max_delay)
+    }
+
     /// Runs (or resumes) the Redis step of an intermediate status with its stored operation
     /// id and completes it in MySQL. This is also what the recovery worker calls.
     pub async fn resume(&self, id: u64) -> Result<ReservationView, ServiceError> {
@@ -665,7 +679,7 @@ impl ReservationService {
                     row.id,
                     status,
                     &e.to_string(),
-                    self.config.recovery_delay,
+                    self.retry_delay(row.retry_count),
                 )
                 .await?;
                 return Err(if unknown {
@@ -709,7 +723,7 @@ impl ReservationService {
                         row.id,
                         status,
                         reason,
-                        self.config.recovery_delay,
+                        self.retry_delay(row.retry_count),
                     )
                     .await?;
                     tracing::error!(reservation_id = row.id, reason, outcome = result.outcome.as_str(), phase = ?result.phase, "reservation inconsistent with its fence");

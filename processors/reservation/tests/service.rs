@@ -39,6 +39,10 @@ struct Fixture {
 
 impl Fixture {
     async fn new(total: i64) -> Self {
+        Self::with_config(total, ServiceConfig::default()).await
+    }
+
+    async fn with_config(total: i64, config: ServiceConfig) -> Self {
         let base = env_or(
             "STOCKSVR__MYSQL__URL",
             "mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr",
@@ -59,7 +63,6 @@ impl Fixture {
         let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
             .await
             .expect("redis");
-        let config = ServiceConfig::default();
         let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
         let ids = SnowflakeGenerator::new((s % 1024) as u16).expect("worker id");
         let merchant_id = 1_000_000 + s % 1_000_000_000;
@@ -484,4 +487,139 @@ async fn lua_succeeded_mysql_not_updated_resumes_without_reserving_twice() {
     let again = f.service.try_reserve(&req).await.expect("repeat");
     assert_eq!(again.reservation.reservation_id, id.to_string());
     assert_eq!(f.numbers().await, (20, 14, 6, 0));
+}
+
+/// Makes every intermediate row due for recovery now (as if its grace or backoff passed).
+async fn make_due(pool: &sqlx::MySqlPool) {
+    sqlx::query("UPDATE inventory_reservation SET next_retry_at = NOW(3) - INTERVAL 1 SECOND")
+        .execute(pool)
+        .await
+        .expect("due");
+}
+
+#[tokio::test]
+async fn recovery_resumes_each_interrupted_step_once() {
+    use stocksvr_reservation::recovery::{recover_once, RecoveryConfig};
+    let f = Fixture::new(20).await;
+    f.reserve(1, 1).await; // initialise the bucket
+    let s = seed() % 1000;
+    // A: the process died right after inserting PREPARING (Lua never ran).
+    let a = 600_000 + s;
+    f.preparing(a, 2, 2).await;
+    // B: it died after the Lua Try, before the MySQL transaction.
+    let b = 601_000 + s;
+    f.preparing(b, 3, 3).await;
+    f.lua
+        .try_reserve(&f.keys(), b, &try_operation_id(b), 3)
+        .await
+        .expect("lua");
+    // C: it died after the CAS into CONFIRMING, before the Lua Confirm.
+    let c = f.reserve(4, 4).await;
+    let row = repo::find(&f.pool, c).await.expect("find").expect("row");
+    let op = stocksvr_core::reservation::confirm_operation_id(c);
+    let step = repo::Step {
+        to: ReservationStatus::Confirming,
+        operation_id: &op,
+        pending_quantity: 4,
+        resume_status: None,
+    };
+    let mut conn = f.pool.acquire().await.expect("conn");
+    assert!(repo::begin_step(
+        &mut conn,
+        c,
+        ReservationStatus::Reserved,
+        row.version,
+        &step
+    )
+    .await
+    .expect("cas"));
+    drop(conn);
+
+    // Fresh intermediate rows belong to their request for a grace period.
+    let early = recover_once(&f.service, &RecoveryConfig::default())
+        .await
+        .expect("round");
+    assert_eq!(early.resumed, 0, "nothing is due during the grace period");
+    make_due(&f.pool).await;
+    let report = recover_once(&f.service, &RecoveryConfig::default())
+        .await
+        .expect("round");
+    assert_eq!((report.resumed, report.failed, report.dead), (3, 0, 0));
+    assert_eq!(f.status(a).await, "RESERVED");
+    assert_eq!(f.status(b).await, "RESERVED");
+    assert_eq!(f.status(c).await, "CONFIRMED");
+    // 1 + 2 + 3 reserved, 4 sold: B's Try counted once although it ran before the crash.
+    assert_eq!(f.numbers().await, (20, 10, 6, 4));
+    make_due(&f.pool).await;
+    let again = recover_once(&f.service, &RecoveryConfig::default())
+        .await
+        .expect("round");
+    assert_eq!(
+        again.resumed, 0,
+        "terminal and settled rows are not touched"
+    );
+    assert_eq!(f.numbers().await, (20, 10, 6, 4));
+}
+
+#[tokio::test]
+async fn recovery_gives_up_after_its_bound_and_alerts_without_moving_the_row() {
+    use stocksvr_reservation::recovery::{recover_once, RecoveryConfig};
+    let config = ServiceConfig {
+        recovery_max_attempts: 2,
+        recovery_delay: chrono::TimeDelta::zero(),
+        unknown_retries: 0,
+        ..ServiceConfig::default()
+    };
+    let f = Fixture::with_config(10, config).await;
+    f.reserve(1, 1).await;
+    // CONFIRMING with no fence in Redis: the Confirm script refuses, every attempt fails.
+    let id = 650_000 + seed() % 1000;
+    f.preparing(id, 2, 2).await;
+    sqlx::query(
+        "UPDATE inventory_reservation SET status = ?, current_operation_id = ? WHERE id = ?",
+    )
+    .bind(ReservationStatus::Confirming.code() as i8)
+    .bind(stocksvr_core::reservation::confirm_operation_id(id))
+    .bind(id)
+    .execute(&f.pool)
+    .await
+    .expect("stuck row");
+    let mut dead = 0;
+    for _ in 0..3 {
+        make_due(&f.pool).await;
+        dead += recover_once(&f.service, &RecoveryConfig::default())
+            .await
+            .expect("round")
+            .dead;
+    }
+    assert_eq!(dead, 1, "marked dead once");
+    assert_eq!(
+        f.status(id).await,
+        "CONFIRMING",
+        "a dead row is never moved backwards"
+    );
+    let (flag, retries): (i8, u32) =
+        sqlx::query_as("SELECT dead, retry_count FROM inventory_reservation WHERE id = ?")
+            .bind(id)
+            .fetch_one(&f.pool)
+            .await
+            .expect("row");
+    assert_eq!((flag, retries), (1, 2));
+    let (alerts,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM inventory_outbox WHERE event_type = 'InventoryOperationDead' AND aggregate_id = ?",
+    )
+    .bind(id)
+    .fetch_one(&f.pool)
+    .await
+    .expect("outbox");
+    assert_eq!(alerts, 1, "one alert event for the order domain");
+    make_due(&f.pool).await;
+    let after = recover_once(&f.service, &RecoveryConfig::default())
+        .await
+        .expect("round");
+    assert_eq!(
+        after.resumed + after.failed,
+        0,
+        "dead rows wait for an operator"
+    );
 }

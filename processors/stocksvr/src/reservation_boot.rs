@@ -1,6 +1,7 @@
 //! Brings the reservation service up inside `stocksvr all`: connects Redis, obtains a
 //! snowflake worker id (configured, or leased from MySQL and renewed), then installs the
-//! service into the API. Until then the API answers 503 (fail closed) and `/readyz` says
+//! service into the API and runs the processors that need it (order-lifecycle and the
+//! reservation recovery worker). Until then the API answers 503 (fail closed) and `/readyz` says
 //! which dependency is missing. A lost worker-id lease stops the process: minting ids
 //! another instance may also mint would break reservation-id uniqueness.
 
@@ -117,8 +118,17 @@ pub async fn run(
         .await
         .context("order-lifecycle processor")
     };
+    let recovery = async {
+        stocksvr_reservation::recovery::run(
+            service.clone(),
+            stocksvr_reservation::recovery::RecoveryConfig::default(),
+            stop.clone(),
+        )
+        .await
+        .context("recovery worker")
+    };
     let renewals = renew(lease, &pool, stop.clone());
-    tokio::try_join!(lifecycle, renewals)?;
+    tokio::try_join!(lifecycle, recovery, renewals)?;
     Ok(())
 }
 

@@ -101,6 +101,10 @@ pub enum InsertOutcome {
     Existing(Box<Reservation>),
 }
 
+/// How long a freshly started step belongs to the request running it before the recovery
+/// worker may resume it (both would use the same operation id, so this only saves work).
+pub const STEP_GRACE: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
+
 fn now() -> NaiveDateTime {
     Utc::now().naive_utc()
 }
@@ -133,7 +137,7 @@ pub async fn insert_preparing(
     .bind(r.expire_at)
     .bind(ReservationStatus::Preparing.code() as i8)
     .bind(&r.try_operation_id)
-    .bind(now)
+    .bind(now + STEP_GRACE)
     .bind(now)
     .bind(now)
     .execute(pool)
@@ -214,7 +218,7 @@ pub async fn begin_step(
     .bind(step.operation_id)
     .bind(step.pending_quantity)
     .bind(step.resume_status.map(|s| s.code() as i8))
-    .bind(now)
+    .bind(now + STEP_GRACE)
     .bind(now)
     .bind(id)
     .bind(from.code() as i8)
@@ -541,4 +545,57 @@ pub async fn find_refund_by_operation(
 /// `event_id`: a redelivered trigger enqueues nothing new.
 pub async fn enqueue_once(pool: &MySqlPool, row: &NewOutbox) -> Result<bool, sqlx::Error> {
     Ok(write_outbox(pool, row, true).await? == 1)
+}
+
+/// Claims up to `limit` reservations in an intermediate status whose `next_retry_at` passed,
+/// for one recovery round: `FOR UPDATE SKIP LOCKED` keeps concurrent workers apart, and the
+/// claim pushes `next_retry_at` by `lease` so another worker leaves them alone meanwhile.
+pub async fn claim_due(
+    pool: &MySqlPool,
+    limit: u32,
+    lease: chrono::TimeDelta,
+) -> Result<Vec<u64>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let now = now();
+    let ids: Vec<(u64,)> = sqlx::query_as(
+        "SELECT id FROM inventory_reservation WHERE status IN (?, ?, ?, ?) AND dead = 0 AND next_retry_at <= ? \
+         ORDER BY next_retry_at LIMIT ? FOR UPDATE SKIP LOCKED",
+    )
+    .bind(ReservationStatus::Preparing.code() as i8)
+    .bind(ReservationStatus::Confirming.code() as i8)
+    .bind(ReservationStatus::Canceling.code() as i8)
+    .bind(ReservationStatus::Refunding.code() as i8)
+    .bind(now)
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    for (id,) in &ids {
+        sqlx::query("UPDATE inventory_reservation SET next_retry_at = ? WHERE id = ?")
+            .bind(now + lease)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(ids.into_iter().map(|(id,)| id).collect())
+}
+
+/// Marks a reservation dead (recovery gave up) and enqueues its alert event, in one
+/// transaction. The status is left as it is: a dead row is never moved backwards.
+pub async fn mark_dead(pool: &MySqlPool, id: u64, alert: &NewOutbox) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let done = sqlx::query(
+        "UPDATE inventory_reservation SET dead = 1, updated_at = ? WHERE id = ? AND dead = 0",
+    )
+    .bind(now())
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    write_outbox(&mut *tx, alert, true).await?;
+    tx.commit().await?;
+    Ok(true)
 }
