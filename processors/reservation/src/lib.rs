@@ -12,6 +12,7 @@ mod error;
 mod outbox;
 pub mod recovery;
 mod service;
+pub mod stale;
 pub mod view;
 
 pub use error::ServiceError;

@@ -30,6 +30,7 @@ pub mod names {
     pub const CONFLICTS: &str = "stocksvr_reservation_conflicts_total";
     pub const RECOVERED: &str = "stocksvr_recovery_attempts_total";
     pub const DEAD: &str = "stocksvr_reservations_dead_total";
+    pub const STALE: &str = "stocksvr_reservations_stale";
 }
 
 #[derive(Debug, Clone)]

@@ -623,3 +623,41 @@ async fn recovery_gives_up_after_its_bound_and_alerts_without_moving_the_row() {
         "dead rows wait for an operator"
     );
 }
+
+#[tokio::test]
+async fn stale_reservations_are_alerted_once_and_never_cancelled() {
+    use stocksvr_reservation::stale::{alert_stale_once, STALE_REASON};
+    let f = Fixture::new(10).await;
+    let stale = f.reserve(1, 2).await;
+    let fresh = f.reserve(2, 1).await;
+    sqlx::query(
+        "UPDATE inventory_reservation SET expire_at = NOW(3) - INTERVAL 1 MINUTE WHERE id = ?",
+    )
+    .bind(stale)
+    .execute(&f.pool)
+    .await
+    .expect("age it");
+    assert_eq!(alert_stale_once(&f.service, 100).await.expect("scan"), 1);
+    assert_eq!(
+        alert_stale_once(&f.service, 100).await.expect("scan"),
+        0,
+        "alerted once"
+    );
+    assert_eq!(
+        f.status(stale).await,
+        "RESERVED",
+        "the watcher never cancels"
+    );
+    assert_eq!(f.status(fresh).await, "RESERVED");
+    assert_eq!(f.numbers().await, (10, 7, 3, 0), "no stock moved");
+    let (payload,): (String,) = sqlx::query_as(
+        "SELECT CAST(payload AS CHAR) FROM inventory_outbox WHERE event_type = 'InventoryReserved' AND event_id LIKE 'stale_%'",
+    )
+    .fetch_one(&f.pool)
+    .await
+    .expect("one alert event");
+    assert!(
+        payload.contains(STALE_REASON) && payload.contains(&stale.to_string()),
+        "{payload}"
+    );
+}

@@ -1,7 +1,7 @@
 //! Brings the reservation service up inside `stocksvr all`: connects Redis, obtains a
 //! snowflake worker id (configured, or leased from MySQL and renewed), then installs the
 //! service into the API and runs the processors that need it (order-lifecycle and the
-//! reservation recovery worker). Until then the API answers 503 (fail closed) and `/readyz` says
+//! reservation recovery worker and the stale-reservation watcher). Until then the API answers 503 (fail closed) and `/readyz` says
 //! which dependency is missing. A lost worker-id lease stops the process: minting ids
 //! another instance may also mint would break reservation-id uniqueness.
 
@@ -127,8 +127,13 @@ pub async fn run(
         .await
         .context("recovery worker")
     };
+    let stale = async {
+        stocksvr_reservation::stale::run(service.clone(), Duration::from_secs(30), stop.clone())
+            .await
+            .context("stale-reservation watcher")
+    };
     let renewals = renew(lease, &pool, stop.clone());
-    tokio::try_join!(lifecycle, recovery, renewals)?;
+    tokio::try_join!(lifecycle, recovery, stale, renewals)?;
     Ok(())
 }
 

@@ -35,6 +35,7 @@ pub struct Reservation {
     pub version: u32,
     pub created_at: NaiveDateTime,
     pub updated_at: NaiveDateTime,
+    pub stale_alerted_at: Option<NaiveDateTime>,
 }
 
 impl Reservation {
@@ -64,7 +65,8 @@ const COLUMNS: &str =
     "id, order_id, order_item_id, merchant_id, dish_id, stock_bucket_id, stock_date, \
     quantity, refunded_quantity, pending_quantity, order_type, processing_time, expire_at, status, \
     resume_status, reject_reason, current_operation_id, retry_count, next_retry_at, last_error, \
-    sync_status, expected_redis_version, synced_redis_version, version, created_at, updated_at";
+    sync_status, expected_redis_version, synced_redis_version, version, created_at, updated_at, \
+    stale_alerted_at";
 
 /// A reservation about to be written as PREPARING.
 #[derive(Debug, Clone)]
@@ -589,6 +591,56 @@ pub async fn mark_dead(pool: &MySqlPool, id: u64, alert: &NewOutbox) -> Result<b
     )
     .bind(now())
     .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    write_outbox(&mut *tx, alert, true).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// RESERVED rows past `expire_at` that were not alerted yet.
+pub async fn find_stale(pool: &MySqlPool, limit: u32) -> Result<Vec<Reservation>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM inventory_reservation WHERE status = ? AND expire_at < ? \
+         AND stale_alerted_at IS NULL ORDER BY expire_at LIMIT ?"
+    ))
+    .bind(ReservationStatus::Reserved.code() as i8)
+    .bind(now())
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// How many RESERVED rows are past `expire_at` now (alerted or not), for the gauge.
+pub async fn count_stale(pool: &MySqlPool) -> Result<i64, sqlx::Error> {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM inventory_reservation WHERE status = ? AND expire_at < ?",
+    )
+    .bind(ReservationStatus::Reserved.code() as i8)
+    .bind(now())
+    .fetch_one(pool)
+    .await?;
+    Ok(n)
+}
+
+/// Marks the alert sent and enqueues its event in one transaction; false when another
+/// watcher (or a status change) got there first.
+pub async fn mark_stale_alerted(
+    pool: &MySqlPool,
+    id: u64,
+    alert: &NewOutbox,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let done = sqlx::query(
+        "UPDATE inventory_reservation SET stale_alerted_at = ? WHERE id = ? AND status = ? AND stale_alerted_at IS NULL",
+    )
+    .bind(now())
+    .bind(id)
+    .bind(ReservationStatus::Reserved.code() as i8)
     .execute(&mut *tx)
     .await?;
     if done.rows_affected() != 1 {
