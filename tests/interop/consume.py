@@ -14,9 +14,11 @@ Example:
 """
 
 import argparse
+import os
 import json
 import struct
 import sys
+import threading
 import time
 import uuid
 
@@ -97,8 +99,18 @@ def main() -> int:
             print(json.dumps(out, ensure_ascii=False))
             return 0
     finally:
-        consumer.close()
+        # close() can block for minutes waiting on a group coordinator this throwaway
+        # consumer never joined (seen once under load); it commits nothing, so give it a
+        # few seconds in a helper thread and then let the process exit regardless.
+        sys.stdout.flush()
+        closer = threading.Thread(target=consumer.close, daemon=True)
+        closer.start()
+        closer.join(5)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit: a daemon thread still inside librdkafka must not hold the interpreter open.
+    os._exit(code)

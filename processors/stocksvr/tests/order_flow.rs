@@ -46,21 +46,22 @@ fn produce_raw(kind: &str, event: &Value) {
     let root = common::repo_root();
     let file = std::env::temp_dir().join(format!("{}.json", common::unique(kind)));
     std::fs::write(&file, event.to_string()).expect("write payload");
-    let out = Command::new(python())
-        .arg(root.join("tests/interop/produce.py"))
-        .args([
-            "--bootstrap",
-            &settings.kafka.brokers,
-            "--registry",
-            &settings.registry.url,
-        ])
-        .args(["--topic", "order.lifecycle.v1"])
-        .arg("--schema-file")
-        .arg(root.join(format!("schemas/{kind}.avsc")))
-        .arg("--payload-file")
-        .arg(&file)
-        .output()
-        .expect("produce.py runs");
+    let out = common::output_within(
+        Command::new(python())
+            .arg(root.join("tests/interop/produce.py"))
+            .args([
+                "--bootstrap",
+                &settings.kafka.brokers,
+                "--registry",
+                &settings.registry.url,
+            ])
+            .args(["--topic", "order.lifecycle.v1"])
+            .arg("--schema-file")
+            .arg(root.join(format!("schemas/{kind}.avsc")))
+            .arg("--payload-file")
+            .arg(&file),
+        Duration::from_secs(120),
+    );
     assert!(
         out.status.success(),
         "produce.py: {}{}",

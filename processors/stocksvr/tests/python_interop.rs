@@ -39,22 +39,23 @@ async fn python_avro_serializer_output_is_decoded_by_our_codec() {
     let topic = common::unique("it.interop.order").replace('_', "-");
     common::create_topic(&topic, 1).await;
     let root = common::repo_root();
-    let out = Command::new(python())
-        .arg(root.join("tests/interop/produce.py"))
-        .args([
-            "--bootstrap",
-            &settings.kafka.brokers,
-            "--registry",
-            &settings.registry.url,
-            "--topic",
-            &topic,
-        ])
-        .arg("--schema-file")
-        .arg(root.join("schemas/OrderCreated.avsc"))
-        .arg("--payload-file")
-        .arg(root.join("schemas/examples/OrderCreated.json"))
-        .output()
-        .expect("produce.py runs");
+    let out = common::output_within(
+        Command::new(python())
+            .arg(root.join("tests/interop/produce.py"))
+            .args([
+                "--bootstrap",
+                &settings.kafka.brokers,
+                "--registry",
+                &settings.registry.url,
+                "--topic",
+                &topic,
+            ])
+            .arg("--schema-file")
+            .arg(root.join("schemas/OrderCreated.avsc"))
+            .arg("--payload-file")
+            .arg(root.join("schemas/examples/OrderCreated.json")),
+        Duration::from_secs(120),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -111,25 +112,26 @@ async fn our_records_are_decoded_by_the_python_avro_deserializer() {
         .map_err(|(e, _)| e)
         .expect("delivered");
 
-    let out = Command::new(python())
-        .arg(common::repo_root().join("tests/interop/consume.py"))
-        .args([
-            "--bootstrap",
-            &settings.kafka.brokers,
-            "--registry",
-            &settings.registry.url,
-            "--topic",
-            &topic,
-        ])
-        .args([
-            "--partition",
-            &delivery.partition.to_string(),
-            "--offset",
-            &delivery.offset.to_string(),
-        ])
-        .args(["--timeout", "30"])
-        .output()
-        .expect("consume.py runs");
+    let out = common::output_within(
+        Command::new(python())
+            .arg(common::repo_root().join("tests/interop/consume.py"))
+            .args([
+                "--bootstrap",
+                &settings.kafka.brokers,
+                "--registry",
+                &settings.registry.url,
+                "--topic",
+                &topic,
+            ])
+            .args([
+                "--partition",
+                &delivery.partition.to_string(),
+                "--offset",
+                &delivery.offset.to_string(),
+            ])
+            .args(["--timeout", "30"]),
+        Duration::from_secs(120),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -48,13 +48,48 @@ pub fn stocksvr() -> Command {
     cmd
 }
 
-/// Runs the binary and returns (exit success, stdout, stderr).
+/// Runs `cmd` to completion but kills it after `limit`, so a hung client (a Python
+/// interop script, say) fails its test instead of stalling the whole suite.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    use std::io::Read;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("command starts");
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    if let Some(mut out) = child.stdout.take() {
+        let _ = out.read_to_end(&mut stdout);
+    }
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_end(&mut stderr);
+    }
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Runs the binary (bounded, see [`output_within`]) and returns (exit success, stdout, stderr).
 pub fn run(cmd: &mut Command) -> (bool, String, String) {
     let Output {
         status,
         stdout,
         stderr,
-    } = cmd.output().expect("stocksvr runs");
+    } = output_within(cmd, Duration::from_secs(300));
     (
         status.success(),
         String::from_utf8_lossy(&stdout).into_owned(),
