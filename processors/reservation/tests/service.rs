@@ -20,12 +20,24 @@ fn env_or(key: &str, default: &str) -> String {
     std::env::var(key).unwrap_or_else(|_| default.to_string())
 }
 
+/// Distinct for every call in every process: tests run in parallel and share Redis, so
+/// the merchant (hence the bucket keys) of each fixture must not collide.
 fn seed() -> u64 {
+    use std::hash::{Hash, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock")
-        .as_nanos() as u64;
-    nanos ^ (u64::from(std::process::id()) << 32)
+        .as_nanos();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        nanos,
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+    )
+        .hash(&mut h);
+    h.finish()
 }
 
 struct Fixture {

@@ -23,12 +23,14 @@ pub async fn shop(total: i64) -> Shop {
     );
     assert!(ok, "{err}");
     let pool = stocksvr_store::mysql_pool(&db_url, 2, Duration::from_secs(5)).expect("pool");
-    let merchant_id = 2_000_000
-        + std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_micros() as u64
-            % 1_000_000_000;
+    // Redis keys are per merchant and shared by every test database: the merchant id must
+    // be unique per test, not just per microsecond (parallel tests start together).
+    let merchant_id = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        super::unique("shop").hash(&mut h);
+        2_000_000 + h.finish() % 1_000_000_000_000
+    };
     let dish_id = 31;
     repo::set_merchant_timezone(&pool, merchant_id, "UTC")
         .await
