@@ -585,15 +585,23 @@ pub async fn claim_due(
 /// Marks a reservation dead (recovery gave up) and enqueues its alert event, in one
 /// transaction. The status is left as it is: a dead row is never moved backwards.
 pub async fn mark_dead(pool: &MySqlPool, id: u64, alert: &NewOutbox) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let done = sqlx::query(
+    let mark = sqlx::query(
         "UPDATE inventory_reservation SET dead = 1, updated_at = ? WHERE id = ? AND dead = 0",
     )
     .bind(now())
-    .bind(id)
-    .execute(&mut *tx)
-    .await?;
-    if done.rows_affected() != 1 {
+    .bind(id);
+    mark_and_alert(pool, mark, alert).await
+}
+
+/// One transaction: a guarded marking UPDATE and, only if it changed the row, the alert's
+/// outbox row. False (nothing written) when the guard found the row already marked.
+async fn mark_and_alert(
+    pool: &MySqlPool,
+    mark: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
+    alert: &NewOutbox,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    if mark.execute(&mut *tx).await?.rows_affected() != 1 {
         tx.rollback().await?;
         return Ok(false);
     }
@@ -634,20 +642,11 @@ pub async fn mark_stale_alerted(
     id: u64,
     alert: &NewOutbox,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let done = sqlx::query(
+    let mark = sqlx::query(
         "UPDATE inventory_reservation SET stale_alerted_at = ? WHERE id = ? AND status = ? AND stale_alerted_at IS NULL",
     )
     .bind(now())
     .bind(id)
-    .bind(ReservationStatus::Reserved.code() as i8)
-    .execute(&mut *tx)
-    .await?;
-    if done.rows_affected() != 1 {
-        tx.rollback().await?;
-        return Ok(false);
-    }
-    write_outbox(&mut *tx, alert, true).await?;
-    tx.commit().await?;
-    Ok(true)
+    .bind(ReservationStatus::Reserved.code() as i8);
+    mark_and_alert(pool, mark, alert).await
 }
