@@ -16,7 +16,10 @@
 --                                 growing (projections only accept newer versions)
 --   lower stored baseline, bucket has traded
 --                              -> CONFLICT: never overwrite a traded bucket, adjust is the way
--- Everything except a replay is recorded.
+-- Everything except a replay is recorded. The phase slot (unused: no reservation) says what
+-- happened, because only a bucket that came into being may be booked as an init in the ledger:
+--   INITIALIZED (created), REINITIALIZED (untouched bucket rebuilt from a newer baseline),
+--   UNCHANGED (the stored baseline was the same or newer; the numbers are the current ones).
 local op = arg_str(1, 'operation_id')
 local total = arg_int(2, 'total', 0)
 local baseline = arg_int(3, 'baseline_version', 0)
@@ -35,11 +38,11 @@ if not s then
   redis.call('HSET', KEYS[1],
     'total', total, 'available', total, 'reserved', 0, 'sold', 0, 'version', 1, 'state', 'OPEN',
     'baseline_version', baseline, 'deficit', 0, 'updated_at', now)
-  return record(KEYS[2], ttl, 'INIT', '', total, result('SUCCEEDED', s, '', false, false), now)
+  return record(KEYS[2], ttl, 'INIT', '', total, result('SUCCEEDED', s, 'INITIALIZED', false, false), now)
 end
 
 if s.baseline_version >= baseline then
-  return record(KEYS[2], ttl, 'INIT', '', total, result('SUCCEEDED', s, '', false, false), now)
+  return record(KEYS[2], ttl, 'INIT', '', total, result('SUCCEEDED', s, 'UNCHANGED', false, false), now)
 end
 if s.reserved ~= 0 or s.sold ~= 0 or s.available ~= s.total then
   return record(KEYS[2], ttl, 'INIT', '', total, result('CONFLICT', s, '', false, false), now)
@@ -50,4 +53,4 @@ s.available = total
 s.deficit = 0
 write_stock(KEYS[1], s, now)
 redis.call('HSET', KEYS[1], 'baseline_version', baseline)
-return record(KEYS[2], ttl, 'INIT', '', total, result('SUCCEEDED', s, '', false, false), now)
+return record(KEYS[2], ttl, 'INIT', '', total, result('SUCCEEDED', s, 'REINITIALIZED', false, false), now)

@@ -5,7 +5,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schemas");
+    // Read at run time, not with env!(): a build-script binary cached in a shared target dir
+    // may have been compiled for a checkout at another path.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR set by cargo");
+    let dir = Path::new(&manifest).join("../../schemas");
     println!("cargo:rerun-if-changed={}", dir.display());
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .expect("schemas/ exists beside the workspace")

@@ -5,8 +5,10 @@
 //! or disabled bucket 409; Redis or MySQL unavailable 503 with `Retry-After` (fail closed:
 //! nothing is sold without a definite answer from Redis).
 
+mod admin;
 mod error;
 
+pub use admin::admin_router;
 pub use error::{ApiError, ErrorBody};
 
 use axum::body::Bytes;

@@ -73,6 +73,39 @@ pub struct Settings {
     pub http: HttpSettings,
     pub log: LogSettings,
     pub reservation: ReservationSettings,
+    pub stock_ops: StockOpsSettings,
+}
+
+/// Stock operations without a reservation (bucket init, adjust, close, archive) and the
+/// daily bucket job.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StockOpsSettings {
+    /// Seconds a worker owns a WAL row it executes; after that another worker takes it over.
+    pub wal_lease_secs: u64,
+    /// Failed attempts after which a WAL row is marked dead and alerted.
+    pub wal_max_attempts: u32,
+    /// Hours an archived bucket's Redis key lives on.
+    pub archive_ttl_hours: u64,
+    /// Seconds between two rounds of the daily bucket job.
+    pub daily_interval_secs: u64,
+    /// Minutes before the merchant's local midnight the next day's buckets are prepared.
+    pub daily_lead_minutes: u64,
+    /// A dish without a baseline in this many days is not carried forward.
+    pub daily_lookback_days: u32,
+}
+
+impl Default for StockOpsSettings {
+    fn default() -> Self {
+        Self {
+            wal_lease_secs: 30,
+            wal_max_attempts: 20,
+            archive_ttl_hours: 168,
+            daily_interval_secs: 300,
+            daily_lead_minutes: 120,
+            daily_lookback_days: 7,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -83,7 +83,7 @@ async fn every_stock_change_example_projects_and_the_snapshot_is_the_last_after(
     );
 
     // The deficit example's after-quantities and its deficit.
-    assert_eq!(h.snapshot().await?, Some((29, 0, 4, 25, 9, 421)));
+    assert_eq!(h.snapshot().await?, Some((20, 0, 4, 25, 9, 421)));
     assert_eq!(count(&h.pool, "inventory_ledger").await?, 9);
     assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 9);
     assert_eq!(
@@ -113,7 +113,7 @@ async fn every_stock_change_example_projects_and_the_snapshot_is_the_last_after(
     );
     assert_eq!(
         ledger(&h.pool, "op_adjust_bucket_10001_90001_20260726_3").await?,
-        vec![(5, 20, -91, 0, 0, -91, Some(421))]
+        vec![(5, 20, -91, 0, 0, -100, Some(421))]
     );
     Ok(())
 }
@@ -518,18 +518,18 @@ async fn the_deficit_comes_from_init_and_adjust_and_is_kept_by_reservation_steps
         .await?,
     ];
     h.apply(&batch).await;
-    assert_eq!(h.snapshot().await?, Some((29, 0, 4, 25, 9, 421)));
+    assert_eq!(h.snapshot().await?, Some((20, 0, 4, 25, 9, 421)));
 
     let confirm = change(
         "InventoryRedisConfirmed",
         "evt_after_deficit",
         "op_confirm_after_deficit",
         422,
-        [29, 0, 2, 27],
+        [20, 0, 2, 27],
     );
     let r = h.record("InventoryRedisConfirmed", &confirm).await?;
     h.apply(&[r]).await;
-    assert_eq!(h.snapshot().await?, Some((29, 0, 2, 27, 9, 422)));
+    assert_eq!(h.snapshot().await?, Some((20, 0, 2, 27, 9, 422)));
 
     // A stale adjust does not touch the deficit either.
     let mut stale = example("StockBaselineAdjusted");
@@ -538,7 +538,7 @@ async fn the_deficit_comes_from_init_and_adjust_and_is_kept_by_reservation_steps
     stale["data"]["redis_version"] = json!(400);
     let r = h.record("StockBaselineAdjusted", &stale).await?;
     h.apply(&[r]).await;
-    assert_eq!(h.snapshot().await?, Some((29, 0, 2, 27, 9, 422)));
+    assert_eq!(h.snapshot().await?, Some((20, 0, 2, 27, 9, 422)));
 
     // A newer init (re-initialised bucket) resets it.
     let mut init = example("StockBucketInitialized");

@@ -9,6 +9,7 @@
 //! status that [`ReservationService::resume`] continues with the same operation id.
 
 mod error;
+pub mod operations;
 mod outbox;
 pub mod recovery;
 mod service;
@@ -16,4 +17,5 @@ pub mod stale;
 pub mod view;
 
 pub use error::ServiceError;
+pub use operations::{OpsConfig, OpsError, StockOps};
 pub use service::{names, IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest};

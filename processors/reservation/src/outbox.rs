@@ -8,10 +8,11 @@ use serde::Serialize;
 use stocksvr_core::events::{
     Envelope, EventData, InventoryCanceledData, InventoryConfirmedData, InventoryOperationDeadData,
     InventoryRefundedData, InventoryRejectedData, InventoryReservedData, OrderType, StockAction,
-    StockAfter, StockChangeData,
+    StockAfter, StockBaselineAdjustedData, StockBucketInitializedData, StockChangeData,
 };
 use stocksvr_store::lua::OpResult;
-use stocksvr_store::reservations::{NewOutbox, Reservation};
+use stocksvr_store::reservations::{Baseline, NewOutbox, Reservation};
+use stocksvr_store::wal::WalRow;
 
 pub const PRODUCER: &str = "stocksvr";
 
@@ -225,4 +226,94 @@ pub fn operation_dead(r: &Reservation, status_name: &str, action: &str) -> NewOu
             stuck_since: Some(ts(r.updated_at)),
         },
     )
+}
+
+/// A bucket came into being from its baseline (WAL INIT_BUCKET). Keyed by the operation id:
+/// one operation announces one initialisation.
+pub fn bucket_initialized(
+    wal_id: u64,
+    operation_id: &str,
+    b: &Baseline,
+    result: &OpResult,
+) -> NewOutbox {
+    row(
+        wal_id,
+        operation_id,
+        StockBucketInitializedData {
+            operation_id: operation_id.to_string(),
+            stock_bucket_id: b.stock_bucket_id.clone(),
+            merchant_id: b.merchant_id as i64,
+            dish_id: b.dish_id as i64,
+            stock_date: b.stock_date.to_string(),
+            timezone: b.timezone.clone(),
+            baseline_version: b.baseline_version as i64,
+            total: result.after.total,
+            redis_version: result.after.version as i64,
+            after: after(result),
+        },
+    )
+}
+
+/// What an adjust did to the bucket.
+pub struct Adjusted<'a> {
+    pub wal_id: u64,
+    pub operation_id: &'a str,
+    pub baseline: &'a Baseline,
+    pub baseline_version: u64,
+    pub old_total: i64,
+    pub new_total: i64,
+    pub available_delta: i64,
+    pub result: &'a OpResult,
+}
+
+/// A merchant's new total applied (WAL ADJUST); `reason_code` is `DEFICIT` when accepted
+/// orders exceed the new total, so the order domain and the merchant see it.
+pub fn baseline_adjusted(a: &Adjusted<'_>) -> NewOutbox {
+    row(
+        a.wal_id,
+        a.operation_id,
+        StockBaselineAdjustedData {
+            operation_id: a.operation_id.to_string(),
+            stock_bucket_id: a.baseline.stock_bucket_id.clone(),
+            merchant_id: a.baseline.merchant_id as i64,
+            dish_id: a.baseline.dish_id as i64,
+            stock_date: a.baseline.stock_date.to_string(),
+            baseline_version: a.baseline_version as i64,
+            old_total: a.old_total,
+            new_total: a.new_total,
+            available_delta: a.available_delta,
+            deficit: a.result.deficit,
+            redis_version: a.result.after.version as i64,
+            after: after(a.result),
+            reason_code: (a.result.deficit > 0).then(|| "DEFICIT".to_string()),
+        },
+    )
+}
+
+/// The WAL worker gave up on a stock operation: a person must look.
+pub fn wal_dead(w: &WalRow, action: &str, stuck_status: &str, error: &str) -> NewOutbox {
+    row(
+        w.id,
+        &format!("dead_{}", w.operation_id),
+        InventoryOperationDeadData {
+            reservation_id: None,
+            operation_id: w.operation_id.clone(),
+            order_id: None,
+            stock_bucket_id: w.stock_bucket_id.clone(),
+            action: action.to_string(),
+            stuck_status: stuck_status.to_string(),
+            retry_count: w.retry_count as i32 + 1,
+            last_error: Some(error.to_string()),
+            stuck_since: Some(ts(w.created_at)),
+        },
+    )
+}
+
+fn after(result: &OpResult) -> StockAfter {
+    StockAfter {
+        total: result.after.total,
+        available: result.after.available,
+        reserved: result.after.reserved,
+        sold: result.after.sold,
+    }
 }

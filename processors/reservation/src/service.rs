@@ -1,8 +1,9 @@
 //! The operations. See the crate docs for the shape every one of them follows.
 
 use crate::error::ServiceError;
+use crate::operations::{OpsConfig, OpsError, StockOps};
 use crate::outbox::{self, Deltas};
-use crate::view::ReservationView;
+use crate::view::{ReservationView, StuckView};
 use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, TimeDelta, Utc};
 use chrono_tz::Tz;
@@ -116,6 +117,8 @@ pub struct ReservationService {
     /// Woken after every commit that wrote outbox rows, so the relay publishes at once
     /// instead of at its next poll.
     outbox_written: Option<Arc<tokio::sync::Notify>>,
+    /// Bucket init, adjust and lifecycle through the operation WAL (also the lazy init).
+    ops: StockOps,
 }
 
 /// CAS races are bounded: each lost race means another actor moved the row, and a handful
@@ -160,19 +163,37 @@ impl ReservationService {
         ids: SnowflakeGenerator,
         config: ServiceConfig,
     ) -> Self {
+        let ops = StockOps::new(pool.clone(), lua.clone(), OpsConfig::default());
         Self {
             pool,
             lua,
             ids,
             config,
             outbox_written: None,
+            ops,
         }
     }
 
     /// Wakes `relay` after each commit that wrote outbox rows.
     pub fn with_outbox_waker(mut self, relay: Arc<tokio::sync::Notify>) -> Self {
+        self.ops = self.ops.with_outbox_waker(relay.clone());
         self.outbox_written = Some(relay);
         self
+    }
+
+    /// Replaces the stock-operation settings (lease, retries, archive TTL).
+    pub fn with_ops_config(mut self, config: OpsConfig) -> Self {
+        let mut ops = StockOps::new(self.pool.clone(), self.lua.clone(), config);
+        if let Some(relay) = &self.outbox_written {
+            ops = ops.with_outbox_waker(relay.clone());
+        }
+        self.ops = ops;
+        self
+    }
+
+    /// Bucket init, adjust, close and archive (the operation WAL).
+    pub fn ops(&self) -> &StockOps {
+        &self.ops
     }
 
     fn outbox_committed(&self) {
@@ -209,7 +230,7 @@ impl ReservationService {
     }
 
     /// The merchant's zone, or the default when none is configured or it is unreadable.
-    async fn timezone(&self, merchant_id: u64) -> Result<Tz, ServiceError> {
+    pub async fn timezone(&self, merchant_id: u64) -> Result<Tz, ServiceError> {
         Ok(match repo::merchant_timezone(&self.pool, merchant_id).await? {
             Some(name) => bucket::parse_timezone(&name).unwrap_or_else(|e| {
                 tracing::warn!(merchant_id, %e, "merchant time zone unreadable; using the default");
@@ -604,6 +625,38 @@ impl ReservationService {
         (self.config.recovery_delay * factor).min(self.config.recovery_max_delay)
     }
 
+    /// Stuck (intermediate and failing or overdue) and dead reservations, oldest first.
+    pub async fn list_stuck(
+        &self,
+        dead_only: bool,
+        limit: u32,
+    ) -> Result<Vec<StuckView>, ServiceError> {
+        Ok(repo::list_stuck(&self.pool, dead_only, limit)
+            .await?
+            .iter()
+            .map(StuckView::from_row)
+            .collect())
+    }
+
+    /// An operator's "retry now": clears the dead mark and backoff, then resumes the step
+    /// with its stored operation id (a finished row is returned as it is).
+    pub async fn retry_now(&self, id: u64) -> Result<StuckView, ServiceError> {
+        if !repo::revive(&self.pool, id).await? {
+            return Err(ServiceError::NotFound(id));
+        }
+        let row = self.load(id).await?;
+        let row = match self.run_step(row).await {
+            Ok(row) => row,
+            // The failure is recorded on the row (retry_count, last_error); show it.
+            Err(e) if !matches!(e, ServiceError::Mysql(_)) => {
+                tracing::warn!(reservation_id = id, error = %e, "operator retry failed");
+                self.load(id).await?
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(StuckView::from_row(&row))
+    }
+
     /// Runs (or resumes) the Redis step of an intermediate status with its stored operation
     /// id and completes it in MySQL. This is also what the recovery worker calls.
     pub async fn resume(&self, id: u64) -> Result<ReservationView, ServiceError> {
@@ -668,7 +721,7 @@ impl ReservationService {
         if status == ReservationStatus::Preparing
             && matches!(&result, Ok(r) if r.outcome == Outcome::BucketMissing)
         {
-            self.init_bucket(&keys, &row).await?;
+            self.init_bucket(&row).await?;
             result = self.call_step(status, &keys, &row).await;
         }
         let result = match result {
@@ -898,26 +951,21 @@ impl ReservationService {
         })
     }
 
-    /// Lazy initialisation when a Try finds no bucket in Redis: the same Lua path as the
-    /// daily job, idempotent by bucket and baseline version, so twenty concurrent first Trys
-    /// initialise once.
-    async fn init_bucket(&self, keys: &BucketKeys, row: &Reservation) -> Result<(), ServiceError> {
+    /// Lazy initialisation when a Try finds no bucket in Redis: the same WAL row and Lua
+    /// path as the daily job (never a direct SET from the request), keyed by bucket and
+    /// baseline version, so twenty concurrent first Trys initialise once.
+    async fn init_bucket(&self, row: &Reservation) -> Result<(), ServiceError> {
         let baseline = repo::find_baseline(&self.pool, &row.stock_bucket_id)
             .await?
             .ok_or_else(|| ServiceError::BucketNotFound(row.stock_bucket_id.clone()))?;
-        let op = format!(
-            "init_{}_v{}",
-            baseline.stock_bucket_id, baseline.baseline_version
-        );
-        self.lua
-            .init_bucket(keys, &op, baseline.total_stock, baseline.baseline_version)
-            .await
-            .map_err(|e| ServiceError::OutcomeUnknown {
+        self.ops.ensure_bucket(&baseline).await.map_err(|e| match e {
+            OpsError::Mysql(e) => ServiceError::Mysql(e),
+            other => ServiceError::OutcomeUnknown {
                 reservation_id: row.id,
                 status: ReservationStatus::Preparing,
-                reason: format!("initialising bucket {}: {e}", baseline.stock_bucket_id),
-            })?;
-        Ok(())
+                reason: format!("initialising bucket {}: {other}", baseline.stock_bucket_id),
+            },
+        })
     }
 }
 

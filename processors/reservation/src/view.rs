@@ -63,3 +63,32 @@ impl ReservationView {
         }
     }
 }
+
+/// A reservation as an operator looking for stuck work sees it: where it stands plus the
+/// recovery bookkeeping.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StuckView {
+    #[serde(flatten)]
+    pub reservation: ReservationView,
+    pub current_operation_id: String,
+    pub retry_count: u32,
+    pub next_retry_at: String,
+    pub last_error: Option<String>,
+    pub dead: bool,
+}
+
+impl StuckView {
+    pub fn from_row(row: &Reservation) -> Self {
+        Self {
+            reservation: ReservationView::from_row(row),
+            current_operation_id: row.current_operation_id.clone(),
+            retry_count: row.retry_count,
+            next_retry_at: row
+                .next_retry_at
+                .and_utc()
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            last_error: row.last_error.clone(),
+            dead: row.dead != 0,
+        }
+    }
+}

@@ -9,6 +9,7 @@ mod offsets_cmd;
 mod probes;
 mod reservation_boot;
 mod serve;
+mod stock_cmd;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -67,11 +68,20 @@ enum Command {
         #[arg(long)]
         event: Option<String>,
     },
-    /// Stock buckets: `bucket init` creates a day's baseline (the bucket reaches Redis on
-    /// the first Try, through the idempotent init script).
+    /// Stock buckets: init, adjust, close, archive, show (through the operation WAL).
     Bucket {
         #[command(subcommand)]
-        action: BucketAction,
+        action: stock_cmd::BucketAction,
+    },
+    /// Stock operations in the WAL: list them, retry one now.
+    Ops {
+        #[command(subcommand)]
+        action: stock_cmd::OpsAction,
+    },
+    /// Stuck and dead reservations: list them, retry one now.
+    Reservations {
+        #[command(subcommand)]
+        action: stock_cmd::ReservationsAction,
     },
     /// Show a consumer group's committed offsets and lag, or move them (a dry run unless
     /// --execute; refuses while the group has active members).
@@ -81,25 +91,6 @@ enum Command {
     },
     /// Print the effective configuration with secrets masked.
     Config,
-}
-
-#[derive(Subcommand)]
-enum BucketAction {
-    /// Create the baseline of one dish for one business day (a no-op if it exists).
-    Init {
-        #[arg(long)]
-        merchant_id: u64,
-        #[arg(long)]
-        dish_id: u64,
-        /// Business day YYYY-MM-DD; default: today in the merchant's time zone.
-        #[arg(long)]
-        date: Option<String>,
-        #[arg(long)]
-        total: i64,
-        /// The merchant's IANA time zone, stored for every later Try.
-        #[arg(long, default_value = "UTC")]
-        timezone: String,
-    },
 }
 
 #[derive(Subcommand)]
@@ -194,25 +185,9 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
         )
         .await
         .map(|_| ExitCode::SUCCESS),
-        Command::Bucket {
-            action:
-                BucketAction::Init {
-                    merchant_id,
-                    dish_id,
-                    date,
-                    total,
-                    timezone,
-                },
-        } => admin::bucket_init(
-            &settings,
-            merchant_id,
-            dish_id,
-            date.as_deref(),
-            total,
-            &timezone,
-        )
-        .await
-        .map(|_| ExitCode::SUCCESS),
+        Command::Bucket { action } => stock_cmd::bucket(&settings, action).await,
+        Command::Ops { action } => stock_cmd::operations(&settings, action).await,
+        Command::Reservations { action } => stock_cmd::reservations(&settings, action).await,
         Command::Produce { file, event } => {
             admin::produce_example(&settings, &file, event.as_deref())
                 .await

@@ -1,7 +1,8 @@
 //! Brings the reservation service up inside `stocksvr all`: connects Redis, obtains a
 //! snowflake worker id (configured, or leased from MySQL and renewed), then installs the
 //! service into the API and runs the processors that need it (order-lifecycle and the
-//! reservation recovery worker and the stale-reservation watcher). Until then the API answers 503 (fail closed) and `/readyz` says
+//! reservation recovery worker, the stale-reservation watcher, the operation WAL worker and
+//! the daily bucket job). Until then the API answers 503 (fail closed) and `/readyz` says
 //! which dependency is missing. A lost worker-id lease stops the process: minting ids
 //! another instance may also mint would break reservation-id uniqueness.
 
@@ -34,6 +35,17 @@ fn service_config(settings: &Settings) -> anyhow::Result<ServiceConfig> {
         op_ttl: Duration::from_secs(r.op_ttl_days * 24 * 3600),
         ..ServiceConfig::default()
     })
+}
+
+/// The stock-operation settings (WAL lease and retries, archive TTL) from configuration.
+pub fn ops_config(settings: &Settings) -> stocksvr_reservation::OpsConfig {
+    let o = &settings.stock_ops;
+    stocksvr_reservation::OpsConfig {
+        lease: TimeDelta::seconds(o.wal_lease_secs.max(1) as i64),
+        max_attempts: o.wal_max_attempts.max(1),
+        archive_ttl: Duration::from_secs(o.archive_ttl_hours * 3600),
+        ..stocksvr_reservation::OpsConfig::default()
+    }
 }
 
 /// Resolves once shutdown was asked; the watch guard is dropped inside so the future is Send.
@@ -91,7 +103,8 @@ pub async fn run(
     let ids = SnowflakeGenerator::new(worker_id)
         .map_err(|e| anyhow::anyhow!("reservation.worker_id: {e}"))?;
     let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
-    let mut service = ReservationService::new(pool.clone(), lua, ids, config);
+    let mut service = ReservationService::new(pool.clone(), lua, ids, config)
+        .with_ops_config(ops_config(&settings));
     if let Some(waker) = outbox_waker {
         service = service.with_outbox_waker(waker);
     }
@@ -132,8 +145,32 @@ pub async fn run(
             .await
             .context("stale-reservation watcher")
     };
+    let wal_worker = async {
+        stocksvr_reservation::operations::run_worker(
+            service.clone(),
+            50,
+            Duration::from_secs(1),
+            stop.clone(),
+        )
+        .await
+        .context("operation WAL worker")
+    };
+    let daily = async {
+        let o = &settings.stock_ops;
+        stocksvr_reservation::operations::run_daily(
+            service.clone(),
+            stocksvr_reservation::operations::DailyConfig {
+                interval: Duration::from_secs(o.daily_interval_secs.max(1)),
+                lead: TimeDelta::minutes(o.daily_lead_minutes as i64),
+                lookback_days: i64::from(o.daily_lookback_days),
+            },
+            stop.clone(),
+        )
+        .await
+        .context("daily bucket job")
+    };
     let renewals = renew(lease, &pool, stop.clone());
-    tokio::try_join!(lifecycle, recovery, stale, renewals)?;
+    tokio::try_join!(lifecycle, recovery, stale, wal_worker, daily, renewals)?;
     Ok(())
 }
 

@@ -100,10 +100,11 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
         stocksvr_dead_letter::replay_producer(&settings.kafka)?,
         Some(AvroCodec::new(&settings.registry, catalog.clone())?),
     );
+    let api = stocksvr_api::ApiState::new();
     let admin = Router::new()
         .route("/admin/config", get(move || async move { Json(redacted) }))
-        .merge(stocksvr_dead_letter::admin_routes(dlq));
-    let api = stocksvr_api::ApiState::new();
+        .merge(stocksvr_dead_letter::admin_routes(dlq))
+        .merge(stocksvr_api::admin_router(api.clone()));
     let router = http::health_routes(health)
         .merge(stocksvr_api::router(api.clone()))
         .merge(http::protect_admin(

@@ -3,6 +3,7 @@
 
 pub mod lua;
 pub mod reservations;
+pub mod wal;
 pub mod worker_lease;
 
 use redis::aio::ConnectionManager;

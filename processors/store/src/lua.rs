@@ -523,7 +523,9 @@ impl LuaExecutor {
 
     /// Creates the bucket (version 1, OPEN). An existing bucket with the same or a newer
     /// baseline is left alone (`Succeeded`); an older, untouched one is re-initialised; an
-    /// older one that has traded is a `Conflict` (use [`adjust`](Self::adjust)).
+    /// older one that has traded is a `Conflict` (use [`adjust`](Self::adjust)). On success
+    /// `phase` is `INITIALIZED`, `REINITIALIZED` or `UNCHANGED`: only the first two may be
+    /// booked as an init (the ledger counts the whole bucket into existence).
     pub async fn init_bucket(
         &self,
         keys: &BucketKeys,

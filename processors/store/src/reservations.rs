@@ -36,6 +36,8 @@ pub struct Reservation {
     pub created_at: NaiveDateTime,
     pub updated_at: NaiveDateTime,
     pub stale_alerted_at: Option<NaiveDateTime>,
+    /// 1 once recovery gave up on the row.
+    pub dead: i8,
 }
 
 impl Reservation {
@@ -66,7 +68,7 @@ const COLUMNS: &str =
     quantity, refunded_quantity, pending_quantity, order_type, processing_time, expire_at, status, \
     resume_status, reject_reason, current_operation_id, retry_count, next_retry_at, last_error, \
     sync_status, expected_redis_version, synced_redis_version, version, created_at, updated_at, \
-    stale_alerted_at";
+    stale_alerted_at, dead";
 
 /// A reservation about to be written as PREPARING.
 #[derive(Debug, Clone)]
@@ -107,7 +109,7 @@ pub enum InsertOutcome {
 /// worker may resume it (both would use the same operation id, so this only saves work).
 pub const STEP_GRACE: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 
-fn now() -> NaiveDateTime {
+pub(crate) fn now() -> NaiveDateTime {
     Utc::now().naive_utc()
 }
 
@@ -292,7 +294,7 @@ pub async fn insert_outbox(
 
 /// One outbox row; with `ignore`, a row whose event_id exists already is skipped (the
 /// returned count is then 0).
-async fn write_outbox<'e, E: sqlx::MySqlExecutor<'e>>(
+pub(crate) async fn write_outbox<'e, E: sqlx::MySqlExecutor<'e>>(
     exec: E,
     row: &NewOutbox,
     ignore: bool,
@@ -649,4 +651,46 @@ pub async fn mark_stale_alerted(
     .bind(id)
     .bind(ReservationStatus::Reserved.code() as i8);
     mark_and_alert(pool, mark, alert).await
+}
+
+/// Reservations an operator should look at: dead ones, and intermediate ones that failed at
+/// least once or have sat past the step grace (a crash or a Redis outage left them).
+pub async fn list_stuck(
+    pool: &MySqlPool,
+    dead_only: bool,
+    limit: u32,
+) -> Result<Vec<Reservation>, sqlx::Error> {
+    let filter = if dead_only {
+        "dead = 1"
+    } else {
+        "dead = 1 OR (status IN (?, ?, ?, ?) AND (retry_count > 0 OR updated_at < ?))"
+    };
+    let sql = format!(
+        "SELECT {COLUMNS} FROM inventory_reservation WHERE {filter} ORDER BY updated_at LIMIT ?"
+    );
+    let mut q = sqlx::query_as(&sql);
+    if !dead_only {
+        q = q
+            .bind(ReservationStatus::Preparing.code() as i8)
+            .bind(ReservationStatus::Confirming.code() as i8)
+            .bind(ReservationStatus::Canceling.code() as i8)
+            .bind(ReservationStatus::Refunding.code() as i8)
+            .bind(now() - STEP_GRACE);
+    }
+    q.bind(limit).fetch_all(pool).await
+}
+
+/// An operator's "retry now": clears the dead mark and the backoff so the step runs at once
+/// (by the caller) with a fresh retry budget. The status is untouched.
+pub async fn revive(pool: &MySqlPool, id: u64) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE inventory_reservation SET dead = 0, retry_count = 0, next_retry_at = ?, updated_at = ? \
+         WHERE id = ?",
+    )
+    .bind(now())
+    .bind(now())
+    .bind(id)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }

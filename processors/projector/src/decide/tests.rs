@@ -177,7 +177,7 @@ fn init_and_adjust_book_total_deltas_and_state_the_deficit() {
     let down = decide_example("StockBaselineAdjusted.deficit");
     assert_eq!(
         (down.ledger.total_delta, down.ledger.available_delta),
-        (29 - 120, -91)
+        (20 - 120, -91)
     );
     assert_eq!(down.snapshot.expect("snapshot").deficit, Some(9));
     assert_eq!(down.sync, None);

@@ -1,0 +1,545 @@
+//! Stock operations through the operation WAL against real MariaDB and Redis: lazy init
+//! under concurrency, lease takeover after a worker died, adjust with a deficit, the bucket
+//! lifecycle, cross-day cancel and refund, and the daily job. Each test has its own database
+//! and merchant (so its own Redis keys).
+
+use chrono::{DateTime, NaiveDate, TimeDelta, Utc};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use stocksvr_core::bucket::BucketKey;
+use stocksvr_core::events::OrderType;
+use stocksvr_core::snowflake::SnowflakeGenerator;
+use stocksvr_reservation::operations::{self, init_operation_id};
+use stocksvr_reservation::{
+    IntentOutcome, OpsConfig, OpsError, ReservationService, ServiceConfig, ServiceError,
+    TryRequest,
+};
+use stocksvr_store::lua::{BucketKeys, LuaExecutor, StockNumbers};
+use stocksvr_store::reservations::{self as repo, Baseline};
+use stocksvr_store::wal::{self, NewWal, Refusal, WalAction};
+
+fn env_or(key: &str, default: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| default.to_string())
+}
+
+/// Distinct per call and process: parallel tests share Redis.
+fn seed() -> u64 {
+    use std::hash::{Hash, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (nanos, std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)).hash(&mut h);
+    h.finish()
+}
+
+struct Ops {
+    service: Arc<ReservationService>,
+    lua: Arc<LuaExecutor>,
+    pool: sqlx::MySqlPool,
+    merchant_id: u64,
+    dish_id: u64,
+    today: NaiveDate,
+}
+
+impl Ops {
+    async fn new(ops: OpsConfig) -> Self {
+        let base = env_or(
+            "STOCKSVR__MYSQL__URL",
+            "mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr",
+        );
+        let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
+        let s = seed();
+        let db = format!("stocksvr_ops_{}", s % 1_000_000_000_000);
+        sqlx::query(&format!("CREATE DATABASE `{db}`"))
+            .execute(&admin)
+            .await
+            .expect("create db");
+        let (prefix, _) = base.rsplit_once('/').expect("db path");
+        let pool =
+            stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 32, Duration::from_secs(30))
+                .expect("pool");
+        stocksvr_store::migrate(&pool).await.expect("migrate");
+        let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
+        let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
+            .await
+            .expect("redis");
+        let config = ServiceConfig::default();
+        let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
+        let ids = SnowflakeGenerator::new((s % 1024) as u16).expect("worker id");
+        let merchant_id = 2_000_000 + s % 1_000_000_000;
+        repo::set_merchant_timezone(&pool, merchant_id, "UTC")
+            .await
+            .expect("tz");
+        Self {
+            service: Arc::new(
+                ReservationService::new(pool.clone(), lua.clone(), ids, config)
+                    .with_ops_config(ops),
+            ),
+            lua,
+            pool,
+            merchant_id,
+            dish_id: 88,
+            today: Utc::now().date_naive(),
+        }
+    }
+
+    fn baseline(&self, date: NaiveDate, total: i64) -> Baseline {
+        Baseline {
+            stock_bucket_id: self.bucket(date),
+            merchant_id: self.merchant_id,
+            dish_id: self.dish_id,
+            stock_date: date,
+            timezone: "UTC".into(),
+            total_stock: total,
+            baseline_version: 1,
+            stock_status: 1,
+            bucket_status: 10,
+        }
+    }
+
+    fn bucket(&self, date: NaiveDate) -> String {
+        BucketKey::new(self.merchant_id, self.dish_id, date).stock_bucket_id()
+    }
+
+    async fn redis(&self, date: NaiveDate) -> Option<StockNumbers> {
+        let keys =
+            BucketKeys::new(self.merchant_id, self.dish_id, &date.to_string()).expect("keys");
+        self.lua.read_bucket(&keys).await.expect("read")
+    }
+
+    fn request(&self, item: u64, quantity: u32) -> TryRequest {
+        TryRequest {
+            order_id: 7_000 + item,
+            order_item_id: item,
+            merchant_id: self.merchant_id,
+            dish_id: self.dish_id,
+            quantity,
+            order_type: OrderType::Instant,
+            processing_time: None,
+        }
+    }
+
+    async fn reserve(&self, item: u64, quantity: u32) -> u64 {
+        let reply = self
+            .service
+            .try_reserve(&self.request(item, quantity))
+            .await
+            .expect("try");
+        assert_eq!(reply.reservation.status, "RESERVED");
+        reply.reservation.reservation_id.parse().expect("id")
+    }
+
+    async fn status(&self, id: u64) -> String {
+        self.service.get(id).await.expect("get").expect("row").status
+    }
+
+    async fn outbox_count(&self, event_type: &str) -> i64 {
+        let (n,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM inventory_outbox WHERE event_type = ?")
+                .bind(event_type)
+                .fetch_one(&self.pool)
+                .await
+                .expect("count");
+        n
+    }
+
+    async fn wal_rows(&self, bucket: &str) -> Vec<wal::WalRow> {
+        wal::list(&self.pool, &[], Some(bucket), 100)
+            .await
+            .expect("wal")
+    }
+}
+
+fn assert_conserved(n: &StockNumbers) {
+    assert_eq!(
+        n.available + n.reserved + n.sold,
+        n.total + n.deficit,
+        "available + reserved + sold = total + deficit: {n:?}"
+    );
+}
+
+fn done(outcome: IntentOutcome) -> String {
+    match outcome {
+        IntentOutcome::Done { reservation, .. } => reservation.status,
+        other => panic!("expected the step to run, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_concurrent_first_trys_initialise_the_bucket_once() {
+    let f = Ops::new(OpsConfig::default()).await;
+    // Baseline only, as the daily job would have left it had its Redis step failed.
+    repo::ensure_baseline(&f.pool, &f.baseline(f.today, 100))
+        .await
+        .expect("baseline");
+    assert!(f.redis(f.today).await.is_none());
+    let mut tasks = Vec::new();
+    for item in 1..=20u64 {
+        let (service, req) = (f.service.clone(), f.request(item, 2));
+        tasks.push(tokio::spawn(async move { service.try_reserve(&req).await }));
+    }
+    for t in tasks {
+        let reply = t.await.expect("task").expect("try");
+        assert_eq!(reply.reservation.status, "RESERVED");
+    }
+    let n = f.redis(f.today).await.expect("bucket initialised");
+    assert_eq!((n.total, n.available, n.reserved, n.sold), (100, 60, 40, 0));
+    // One init (version 1) then twenty Trys: a second init would have bumped the version.
+    assert_eq!(n.version, 21);
+    assert_conserved(&n);
+    let rows = f.wal_rows(&f.bucket(f.today)).await;
+    assert_eq!(rows.len(), 1, "one WAL row for the bucket: {rows:?}");
+    assert_eq!(rows[0].operation_id, init_operation_id(&f.bucket(f.today), 1));
+    assert_eq!(rows[0].status(), Some(wal::WalStatus::Succeeded));
+    assert_eq!(f.outbox_count("StockBucketInitialized").await, 1);
+    assert_eq!(f.outbox_count("InventoryRedisReserved").await, 20);
+}
+
+/// A worker that died holding the lease, at both crash windows: after the WAL commit but
+/// before Redis, and after Redis but before the completion commit.
+#[tokio::test]
+async fn a_dead_workers_lease_is_taken_over_after_expiry_and_applied_once() {
+    let f = Ops::new(OpsConfig {
+        lease: TimeDelta::milliseconds(1500),
+        ..OpsConfig::default()
+    })
+    .await;
+    for (day, redis_ran) in [(f.today, false), (f.today + TimeDelta::days(1), true)] {
+        let b = f.baseline(day, 40);
+        let op = init_operation_id(&b.stock_bucket_id, 1);
+        let (stored, fresh) = wal::begin_init(&f.pool, &b, |s| NewWal {
+            operation_id: op.clone(),
+            stock_bucket_id: s.stock_bucket_id.clone(),
+            action: WalAction::InitBucket,
+            request_payload: serde_json::json!({ "total": s.total_stock }),
+            lease_owner: "killed-worker".into(),
+            lease: TimeDelta::milliseconds(1500),
+        })
+        .await
+        .expect("begin");
+        assert!(fresh);
+        if redis_ran {
+            let keys = BucketKeys::new(f.merchant_id, f.dish_id, &day.to_string()).expect("keys");
+            let first = f
+                .lua
+                .init_bucket(&keys, &op, stored.total_stock, 1)
+                .await
+                .expect("the dead worker's Redis call");
+            assert_eq!(first.after.version, 1);
+        }
+        // The lease is live: no other worker touches the row.
+        let report = f.service.ops().work_once(10).await.expect("round");
+        assert_eq!(report.succeeded, 0, "a live lease is respected");
+        let row = wal::find_by_op(&f.pool, &op).await.expect("find").expect("row");
+        assert_eq!(row.lease_owner.as_deref(), Some("killed-worker"));
+
+        // Past the expiry the row is taken over and completed once.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let report = f.service.ops().work_once(10).await.expect("round");
+            if report.succeeded == 1 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never taken over");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let row = wal::find_by_op(&f.pool, &op).await.expect("find").expect("row");
+        assert_eq!(row.status(), Some(wal::WalStatus::Succeeded));
+        let result: serde_json::Value =
+            serde_json::from_str(row.result_payload.as_deref().expect("result")).expect("json");
+        assert_eq!(result["replayed"], serde_json::json!(redis_ran));
+        let n = f.redis(day).await.expect("bucket");
+        assert_eq!((n.total, n.available, n.version), (40, 40, 1), "applied once");
+        // Nothing is left for a further round.
+        assert_eq!(f.service.ops().work_once(10).await.expect("round").succeeded, 0);
+    }
+    assert_eq!(f.outbox_count("StockBucketInitialized").await, 2);
+}
+
+#[tokio::test]
+async fn adjusting_below_reserved_plus_sold_leaves_zero_available_and_a_deficit() {
+    let f = Ops::new(OpsConfig::default()).await;
+    let bucket = f.bucket(f.today);
+    let init = f
+        .service
+        .ops()
+        .init_bucket(&f.baseline(f.today, 100))
+        .await
+        .expect("init");
+    assert!(init.succeeded(), "{init:?}");
+    let sold = f.reserve(1, 20).await;
+    assert_eq!(done(f.service.confirm(sold).await.expect("confirm")), "CONFIRMED");
+    let held = f.reserve(2, 10).await;
+
+    // Up first: 100 -> 120 adds 20 to available.
+    let up = f.service.ops().adjust(&bucket, 120).await.expect("adjust");
+    assert!(up.succeeded(), "{up:?}");
+    let n = f.redis(f.today).await.expect("bucket");
+    assert_eq!((n.total, n.available, n.reserved, n.sold, n.deficit), (120, 90, 10, 20, 0));
+
+    // Then below what was accepted: available 0, deficit 10, nothing cancelled.
+    let down = f.service.ops().adjust(&bucket, 20).await.expect("adjust");
+    assert!(down.succeeded(), "{down:?}");
+    let n = f.redis(f.today).await.expect("bucket");
+    assert_eq!((n.total, n.available, n.reserved, n.sold, n.deficit), (20, 0, 10, 20, 10));
+    assert_conserved(&n);
+    assert_eq!(down.result.as_ref().expect("result")["after"]["deficit"], 10);
+    assert_eq!(f.status(sold).await, "CONFIRMED");
+    assert_eq!(f.status(held).await, "RESERVED");
+    let b = repo::find_baseline(&f.pool, &bucket).await.expect("b").expect("baseline");
+    assert_eq!((b.total_stock, b.baseline_version), (20, 3));
+
+    // The event the projector books: the deficit, the reason and the available delta.
+    let (payload,): (String,) = sqlx::query_as(
+        "SELECT CAST(payload AS CHAR) FROM inventory_outbox WHERE event_type = 'StockBaselineAdjusted' \
+         ORDER BY id DESC LIMIT 1",
+    )
+    .fetch_one(&f.pool)
+    .await
+    .expect("event");
+    let e: serde_json::Value = serde_json::from_str(&payload).expect("json");
+    assert_eq!(e["data"]["deficit"], 10);
+    assert_eq!(e["data"]["reason_code"], "DEFICIT");
+    assert_eq!(e["data"]["old_total"], 120);
+    assert_eq!(e["data"]["available_delta"], -90);
+    assert_eq!(f.outbox_count("StockBaselineAdjusted").await, 2);
+
+    // A new Try finds nothing to sell; the cancel of the held one pays the deficit down first.
+    let reply = f.service.try_reserve(&f.request(3, 1)).await.expect("try");
+    assert_eq!(reply.reservation.status, "REJECTED");
+    assert_eq!(done(f.service.cancel(held).await.expect("cancel")), "CANCELED");
+    let n = f.redis(f.today).await.expect("bucket");
+    assert_conserved(&n);
+    assert_eq!((n.reserved, n.sold), (0, 20));
+}
+
+#[tokio::test]
+async fn a_closed_bucket_refuses_trys_but_settles_reservations_and_archives_only_when_done() {
+    let f = Ops::new(OpsConfig {
+        archive_ttl: Duration::from_secs(3600),
+        ..OpsConfig::default()
+    })
+    .await;
+    let bucket = f.bucket(f.today);
+    f.service
+        .ops()
+        .init_bucket(&f.baseline(f.today, 50))
+        .await
+        .expect("init");
+    let to_confirm = f.reserve(1, 3).await;
+    let to_cancel = f.reserve(2, 4).await;
+
+    // Archive is refused while OPEN, then while reservations are unfinished.
+    match f.service.ops().archive(&bucket).await {
+        Err(OpsError::Refused(Refusal::NotClosed { .. })) => {}
+        other => panic!("archive of an OPEN bucket: {other:?}"),
+    }
+    let closed = f.service.ops().close(&bucket).await.expect("close");
+    assert!(closed.succeeded(), "{closed:?}");
+    assert_eq!(
+        f.redis(f.today).await.expect("bucket").state.as_str(),
+        "CLOSED"
+    );
+    match f.service.try_reserve(&f.request(3, 1)).await {
+        Err(ServiceError::BucketUnavailable { .. }) => {}
+        other => panic!("a Try on a CLOSED bucket: {other:?}"),
+    }
+    match f.service.ops().archive(&bucket).await {
+        Err(OpsError::Refused(Refusal::OpenReservations { open: 2, .. })) => {}
+        other => panic!("archive with two open reservations: {other:?}"),
+    }
+
+    // Existing reservations still settle.
+    assert_eq!(done(f.service.confirm(to_confirm).await.expect("c")), "CONFIRMED");
+    assert_eq!(done(f.service.cancel(to_cancel).await.expect("c")), "CANCELED");
+    let n = f.redis(f.today).await.expect("bucket");
+    assert_eq!((n.available, n.reserved, n.sold), (47, 0, 3));
+
+    let archived = f.service.ops().archive(&bucket).await.expect("archive");
+    assert!(archived.succeeded(), "{archived:?}");
+    let b = repo::find_baseline(&f.pool, &bucket).await.expect("b").expect("baseline");
+    assert_eq!(b.bucket_status, 30);
+    assert_eq!(
+        f.redis(f.today).await.expect("bucket").state.as_str(),
+        "ARCHIVED"
+    );
+    let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
+    let mut conn = redis::Client::open(redis_url)
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn");
+    let keys = BucketKeys::new(f.merchant_id, f.dish_id, &f.today.to_string()).expect("keys");
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(keys.stock())
+        .query_async(&mut conn)
+        .await
+        .expect("ttl");
+    assert!((3500..=3600).contains(&ttl), "archived key expires: ttl {ttl}");
+    // An adjust of an archived bucket is refused before anything is written.
+    match f.service.ops().adjust(&bucket, 10).await {
+        Err(OpsError::Refused(Refusal::Archived(_))) => {}
+        other => panic!("adjust of an ARCHIVED bucket: {other:?}"),
+    }
+}
+
+/// The bucket is fixed at Try: a cancel or refund after the next day's bucket exists (the
+/// day changed) returns stock to the reservation's own day.
+#[tokio::test]
+async fn cancel_and_refund_on_a_later_day_return_stock_to_their_own_day() {
+    let f = Ops::new(OpsConfig::default()).await;
+    let tomorrow = f.today + TimeDelta::days(1);
+    f.service
+        .ops()
+        .init_bucket(&f.baseline(f.today, 30))
+        .await
+        .expect("init today");
+    let to_cancel = f.reserve(1, 5).await;
+    let to_refund = f.reserve(2, 7).await;
+    assert_eq!(done(f.service.confirm(to_refund).await.expect("c")), "CONFIRMED");
+    // Midnight passed: the daily job created the next day's bucket, and today's closed.
+    f.service
+        .ops()
+        .init_bucket(&f.baseline(tomorrow, 30))
+        .await
+        .expect("init tomorrow");
+    f.service.ops().close(&f.bucket(f.today)).await.expect("close");
+
+    assert_eq!(done(f.service.cancel(to_cancel).await.expect("cancel")), "CANCELED");
+    assert_eq!(
+        done(f.service.refund(to_refund, None, None).await.expect("refund")),
+        "REFUNDED"
+    );
+    let own = f.redis(f.today).await.expect("today");
+    assert_eq!((own.available, own.reserved, own.sold), (30, 0, 0));
+    let next = f.redis(tomorrow).await.expect("tomorrow");
+    assert_eq!((next.total, next.available, next.reserved, next.sold), (30, 30, 0, 0));
+    assert_eq!(next.version, 1, "the next day's bucket was never touched");
+}
+
+#[tokio::test]
+async fn the_daily_job_prepares_tomorrow_before_midnight_once() {
+    let f = Ops::new(OpsConfig::default()).await;
+    let yesterday = f.today - TimeDelta::days(1);
+    let tomorrow = f.today + TimeDelta::days(1);
+    // The merchant's standing total, last set yesterday (as after a missed night).
+    repo::ensure_baseline(&f.pool, &f.baseline(yesterday, 25))
+        .await
+        .expect("baseline");
+    let midnight: DateTime<Utc> = tomorrow.and_hms_opt(0, 0, 0).expect("t").and_utc();
+    let lead = TimeDelta::hours(3);
+    // Twenty hours before midnight: only today is ensured (a catch-up, yesterday's total).
+    let early = f
+        .service
+        .ops()
+        .prepare_days(midnight - TimeDelta::hours(20), lead, 7)
+        .await
+        .expect("prepare");
+    assert_eq!(early.prepared, 1, "{early:?}");
+    assert!(f.redis(tomorrow).await.is_none(), "tomorrow is not due yet");
+    // Two hours before midnight, within the lead: tomorrow is prepared.
+    let now = midnight - TimeDelta::hours(2);
+    let report = f
+        .service
+        .ops()
+        .prepare_days(now, lead, 7)
+        .await
+        .expect("prepare");
+    assert_eq!(report.prepared, 1, "{report:?}");
+    for day in [f.today, tomorrow] {
+        let n = f.redis(day).await.expect("bucket prepared in Redis");
+        assert_eq!((n.total, n.available, n.version), (25, 25, 1));
+        let b = repo::find_baseline(&f.pool, &f.bucket(day))
+            .await
+            .expect("b")
+            .expect("baseline");
+        assert_eq!((b.total_stock, b.baseline_version, b.bucket_status), (25, 1, 10));
+    }
+    // Again: nothing new.
+    let again = f
+        .service
+        .ops()
+        .prepare_days(now, lead, 7)
+        .await
+        .expect("prepare");
+    assert_eq!(again.prepared, 0);
+    assert_eq!(f.outbox_count("StockBucketInitialized").await, 2);
+}
+
+#[tokio::test]
+async fn an_operation_that_cannot_succeed_goes_dead_with_an_alert_and_can_be_retried() {
+    let f = Ops::new(OpsConfig {
+        max_attempts: 2,
+        retry_delay: TimeDelta::milliseconds(10),
+        ..OpsConfig::default()
+    })
+    .await;
+    let bucket = f.bucket(f.today);
+    f.service
+        .ops()
+        .init_bucket(&f.baseline(f.today, 10))
+        .await
+        .expect("init");
+    f.reserve(1, 4).await;
+    f.service.ops().close(&bucket).await.expect("close");
+    // MySQL says nothing is open (the row was settled by hand), Redis still holds 4:
+    // archive must not drop them, so it retries and, past the bound, goes dead and alerts.
+    sqlx::query("UPDATE inventory_reservation SET status = 60")
+        .execute(&f.pool)
+        .await
+        .expect("settle by hand");
+    let first = f.service.ops().archive(&bucket).await.expect("archive");
+    assert_eq!(first.status, "RETRY", "{first:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let dead = loop {
+        f.service.ops().work_once(10).await.expect("round");
+        let v = f
+            .service
+            .ops()
+            .find(&operations::archive_operation_id(&bucket))
+            .await
+            .expect("find");
+        if v.status == "DEAD" {
+            break v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never dead: {v:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(dead.retry_count, 2);
+    assert!(dead.last_error.as_deref().unwrap_or("").contains("reserved"));
+    assert_eq!(f.outbox_count("InventoryOperationDead").await, 1);
+    // Dead rows are not picked up again by the worker.
+    assert_eq!(f.service.ops().work_once(10).await.expect("round").failed, 0);
+    // Once Redis is right again, the operator's retry finishes it.
+    let keys = BucketKeys::new(f.merchant_id, f.dish_id, &f.today.to_string()).expect("keys");
+    let id: u64 = sqlx::query_as::<_, (u64,)>("SELECT id FROM inventory_reservation LIMIT 1")
+        .fetch_one(&f.pool)
+        .await
+        .expect("id")
+        .0;
+    sqlx::query("UPDATE inventory_reservation SET status = 20")
+        .execute(&f.pool)
+        .await
+        .expect("restore");
+    let released = f
+        .lua
+        .cancel(&keys, id, &format!("op_cancel_{id}"), 4)
+        .await
+        .expect("release in Redis");
+    assert!(released.succeeded(), "{released:?}");
+    sqlx::query("UPDATE inventory_reservation SET status = 60")
+        .execute(&f.pool)
+        .await
+        .expect("settle");
+    let retried = f
+        .service
+        .ops()
+        .retry_now(&operations::archive_operation_id(&bucket))
+        .await
+        .expect("retry");
+    assert!(retried.succeeded(), "{retried:?}");
+}

@@ -1,0 +1,711 @@
+//! The operation WAL (seed §4.5) for stock operations that have no reservation: bucket
+//! init, merchant adjust, repair, and the bucket lifecycle (close, archive). The row is
+//! committed before Redis is touched, together with the baseline change it executes, so a
+//! crash anywhere leaves a row a worker can resume with the same operation id.
+//!
+//! Execution is guarded by a lease (`lease_owner`, `lease_expire_at`): whoever holds it runs
+//! the Lua step; when the holder dies the lease expires and another worker takes the row
+//! over. Correctness does not rest on the lease alone: the Lua op record makes a second run
+//! of the same operation id a replay of its first result, and completion is a guarded update
+//! (still EXECUTING, still ours) committed together with the outbox rows, so an operation is
+//! applied and announced once even if two workers overlap.
+
+use crate::reservations::{now, write_outbox, Baseline, NewOutbox};
+use chrono::{NaiveDate, NaiveDateTime, TimeDelta};
+use sqlx::{MySql, MySqlPool, Transaction};
+use stocksvr_core::reservation::ReservationStatus;
+
+/// `inventory_operation_wal.action`. 1–3 are the seed's; close and archive are the bucket
+/// lifecycle steps of seed §12.4, which touch Redis without a reservation too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WalAction {
+    InitBucket = 1,
+    Adjust = 2,
+    Repair = 3,
+    Close = 4,
+    Archive = 5,
+}
+
+impl WalAction {
+    pub fn from_code(code: i8) -> Option<Self> {
+        Some(match code {
+            1 => WalAction::InitBucket,
+            2 => WalAction::Adjust,
+            3 => WalAction::Repair,
+            4 => WalAction::Close,
+            5 => WalAction::Archive,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WalAction::InitBucket => "INIT_BUCKET",
+            WalAction::Adjust => "ADJUST",
+            WalAction::Repair => "REPAIR",
+            WalAction::Close => "CLOSE",
+            WalAction::Archive => "ARCHIVE",
+        }
+    }
+}
+
+/// `inventory_operation_wal.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WalStatus {
+    /// Written, not started.
+    Init = 10,
+    /// A worker holds the lease and runs (or ran) the Lua step.
+    Executing = 20,
+    Succeeded = 30,
+    /// Failed; due again at `next_retry_at`.
+    Retry = 40,
+    /// Retries exhausted or a permanent refusal: alerted, waits for an operator.
+    Dead = 50,
+}
+
+impl WalStatus {
+    pub fn from_code(code: i8) -> Option<Self> {
+        Some(match code {
+            10 => WalStatus::Init,
+            20 => WalStatus::Executing,
+            30 => WalStatus::Succeeded,
+            40 => WalStatus::Retry,
+            50 => WalStatus::Dead,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WalStatus::Init => "INIT",
+            WalStatus::Executing => "EXECUTING",
+            WalStatus::Succeeded => "SUCCEEDED",
+            WalStatus::Retry => "RETRY",
+            WalStatus::Dead => "DEAD",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            WalStatus::Init,
+            WalStatus::Executing,
+            WalStatus::Succeeded,
+            WalStatus::Retry,
+            WalStatus::Dead,
+        ]
+        .into_iter()
+        .find(|s| s.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// `inventory_operation_wal` row. The JSON columns are read as text (MariaDB stores JSON as
+/// LONGTEXT) and parsed by the caller.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct WalRow {
+    pub id: u64,
+    pub operation_id: String,
+    pub stock_bucket_id: String,
+    pub action: i8,
+    pub status: i8,
+    pub request_payload: String,
+    pub result_payload: Option<String>,
+    pub retry_count: u32,
+    pub next_retry_at: NaiveDateTime,
+    pub lease_owner: Option<String>,
+    pub lease_expire_at: Option<NaiveDateTime>,
+    pub last_error: Option<String>,
+    pub created_at: NaiveDateTime,
+    pub updated_at: NaiveDateTime,
+}
+
+impl WalRow {
+    pub fn action(&self) -> Option<WalAction> {
+        WalAction::from_code(self.action)
+    }
+
+    pub fn status(&self) -> Option<WalStatus> {
+        WalStatus::from_code(self.status)
+    }
+}
+
+const COLUMNS: &str = "id, operation_id, stock_bucket_id, action, status, \
+    CAST(request_payload AS CHAR) AS request_payload, CAST(result_payload AS CHAR) AS result_payload, \
+    retry_count, next_retry_at, lease_owner, lease_expire_at, last_error, created_at, updated_at";
+
+/// A WAL row to write, leased to its writer so a worker does not race the caller that is
+/// about to execute it; if the writer dies the lease runs out and a worker takes over.
+#[derive(Debug, Clone)]
+pub struct NewWal {
+    pub operation_id: String,
+    pub stock_bucket_id: String,
+    pub action: WalAction,
+    pub request_payload: serde_json::Value,
+    pub lease_owner: String,
+    pub lease: TimeDelta,
+}
+
+/// Why a lifecycle or adjust request was refused before anything was written.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("bucket {0} has no baseline")]
+    NoBaseline(String),
+    #[error("bucket {0} is archived")]
+    Archived(String),
+    #[error("bucket {bucket} must be CLOSED before it is archived (it is {status})")]
+    NotClosed { bucket: String, status: &'static str },
+    #[error("bucket {bucket} still has {open} unfinished reservation(s); archive waits for them")]
+    OpenReservations { bucket: String, open: i64 },
+    #[error(transparent)]
+    Mysql(#[from] sqlx::Error),
+}
+
+/// The bucket-status name for messages.
+fn bucket_status_name(code: i8) -> &'static str {
+    match code {
+        10 => "OPEN",
+        20 => "CLOSED",
+        30 => "ARCHIVED",
+        _ => "UNKNOWN",
+    }
+}
+
+async fn insert_ignore(tx: &mut Transaction<'_, MySql>, w: &NewWal) -> Result<bool, sqlx::Error> {
+    let now = now();
+    let expire = now + w.lease;
+    let done = sqlx::query(
+        "INSERT IGNORE INTO inventory_operation_wal (operation_id, stock_bucket_id, action, status, \
+         request_payload, next_retry_at, lease_owner, lease_expire_at, created_at, updated_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&w.operation_id)
+    .bind(&w.stock_bucket_id)
+    .bind(w.action as i8)
+    .bind(WalStatus::Init as i8)
+    .bind(&w.request_payload)
+    // Due for a worker only once the writer's lease ran out.
+    .bind(expire)
+    .bind(&w.lease_owner)
+    .bind(expire)
+    .bind(now)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+async fn baseline_for_update(
+    tx: &mut Transaction<'_, MySql>,
+    bucket: &str,
+) -> Result<Option<Baseline>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, timezone, total_stock, \
+         baseline_version, stock_status, bucket_status FROM dish_stock_baseline \
+         WHERE stock_bucket_id = ? FOR UPDATE",
+    )
+    .bind(bucket)
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+fn insert_baseline_sql() -> &'static str {
+    "INSERT IGNORE INTO dish_stock_baseline (stock_bucket_id, merchant_id, dish_id, stock_date, \
+     timezone, total_stock, baseline_version, stock_status, bucket_status, created_at, updated_at) \
+     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+}
+
+/// Creates the baseline (if missing) and the INIT_BUCKET WAL row of its version in one
+/// transaction (seed §12.1 step 2). The WAL row is built by `wal` from the baseline as
+/// stored, so an existing baseline keeps its values. Returns the stored baseline and whether
+/// the WAL row is new.
+pub async fn begin_init<F>(
+    pool: &MySqlPool,
+    b: &Baseline,
+    wal: F,
+) -> Result<(Baseline, bool), sqlx::Error>
+where
+    F: FnOnce(&Baseline) -> NewWal,
+{
+    let mut tx = pool.begin().await?;
+    let now = now();
+    sqlx::query(insert_baseline_sql())
+        .bind(&b.stock_bucket_id)
+        .bind(b.merchant_id)
+        .bind(b.dish_id)
+        .bind(b.stock_date)
+        .bind(&b.timezone)
+        .bind(b.total_stock)
+        .bind(b.baseline_version)
+        .bind(b.stock_status)
+        .bind(b.bucket_status)
+        .bind(now)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    // A plain read, not FOR UPDATE: twenty concurrent lazy inits each hold a shared lock
+    // from the INSERT IGNORE above, and upgrading them would deadlock. A concurrent adjust
+    // is harmless here: the executor initialises from the baseline current at run time.
+    let stored: Baseline = sqlx::query_as(
+        "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, timezone, total_stock, \
+         baseline_version, stock_status, bucket_status FROM dish_stock_baseline \
+         WHERE stock_bucket_id = ?",
+    )
+    .bind(&b.stock_bucket_id)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(sqlx::Error::RowNotFound)?;
+    let new = insert_ignore(&mut tx, &wal(&stored)).await?;
+    tx.commit().await?;
+    Ok((stored, new))
+}
+
+/// A merchant adjustment, first half (seed §12.3): bumps the baseline version, stores the new
+/// total and writes the ADJUST WAL row, in one transaction under the baseline's row lock, so
+/// adjusts of one bucket get distinct, ordered versions. Returns the baseline before the
+/// change and the WAL row.
+pub async fn begin_adjust<F>(
+    pool: &MySqlPool,
+    bucket: &str,
+    new_total: i64,
+    wal: F,
+) -> Result<(Baseline, WalRow), Refusal>
+where
+    F: FnOnce(&Baseline) -> NewWal,
+{
+    let mut tx = pool.begin().await?;
+    let before = baseline_for_update(&mut tx, bucket)
+        .await?
+        .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
+    if before.bucket_status == 30 {
+        return Err(Refusal::Archived(bucket.to_string()));
+    }
+    sqlx::query(
+        "UPDATE dish_stock_baseline SET total_stock = ?, baseline_version = baseline_version + 1, \
+         updated_at = ? WHERE stock_bucket_id = ?",
+    )
+    .bind(new_total)
+    .bind(now())
+    .bind(bucket)
+    .execute(&mut *tx)
+    .await?;
+    let new = wal(&before);
+    insert_ignore(&mut tx, &new).await?;
+    let row = find_by_op_in(&mut tx, &new.operation_id)
+        .await?
+        .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
+    tx.commit().await?;
+    Ok((before, row))
+}
+
+/// Closing a bucket, first half: new Trys are refused from the moment this commits (the Try
+/// path reads the baseline status); the CLOSE WAL row then carries the state to Redis, where
+/// a Try already past the baseline check is refused by the script.
+pub async fn begin_close(
+    pool: &MySqlPool,
+    bucket: &str,
+    wal: NewWal,
+) -> Result<WalRow, Refusal> {
+    let mut tx = pool.begin().await?;
+    let b = baseline_for_update(&mut tx, bucket)
+        .await?
+        .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
+    if b.bucket_status == 30 {
+        return Err(Refusal::Archived(bucket.to_string()));
+    }
+    sqlx::query(
+        "UPDATE dish_stock_baseline SET bucket_status = 20, updated_at = ? \
+         WHERE stock_bucket_id = ? AND bucket_status = 10",
+    )
+    .bind(now())
+    .bind(bucket)
+    .execute(&mut *tx)
+    .await?;
+    insert_ignore(&mut tx, &wal).await?;
+    let row = find_by_op_in(&mut tx, &wal.operation_id)
+        .await?
+        .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
+    tx.commit().await?;
+    Ok(row)
+}
+
+/// Statuses that still hold or may still move stock in their bucket: archive waits until
+/// none is left (seed §12.4). CONFIRMED is settled (a later refund is a new operation).
+pub const OPEN_STATUSES: [ReservationStatus; 6] = [
+    ReservationStatus::Preparing,
+    ReservationStatus::Reserved,
+    ReservationStatus::CreatedReserved,
+    ReservationStatus::Confirming,
+    ReservationStatus::Canceling,
+    ReservationStatus::Refunding,
+];
+
+/// Unfinished reservations of a bucket.
+pub async fn count_open_reservations<'e, E: sqlx::MySqlExecutor<'e>>(
+    exec: E,
+    bucket: &str,
+) -> Result<i64, sqlx::Error> {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM inventory_reservation WHERE stock_bucket_id = ? \
+         AND status IN (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(bucket)
+    .bind(OPEN_STATUSES[0].code() as i8)
+    .bind(OPEN_STATUSES[1].code() as i8)
+    .bind(OPEN_STATUSES[2].code() as i8)
+    .bind(OPEN_STATUSES[3].code() as i8)
+    .bind(OPEN_STATUSES[4].code() as i8)
+    .bind(OPEN_STATUSES[5].code() as i8)
+    .fetch_one(exec)
+    .await?;
+    Ok(n)
+}
+
+/// Archiving, first half: only a CLOSED bucket without unfinished reservations. The bucket
+/// is CLOSED, so no new reservation can appear in it (a Try racing the close is refused by
+/// the script, never left open).
+pub async fn begin_archive(
+    pool: &MySqlPool,
+    bucket: &str,
+    wal: NewWal,
+) -> Result<WalRow, Refusal> {
+    let mut tx = pool.begin().await?;
+    let b = baseline_for_update(&mut tx, bucket)
+        .await?
+        .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
+    if b.bucket_status == 10 {
+        return Err(Refusal::NotClosed {
+            bucket: bucket.to_string(),
+            status: bucket_status_name(b.bucket_status),
+        });
+    }
+    let open = count_open_reservations(&mut *tx, bucket).await?;
+    if open > 0 {
+        return Err(Refusal::OpenReservations {
+            bucket: bucket.to_string(),
+            open,
+        });
+    }
+    insert_ignore(&mut tx, &wal).await?;
+    let row = find_by_op_in(&mut tx, &wal.operation_id)
+        .await?
+        .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
+    tx.commit().await?;
+    Ok(row)
+}
+
+async fn find_by_op_in(
+    tx: &mut Transaction<'_, MySql>,
+    operation_id: &str,
+) -> Result<Option<WalRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM inventory_operation_wal WHERE operation_id = ?"
+    ))
+    .bind(operation_id)
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+pub async fn find_by_op(pool: &MySqlPool, operation_id: &str) -> Result<Option<WalRow>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM inventory_operation_wal WHERE operation_id = ?"
+    ))
+    .bind(operation_id)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Takes (or renews) the lease on one row if it is unfinished and nobody else holds a live
+/// lease. False when another worker holds it or the row is finished.
+pub async fn try_lease(
+    pool: &MySqlPool,
+    id: u64,
+    owner: &str,
+    lease: TimeDelta,
+) -> Result<bool, sqlx::Error> {
+    let now = now();
+    let done = sqlx::query(
+        "UPDATE inventory_operation_wal SET status = ?, lease_owner = ?, lease_expire_at = ?, \
+         next_retry_at = ?, updated_at = ? WHERE id = ? AND status IN (?, ?, ?) \
+         AND (lease_owner IS NULL OR lease_owner = ? OR lease_expire_at < ?)",
+    )
+    .bind(WalStatus::Executing as i8)
+    .bind(owner)
+    .bind(now + lease)
+    .bind(now + lease)
+    .bind(now)
+    .bind(id)
+    .bind(WalStatus::Init as i8)
+    .bind(WalStatus::Executing as i8)
+    .bind(WalStatus::Retry as i8)
+    .bind(owner)
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Claims up to `limit` unfinished rows that are due and not under a live lease
+/// (`FOR UPDATE SKIP LOCKED` keeps concurrent workers apart), leasing each to `owner`.
+pub async fn claim_due(
+    pool: &MySqlPool,
+    owner: &str,
+    lease: TimeDelta,
+    limit: u32,
+) -> Result<Vec<WalRow>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let now = now();
+    let rows: Vec<WalRow> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM inventory_operation_wal WHERE status IN (?, ?, ?) \
+         AND next_retry_at <= ? AND (lease_owner IS NULL OR lease_expire_at < ?) \
+         ORDER BY next_retry_at LIMIT ? FOR UPDATE SKIP LOCKED"
+    ))
+    .bind(WalStatus::Init as i8)
+    .bind(WalStatus::Executing as i8)
+    .bind(WalStatus::Retry as i8)
+    .bind(now)
+    .bind(now)
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    for r in &rows {
+        sqlx::query(
+            "UPDATE inventory_operation_wal SET status = ?, lease_owner = ?, lease_expire_at = ?, \
+             next_retry_at = ?, updated_at = ? WHERE id = ?",
+        )
+        .bind(WalStatus::Executing as i8)
+        .bind(owner)
+        .bind(now + lease)
+        .bind(now + lease)
+        .bind(now)
+        .bind(r.id)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(rows)
+}
+
+/// What a successful completion changes besides the WAL row.
+#[derive(Debug, Clone, Default)]
+pub struct WalCompletion {
+    pub result_payload: serde_json::Value,
+    pub outbox: Vec<NewOutbox>,
+    /// Set the baseline's bucket_status (archive completes the MySQL side here).
+    pub bucket_status: Option<i8>,
+}
+
+/// Marks the row SUCCEEDED with its outbox rows in one transaction, only while it is still
+/// EXECUTING under `owner`'s lease. False (nothing written) when the lease was lost: the
+/// worker that took over completes it with the same replayed result.
+pub async fn complete(
+    pool: &MySqlPool,
+    row: &WalRow,
+    owner: &str,
+    c: &WalCompletion,
+) -> Result<bool, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let now = now();
+    let done = sqlx::query(
+        "UPDATE inventory_operation_wal SET status = ?, result_payload = ?, lease_owner = NULL, \
+         lease_expire_at = NULL, last_error = NULL, updated_at = ? \
+         WHERE id = ? AND status = ? AND lease_owner = ?",
+    )
+    .bind(WalStatus::Succeeded as i8)
+    .bind(&c.result_payload)
+    .bind(now)
+    .bind(row.id)
+    .bind(WalStatus::Executing as i8)
+    .bind(owner)
+    .execute(&mut *tx)
+    .await?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    for o in &c.outbox {
+        write_outbox(&mut *tx, o, true).await?;
+    }
+    if let Some(status) = c.bucket_status {
+        sqlx::query(
+            "UPDATE dish_stock_baseline SET bucket_status = ?, updated_at = ? WHERE stock_bucket_id = ?",
+        )
+        .bind(status)
+        .bind(now)
+        .bind(&row.stock_bucket_id)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Records a failed attempt and gives the lease back: RETRY due after `retry_after`, or DEAD
+/// with its alert event when `dead` is given. Guarded by the lease like [`complete`].
+pub async fn fail(
+    pool: &MySqlPool,
+    row: &WalRow,
+    owner: &str,
+    error: &str,
+    retry_after: TimeDelta,
+    dead: Option<&NewOutbox>,
+) -> Result<bool, sqlx::Error> {
+    let error: String = error.chars().take(1000).collect();
+    let mut tx = pool.begin().await?;
+    let now = now();
+    let status = if dead.is_some() {
+        WalStatus::Dead
+    } else {
+        WalStatus::Retry
+    };
+    let done = sqlx::query(
+        "UPDATE inventory_operation_wal SET status = ?, retry_count = retry_count + 1, \
+         last_error = ?, next_retry_at = ?, lease_owner = NULL, lease_expire_at = NULL, updated_at = ? \
+         WHERE id = ? AND status = ? AND lease_owner = ?",
+    )
+    .bind(status as i8)
+    .bind(&error)
+    .bind(now + retry_after)
+    .bind(now)
+    .bind(row.id)
+    .bind(WalStatus::Executing as i8)
+    .bind(owner)
+    .execute(&mut *tx)
+    .await?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    if let Some(alert) = dead {
+        write_outbox(&mut *tx, alert, true).await?;
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// An operator's "retry now": a RETRY or DEAD row becomes due immediately. The attempt count
+/// is kept (attempts name their Redis operation ids, which must not repeat), so a dead row
+/// gets one more attempt. A row under a live lease is left alone (it is running).
+pub async fn retry_now(pool: &MySqlPool, operation_id: &str) -> Result<bool, sqlx::Error> {
+    let now = now();
+    let done = sqlx::query(
+        "UPDATE inventory_operation_wal SET status = ?, next_retry_at = ?, updated_at = ? \
+         WHERE operation_id = ? AND status IN (?, ?, ?) AND (lease_owner IS NULL OR lease_expire_at < ?)",
+    )
+    .bind(WalStatus::Retry as i8)
+    .bind(now)
+    .bind(now)
+    .bind(operation_id)
+    .bind(WalStatus::Init as i8)
+    .bind(WalStatus::Retry as i8)
+    .bind(WalStatus::Dead as i8)
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Rows in the given statuses (all when empty), oldest first.
+pub async fn list(
+    pool: &MySqlPool,
+    statuses: &[WalStatus],
+    bucket: Option<&str>,
+    limit: u32,
+) -> Result<Vec<WalRow>, sqlx::Error> {
+    let all = [
+        WalStatus::Init,
+        WalStatus::Executing,
+        WalStatus::Succeeded,
+        WalStatus::Retry,
+        WalStatus::Dead,
+    ];
+    let statuses = if statuses.is_empty() { &all[..] } else { statuses };
+    let marks = vec!["?"; statuses.len()].join(", ");
+    let bucket_filter = if bucket.is_some() {
+        " AND stock_bucket_id = ?"
+    } else {
+        ""
+    };
+    let sql = format!(
+        "SELECT {COLUMNS} FROM inventory_operation_wal WHERE status IN ({marks}){bucket_filter} \
+         ORDER BY id LIMIT ?"
+    );
+    let mut q = sqlx::query_as(&sql);
+    for s in statuses {
+        q = q.bind(*s as i8);
+    }
+    if let Some(b) = bucket {
+        q = q.bind(b);
+    }
+    q.bind(limit).fetch_all(pool).await
+}
+
+/// Unfinished or dead rows per status, for the backlog gauge.
+pub async fn count_by_status(pool: &MySqlPool) -> Result<Vec<(i8, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT status, COUNT(*) FROM inventory_operation_wal WHERE status <> ? GROUP BY status",
+    )
+    .bind(WalStatus::Succeeded as i8)
+    .fetch_all(pool)
+    .await
+}
+
+/// Baselines of the latest day before `date` for each dish whose latest day is within
+/// `lookback_days`, in zone `timezone`, that have no baseline on `date` yet: the daily job
+/// carries each dish's standing total forward to the new day (seed §12.1).
+pub async fn baselines_to_carry(
+    pool: &MySqlPool,
+    timezone: &str,
+    date: NaiveDate,
+    lookback_days: i64,
+    limit: u32,
+) -> Result<Vec<Baseline>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT b.stock_bucket_id, b.merchant_id, b.dish_id, b.stock_date, b.timezone, b.total_stock, \
+         b.baseline_version, b.stock_status, b.bucket_status \
+         FROM dish_stock_baseline b \
+         JOIN (SELECT merchant_id, dish_id, MAX(stock_date) AS d FROM dish_stock_baseline \
+               WHERE timezone = ? AND stock_date < ? AND stock_date >= ? GROUP BY merchant_id, dish_id) l \
+           ON l.merchant_id = b.merchant_id AND l.dish_id = b.dish_id AND l.d = b.stock_date \
+         WHERE NOT EXISTS (SELECT 1 FROM dish_stock_baseline t WHERE t.merchant_id = b.merchant_id \
+               AND t.dish_id = b.dish_id AND t.stock_date = ?) \
+         ORDER BY b.merchant_id, b.dish_id LIMIT ?",
+    )
+    .bind(timezone)
+    .bind(date)
+    .bind(date - TimeDelta::days(lookback_days))
+    .bind(date)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// The time zones baselines were created in: the daily job computes each one's business day.
+pub async fn baseline_timezones(pool: &MySqlPool) -> Result<Vec<String>, sqlx::Error> {
+    let rows: Vec<(String,)> =
+        sqlx::query_as("SELECT DISTINCT timezone FROM dish_stock_baseline ORDER BY timezone")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().map(|(t,)| t).collect())
+}
+
+/// `dish_stock_snapshot` row (what the projector built from the events).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Snapshot {
+    pub stock_bucket_id: String,
+    pub total_stock: i64,
+    pub available_stock: i64,
+    pub reserved_stock: i64,
+    pub sold_stock: i64,
+    pub deficit_stock: i64,
+    pub redis_version: u64,
+    pub updated_at: NaiveDateTime,
+}
+
+pub async fn find_snapshot(pool: &MySqlPool, bucket: &str) -> Result<Option<Snapshot>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT stock_bucket_id, total_stock, available_stock, reserved_stock, sold_stock, \
+         deficit_stock, redis_version, updated_at FROM dish_stock_snapshot WHERE stock_bucket_id = ?",
+    )
+    .bind(bucket)
+    .fetch_optional(pool)
+    .await
+}
