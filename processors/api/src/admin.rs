@@ -31,7 +31,10 @@ pub fn admin_router(state: ApiState) -> Router {
         .route("/admin/buckets/{bucket_id}/archive", post(archive_bucket))
         .route("/admin/operations", get(list_operations))
         .route("/admin/operations/{operation_id}", get(show_operation))
-        .route("/admin/operations/{operation_id}/retry", post(retry_operation))
+        .route(
+            "/admin/operations/{operation_id}/retry",
+            post(retry_operation),
+        )
         .route("/admin/reservations/stuck", get(list_stuck))
         .route("/admin/reservations/{id}/retry", post(retry_reservation))
         .with_state(state)

@@ -88,7 +88,10 @@ mod tests {
 
     #[test]
     fn consumes_exactly_the_dead_letter_topics_of_the_project() {
-        let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../topics.yaml"));
+        let dir = std::env::var("CARGO_MANIFEST_DIR")
+            .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+        let topics_file = format!("{dir}/../../topics.yaml");
+        let path = Path::new(&topics_file);
         let specs = topics::load(path).expect("topics.yaml loads");
         let config = loop_config(&specs);
         assert_eq!(

@@ -29,10 +29,9 @@ async fn call(req: reqwest::RequestBuilder) -> (u16, Value) {
 
 /// The InventoryConfirmDue example, encoded for `topic` (its subject is registered there).
 async fn confirm_due(codec: &AvroCodec, catalog: &Catalog, topic: &str) -> Vec<u8> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../schemas/examples/InventoryConfirmDue.json"
-    );
+    let dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let path = format!("{dir}/../../schemas/examples/InventoryConfirmDue.json");
     let example: Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("example")).expect("JSON");
     let event = catalog

@@ -402,10 +402,10 @@ mod tests {
 
     #[test]
     fn the_example_file_loads_and_equals_the_defaults() {
-        let path = Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../config/stocksvr.example.toml"
-        ));
+        let dir = std::env::var("CARGO_MANIFEST_DIR")
+            .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+        let file = format!("{dir}/../../config/stocksvr.example.toml");
+        let path = Path::new(&file);
         let from_file =
             Settings::load_from(Some(path), Some(HashMap::new())).expect("example loads");
         let defaults = Settings::load_from(None, Some(HashMap::new())).expect("defaults");

@@ -543,10 +543,7 @@ impl StockOps {
             let factor = 1i32 << row.retry_count.min(20);
             (self.config.retry_delay * factor).min(self.config.max_retry_delay)
         };
-        let stuck = row
-            .status()
-            .map(WalStatus::name)
-            .unwrap_or("UNKNOWN");
+        let stuck = row.status().map(WalStatus::name).unwrap_or("UNKNOWN");
         let alert = dead.then(|| outbox::wal_dead(row, action, stuck, reason));
         let landed = wal::fail(&self.pool, row, owner, reason, delay, alert.as_ref()).await?;
         if !landed {
@@ -588,7 +585,10 @@ impl StockOps {
 
     async fn step(&self, row: &WalRow) -> Result<Step, OpsError> {
         let Some(action) = row.action() else {
-            return Ok(Step::Dead(format!("unknown WAL action code {}", row.action)));
+            return Ok(Step::Dead(format!(
+                "unknown WAL action code {}",
+                row.action
+            )));
         };
         // The current baseline: an adjust may have moved it on since the row was written,
         // and every script here is idempotent per operation id and baseline version.
@@ -611,12 +611,8 @@ impl StockOps {
         let result = match action {
             WalAction::InitBucket => {
                 self.call(op, || {
-                    self.lua.init_bucket(
-                        &keys,
-                        op,
-                        baseline.total_stock,
-                        baseline.baseline_version,
-                    )
+                    self.lua
+                        .init_bucket(&keys, op, baseline.total_stock, baseline.baseline_version)
                 })
                 .await
             }
@@ -625,7 +621,9 @@ impl StockOps {
                     request.get("new_total").and_then(|v| v.as_i64()),
                     request.get("baseline_version").and_then(|v| v.as_u64()),
                 ) else {
-                    return Ok(Step::Dead("adjust request lacks new_total or baseline_version".into()));
+                    return Ok(Step::Dead(
+                        "adjust request lacks new_total or baseline_version".into(),
+                    ));
                 };
                 self.call(op, || self.lua.adjust(&keys, op, new_total, None, version))
                     .await
@@ -803,7 +801,12 @@ impl StockOps {
             }
         }
         if let Ok(counts) = wal::count_by_status(&self.pool).await {
-            for status in [WalStatus::Init, WalStatus::Executing, WalStatus::Retry, WalStatus::Dead] {
+            for status in [
+                WalStatus::Init,
+                WalStatus::Executing,
+                WalStatus::Retry,
+                WalStatus::Dead,
+            ] {
                 let n = counts
                     .iter()
                     .find(|(s, _)| *s == status as i8)
@@ -864,7 +867,8 @@ impl StockOps {
         report: &mut PrepareReport,
     ) -> Result<(), OpsError> {
         loop {
-            let carry = wal::baselines_to_carry(&self.pool, tz_name, day, lookback_days, 200).await?;
+            let carry =
+                wal::baselines_to_carry(&self.pool, tz_name, day, lookback_days, 200).await?;
             if carry.is_empty() {
                 return Ok(());
             }
@@ -1027,7 +1031,11 @@ pub async fn run_daily(
     config: DailyConfig,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), OpsError> {
-    tracing::info!(interval_s = config.interval.as_secs(), lead_min = config.lead.num_minutes(), "daily bucket job started");
+    tracing::info!(
+        interval_s = config.interval.as_secs(),
+        lead_min = config.lead.num_minutes(),
+        "daily bucket job started"
+    );
     loop {
         if let Err(e) = service
             .ops()
@@ -1053,7 +1061,10 @@ mod tests {
     fn operation_ids_are_per_effect_and_fit_the_column() {
         let b = "bucket_10001_90001_20260726";
         assert_eq!(init_operation_id(b, 1), "op_init_10001_90001_20260726_v1");
-        assert_eq!(adjust_operation_id(b, 3), "op_adjust_10001_90001_20260726_v3");
+        assert_eq!(
+            adjust_operation_id(b, 3),
+            "op_adjust_10001_90001_20260726_v3"
+        );
         assert_eq!(close_operation_id(b), "op_close_10001_90001_20260726");
         assert_eq!(archive_operation_id(b), "op_archive_10001_90001_20260726");
         // Twelve-digit merchant and dish ids leave room for any realistic version.
@@ -1070,7 +1081,10 @@ mod tests {
             .unwrap()
             .with_timezone(&Utc);
         let tomorrow = NaiveDate::from_ymd_opt(2026, 7, 27).unwrap();
-        assert_eq!(until_local_midnight(now, tz, tomorrow), TimeDelta::minutes(90));
+        assert_eq!(
+            until_local_midnight(now, tz, tomorrow),
+            TimeDelta::minutes(90)
+        );
         let utc_tomorrow = NaiveDate::from_ymd_opt(2026, 7, 27).unwrap();
         assert_eq!(
             until_local_midnight(now, chrono_tz::UTC, utc_tomorrow),

@@ -958,14 +958,17 @@ impl ReservationService {
         let baseline = repo::find_baseline(&self.pool, &row.stock_bucket_id)
             .await?
             .ok_or_else(|| ServiceError::BucketNotFound(row.stock_bucket_id.clone()))?;
-        self.ops.ensure_bucket(&baseline).await.map_err(|e| match e {
-            OpsError::Mysql(e) => ServiceError::Mysql(e),
-            other => ServiceError::OutcomeUnknown {
-                reservation_id: row.id,
-                status: ReservationStatus::Preparing,
-                reason: format!("initialising bucket {}: {other}", baseline.stock_bucket_id),
-            },
-        })
+        self.ops
+            .ensure_bucket(&baseline)
+            .await
+            .map_err(|e| match e {
+                OpsError::Mysql(e) => ServiceError::Mysql(e),
+                other => ServiceError::OutcomeUnknown {
+                    reservation_id: row.id,
+                    status: ReservationStatus::Preparing,
+                    reason: format!("initialising bucket {}: {other}", baseline.stock_bucket_id),
+                },
+            })
     }
 }
 

@@ -11,8 +11,7 @@ use stocksvr_core::events::OrderType;
 use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_reservation::operations::{self, init_operation_id};
 use stocksvr_reservation::{
-    IntentOutcome, OpsConfig, OpsError, ReservationService, ServiceConfig, ServiceError,
-    TryRequest,
+    IntentOutcome, OpsConfig, OpsError, ReservationService, ServiceConfig, ServiceError, TryRequest,
 };
 use stocksvr_store::lua::{BucketKeys, LuaExecutor, StockNumbers};
 use stocksvr_store::reservations::{self as repo, Baseline};
@@ -32,7 +31,12 @@ fn seed() -> u64 {
         .expect("clock")
         .as_nanos();
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (nanos, std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)).hash(&mut h);
+    (
+        nanos,
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+    )
+        .hash(&mut h);
     h.finish()
 }
 
@@ -134,7 +138,12 @@ impl Ops {
     }
 
     async fn status(&self, id: u64) -> String {
-        self.service.get(id).await.expect("get").expect("row").status
+        self.service
+            .get(id)
+            .await
+            .expect("get")
+            .expect("row")
+            .status
     }
 
     async fn outbox_count(&self, event_type: &str) -> i64 {
@@ -193,7 +202,10 @@ async fn twenty_concurrent_first_trys_initialise_the_bucket_once() {
     assert_conserved(&n);
     let rows = f.wal_rows(&f.bucket(f.today)).await;
     assert_eq!(rows.len(), 1, "one WAL row for the bucket: {rows:?}");
-    assert_eq!(rows[0].operation_id, init_operation_id(&f.bucket(f.today), 1));
+    assert_eq!(
+        rows[0].operation_id,
+        init_operation_id(&f.bucket(f.today), 1)
+    );
     assert_eq!(rows[0].status(), Some(wal::WalStatus::Succeeded));
     assert_eq!(f.outbox_count("StockBucketInitialized").await, 1);
     assert_eq!(f.outbox_count("InventoryRedisReserved").await, 20);
@@ -234,7 +246,10 @@ async fn a_dead_workers_lease_is_taken_over_after_expiry_and_applied_once() {
         // The lease is live: no other worker touches the row.
         let report = f.service.ops().work_once(10).await.expect("round");
         assert_eq!(report.succeeded, 0, "a live lease is respected");
-        let row = wal::find_by_op(&f.pool, &op).await.expect("find").expect("row");
+        let row = wal::find_by_op(&f.pool, &op)
+            .await
+            .expect("find")
+            .expect("row");
         assert_eq!(row.lease_owner.as_deref(), Some("killed-worker"));
 
         // Past the expiry the row is taken over and completed once.
@@ -247,15 +262,30 @@ async fn a_dead_workers_lease_is_taken_over_after_expiry_and_applied_once() {
             assert!(tokio::time::Instant::now() < deadline, "never taken over");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let row = wal::find_by_op(&f.pool, &op).await.expect("find").expect("row");
+        let row = wal::find_by_op(&f.pool, &op)
+            .await
+            .expect("find")
+            .expect("row");
         assert_eq!(row.status(), Some(wal::WalStatus::Succeeded));
         let result: serde_json::Value =
             serde_json::from_str(row.result_payload.as_deref().expect("result")).expect("json");
         assert_eq!(result["replayed"], serde_json::json!(redis_ran));
         let n = f.redis(day).await.expect("bucket");
-        assert_eq!((n.total, n.available, n.version), (40, 40, 1), "applied once");
+        assert_eq!(
+            (n.total, n.available, n.version),
+            (40, 40, 1),
+            "applied once"
+        );
         // Nothing is left for a further round.
-        assert_eq!(f.service.ops().work_once(10).await.expect("round").succeeded, 0);
+        assert_eq!(
+            f.service
+                .ops()
+                .work_once(10)
+                .await
+                .expect("round")
+                .succeeded,
+            0
+        );
     }
     assert_eq!(f.outbox_count("StockBucketInitialized").await, 2);
 }
@@ -272,25 +302,40 @@ async fn adjusting_below_reserved_plus_sold_leaves_zero_available_and_a_deficit(
         .expect("init");
     assert!(init.succeeded(), "{init:?}");
     let sold = f.reserve(1, 20).await;
-    assert_eq!(done(f.service.confirm(sold).await.expect("confirm")), "CONFIRMED");
+    assert_eq!(
+        done(f.service.confirm(sold).await.expect("confirm")),
+        "CONFIRMED"
+    );
     let held = f.reserve(2, 10).await;
 
     // Up first: 100 -> 120 adds 20 to available.
     let up = f.service.ops().adjust(&bucket, 120).await.expect("adjust");
     assert!(up.succeeded(), "{up:?}");
     let n = f.redis(f.today).await.expect("bucket");
-    assert_eq!((n.total, n.available, n.reserved, n.sold, n.deficit), (120, 90, 10, 20, 0));
+    assert_eq!(
+        (n.total, n.available, n.reserved, n.sold, n.deficit),
+        (120, 90, 10, 20, 0)
+    );
 
     // Then below what was accepted: available 0, deficit 10, nothing cancelled.
     let down = f.service.ops().adjust(&bucket, 20).await.expect("adjust");
     assert!(down.succeeded(), "{down:?}");
     let n = f.redis(f.today).await.expect("bucket");
-    assert_eq!((n.total, n.available, n.reserved, n.sold, n.deficit), (20, 0, 10, 20, 10));
+    assert_eq!(
+        (n.total, n.available, n.reserved, n.sold, n.deficit),
+        (20, 0, 10, 20, 10)
+    );
     assert_conserved(&n);
-    assert_eq!(down.result.as_ref().expect("result")["after"]["deficit"], 10);
+    assert_eq!(
+        down.result.as_ref().expect("result")["after"]["deficit"],
+        10
+    );
     assert_eq!(f.status(sold).await, "CONFIRMED");
     assert_eq!(f.status(held).await, "RESERVED");
-    let b = repo::find_baseline(&f.pool, &bucket).await.expect("b").expect("baseline");
+    let b = repo::find_baseline(&f.pool, &bucket)
+        .await
+        .expect("b")
+        .expect("baseline");
     assert_eq!((b.total_stock, b.baseline_version), (20, 3));
 
     // The event the projector books: the deficit, the reason and the available delta.
@@ -311,7 +356,10 @@ async fn adjusting_below_reserved_plus_sold_leaves_zero_available_and_a_deficit(
     // A new Try finds nothing to sell; the cancel of the held one pays the deficit down first.
     let reply = f.service.try_reserve(&f.request(3, 1)).await.expect("try");
     assert_eq!(reply.reservation.status, "REJECTED");
-    assert_eq!(done(f.service.cancel(held).await.expect("cancel")), "CANCELED");
+    assert_eq!(
+        done(f.service.cancel(held).await.expect("cancel")),
+        "CANCELED"
+    );
     let n = f.redis(f.today).await.expect("bucket");
     assert_conserved(&n);
     assert_eq!((n.reserved, n.sold), (0, 20));
@@ -354,14 +402,23 @@ async fn a_closed_bucket_refuses_trys_but_settles_reservations_and_archives_only
     }
 
     // Existing reservations still settle.
-    assert_eq!(done(f.service.confirm(to_confirm).await.expect("c")), "CONFIRMED");
-    assert_eq!(done(f.service.cancel(to_cancel).await.expect("c")), "CANCELED");
+    assert_eq!(
+        done(f.service.confirm(to_confirm).await.expect("c")),
+        "CONFIRMED"
+    );
+    assert_eq!(
+        done(f.service.cancel(to_cancel).await.expect("c")),
+        "CANCELED"
+    );
     let n = f.redis(f.today).await.expect("bucket");
     assert_eq!((n.available, n.reserved, n.sold), (47, 0, 3));
 
     let archived = f.service.ops().archive(&bucket).await.expect("archive");
     assert!(archived.succeeded(), "{archived:?}");
-    let b = repo::find_baseline(&f.pool, &bucket).await.expect("b").expect("baseline");
+    let b = repo::find_baseline(&f.pool, &bucket)
+        .await
+        .expect("b")
+        .expect("baseline");
     assert_eq!(b.bucket_status, 30);
     assert_eq!(
         f.redis(f.today).await.expect("bucket").state.as_str(),
@@ -379,7 +436,10 @@ async fn a_closed_bucket_refuses_trys_but_settles_reservations_and_archives_only
         .query_async(&mut conn)
         .await
         .expect("ttl");
-    assert!((3500..=3600).contains(&ttl), "archived key expires: ttl {ttl}");
+    assert!(
+        (3500..=3600).contains(&ttl),
+        "archived key expires: ttl {ttl}"
+    );
     // An adjust of an archived bucket is refused before anything is written.
     match f.service.ops().adjust(&bucket, 10).await {
         Err(OpsError::Refused(Refusal::Archived(_))) => {}
@@ -400,24 +460,42 @@ async fn cancel_and_refund_on_a_later_day_return_stock_to_their_own_day() {
         .expect("init today");
     let to_cancel = f.reserve(1, 5).await;
     let to_refund = f.reserve(2, 7).await;
-    assert_eq!(done(f.service.confirm(to_refund).await.expect("c")), "CONFIRMED");
+    assert_eq!(
+        done(f.service.confirm(to_refund).await.expect("c")),
+        "CONFIRMED"
+    );
     // Midnight passed: the daily job created the next day's bucket, and today's closed.
     f.service
         .ops()
         .init_bucket(&f.baseline(tomorrow, 30))
         .await
         .expect("init tomorrow");
-    f.service.ops().close(&f.bucket(f.today)).await.expect("close");
+    f.service
+        .ops()
+        .close(&f.bucket(f.today))
+        .await
+        .expect("close");
 
-    assert_eq!(done(f.service.cancel(to_cancel).await.expect("cancel")), "CANCELED");
     assert_eq!(
-        done(f.service.refund(to_refund, None, None).await.expect("refund")),
+        done(f.service.cancel(to_cancel).await.expect("cancel")),
+        "CANCELED"
+    );
+    assert_eq!(
+        done(
+            f.service
+                .refund(to_refund, None, None)
+                .await
+                .expect("refund")
+        ),
         "REFUNDED"
     );
     let own = f.redis(f.today).await.expect("today");
     assert_eq!((own.available, own.reserved, own.sold), (30, 0, 0));
     let next = f.redis(tomorrow).await.expect("tomorrow");
-    assert_eq!((next.total, next.available, next.reserved, next.sold), (30, 30, 0, 0));
+    assert_eq!(
+        (next.total, next.available, next.reserved, next.sold),
+        (30, 30, 0, 0)
+    );
     assert_eq!(next.version, 1, "the next day's bucket was never touched");
 }
 
@@ -457,7 +535,10 @@ async fn the_daily_job_prepares_tomorrow_before_midnight_once() {
             .await
             .expect("b")
             .expect("baseline");
-        assert_eq!((b.total_stock, b.baseline_version, b.bucket_status), (25, 1, 10));
+        assert_eq!(
+            (b.total_stock, b.baseline_version, b.bucket_status),
+            (25, 1, 10)
+        );
     }
     // Again: nothing new.
     let again = f
@@ -510,10 +591,17 @@ async fn an_operation_that_cannot_succeed_goes_dead_with_an_alert_and_can_be_ret
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(dead.retry_count, 2);
-    assert!(dead.last_error.as_deref().unwrap_or("").contains("reserved"));
+    assert!(dead
+        .last_error
+        .as_deref()
+        .unwrap_or("")
+        .contains("reserved"));
     assert_eq!(f.outbox_count("InventoryOperationDead").await, 1);
     // Dead rows are not picked up again by the worker.
-    assert_eq!(f.service.ops().work_once(10).await.expect("round").failed, 0);
+    assert_eq!(
+        f.service.ops().work_once(10).await.expect("round").failed,
+        0
+    );
     // Once Redis is right again, the operator's retry finishes it.
     let keys = BucketKeys::new(f.merchant_id, f.dish_id, &f.today.to_string()).expect("keys");
     let id: u64 = sqlx::query_as::<_, (u64,)>("SELECT id FROM inventory_reservation LIMIT 1")

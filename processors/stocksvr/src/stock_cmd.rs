@@ -116,12 +116,18 @@ fn operation_exit(view: &WalView) -> ExitCode {
 }
 
 fn check_bucket(id: &str) -> anyhow::Result<()> {
-    bucket::parse_bucket_id(id).map(|_| ()).map_err(|e| anyhow::anyhow!("bucket id {id:?}: {e}"))
+    bucket::parse_bucket_id(id)
+        .map(|_| ())
+        .map_err(|e| anyhow::anyhow!("bucket id {id:?}: {e}"))
 }
 
 pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result<ExitCode> {
     let (pool, lua) = connect(settings).await?;
-    let ops = StockOps::new(pool.clone(), lua, crate::reservation_boot::ops_config(settings));
+    let ops = StockOps::new(
+        pool.clone(),
+        lua,
+        crate::reservation_boot::ops_config(settings),
+    );
     let view = match action {
         BucketAction::Init {
             merchant_id,
@@ -130,7 +136,10 @@ pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result
             total,
             timezone,
         } => {
-            anyhow::ensure!(merchant_id > 0 && dish_id > 0, "--merchant-id and --dish-id must be positive");
+            anyhow::ensure!(
+                merchant_id > 0 && dish_id > 0,
+                "--merchant-id and --dish-id must be positive"
+            );
             anyhow::ensure!(total >= 0, "--total must not be negative");
             let tz = bucket::parse_timezone(&timezone)?;
             let date = match date {
@@ -194,18 +203,27 @@ pub async fn operations(settings: &Settings, action: OpsAction) -> anyhow::Resul
             limit,
         } => {
             let statuses = if status.is_empty() {
-                vec![WalStatus::Init, WalStatus::Executing, WalStatus::Retry, WalStatus::Dead]
+                vec![
+                    WalStatus::Init,
+                    WalStatus::Executing,
+                    WalStatus::Retry,
+                    WalStatus::Dead,
+                ]
             } else {
                 status
                     .iter()
                     .map(|s| {
                         WalStatus::parse(s).ok_or_else(|| {
-                            anyhow::anyhow!("--status {s:?}: INIT, EXECUTING, SUCCEEDED, RETRY or DEAD")
+                            anyhow::anyhow!(
+                                "--status {s:?}: INIT, EXECUTING, SUCCEEDED, RETRY or DEAD"
+                            )
                         })
                     })
                     .collect::<anyhow::Result<_>>()?
             };
-            let rows = ops.list(&statuses, bucket.as_deref(), limit.clamp(1, 1000)).await?;
+            let rows = ops
+                .list(&statuses, bucket.as_deref(), limit.clamp(1, 1000))
+                .await?;
             eprintln!("{} operation(s)", rows.len());
             print(&rows)?;
             Ok(ExitCode::SUCCESS)

@@ -152,7 +152,10 @@ pub enum Refusal {
     #[error("bucket {0} is archived")]
     Archived(String),
     #[error("bucket {bucket} must be CLOSED before it is archived (it is {status})")]
-    NotClosed { bucket: String, status: &'static str },
+    NotClosed {
+        bucket: String,
+        status: &'static str,
+    },
     #[error("bucket {bucket} still has {open} unfinished reservation(s); archive waits for them")]
     OpenReservations { bucket: String, open: i64 },
     #[error(transparent)]
@@ -299,11 +302,7 @@ where
 /// Closing a bucket, first half: new Trys are refused from the moment this commits (the Try
 /// path reads the baseline status); the CLOSE WAL row then carries the state to Redis, where
 /// a Try already past the baseline check is refused by the script.
-pub async fn begin_close(
-    pool: &MySqlPool,
-    bucket: &str,
-    wal: NewWal,
-) -> Result<WalRow, Refusal> {
+pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<WalRow, Refusal> {
     let mut tx = pool.begin().await?;
     let b = baseline_for_update(&mut tx, bucket)
         .await?
@@ -362,11 +361,7 @@ pub async fn count_open_reservations<'e, E: sqlx::MySqlExecutor<'e>>(
 /// Archiving, first half: only a CLOSED bucket without unfinished reservations. The bucket
 /// is CLOSED, so no new reservation can appear in it (a Try racing the close is refused by
 /// the script, never left open).
-pub async fn begin_archive(
-    pool: &MySqlPool,
-    bucket: &str,
-    wal: NewWal,
-) -> Result<WalRow, Refusal> {
+pub async fn begin_archive(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<WalRow, Refusal> {
     let mut tx = pool.begin().await?;
     let b = baseline_for_update(&mut tx, bucket)
         .await?
@@ -404,7 +399,10 @@ async fn find_by_op_in(
     .await
 }
 
-pub async fn find_by_op(pool: &MySqlPool, operation_id: &str) -> Result<Option<WalRow>, sqlx::Error> {
+pub async fn find_by_op(
+    pool: &MySqlPool,
+    operation_id: &str,
+) -> Result<Option<WalRow>, sqlx::Error> {
     sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM inventory_operation_wal WHERE operation_id = ?"
     ))
@@ -617,7 +615,11 @@ pub async fn list(
         WalStatus::Retry,
         WalStatus::Dead,
     ];
-    let statuses = if statuses.is_empty() { &all[..] } else { statuses };
+    let statuses = if statuses.is_empty() {
+        &all[..]
+    } else {
+        statuses
+    };
     let marks = vec!["?"; statuses.len()].join(", ");
     let bucket_filter = if bucket.is_some() {
         " AND stock_bucket_id = ?"
@@ -700,7 +702,10 @@ pub struct Snapshot {
     pub updated_at: NaiveDateTime,
 }
 
-pub async fn find_snapshot(pool: &MySqlPool, bucket: &str) -> Result<Option<Snapshot>, sqlx::Error> {
+pub async fn find_snapshot(
+    pool: &MySqlPool,
+    bucket: &str,
+) -> Result<Option<Snapshot>, sqlx::Error> {
     sqlx::query_as(
         "SELECT stock_bucket_id, total_stock, available_stock, reserved_stock, sold_stock, \
          deficit_stock, redis_version, updated_at FROM dish_stock_snapshot WHERE stock_bucket_id = ?",

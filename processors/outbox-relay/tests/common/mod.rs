@@ -179,10 +179,9 @@ pub struct Record {
 }
 
 pub fn example_json(stem: &str) -> Result<Json> {
-    let path = format!(
-        "{}/../../schemas/examples/{stem}.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let dir =
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    let path = format!("{dir}/../../schemas/examples/{stem}.json");
     let text = std::fs::read_to_string(&path).with_context(|| path.clone())?;
     Ok(serde_json::from_str(&text)?)
 }

@@ -6,10 +6,14 @@ use serde_json::{json, Value as Json};
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::json::json_to_avro;
 
-const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../schemas/examples");
+/// The crate's directory, read when the test runs: a test binary reused from a shared target
+/// dir may have been compiled in a checkout at another path, so `env!` could point elsewhere.
+fn manifest_dir() -> String {
+    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
+}
 
 fn example(file: &str) -> Json {
-    let path = format!("{EXAMPLES}/{file}.json");
+    let path = format!("{}/../../schemas/examples/{file}.json", manifest_dir());
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }

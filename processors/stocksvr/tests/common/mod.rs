@@ -21,9 +21,12 @@ pub fn settings() -> Settings {
 }
 
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .canonicalize()
-        .expect("repo root")
+    PathBuf::from(
+        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into()),
+    )
+    .join("../..")
+    .canonicalize()
+    .expect("repo root")
 }
 
 /// A name no other test or run uses: tests get their own topics, groups and databases.
