@@ -52,7 +52,8 @@ pub fn stocksvr() -> Command {
 }
 
 /// Runs `cmd` to completion but kills it after `limit`, so a hung client (a Python
-/// interop script, say) fails its test instead of stalling the whole suite.
+/// interop script, say) fails its test instead of stalling the whole suite. Both pipes are
+/// drained while it runs: a child that fills a pipe buffer would otherwise block for ever.
 pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
     use std::io::Read;
     let mut child = cmd
@@ -60,6 +61,27 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("command starts");
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let deadline = Instant::now() + limit;
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait") {
@@ -68,21 +90,18 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{cmd:?} did not finish within {limit:?}");
+            let err = stderr.join().unwrap_or_default();
+            panic!(
+                "{cmd:?} did not finish within {limit:?}; its stderr:\n{}",
+                String::from_utf8_lossy(&err)
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    if let Some(mut out) = child.stdout.take() {
-        let _ = out.read_to_end(&mut stdout);
-    }
-    if let Some(mut err) = child.stderr.take() {
-        let _ = err.read_to_end(&mut stderr);
-    }
     Output {
         status,
-        stdout,
-        stderr,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
     }
 }
 
