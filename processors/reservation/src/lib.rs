@@ -9,6 +9,7 @@
 //! status that [`ReservationService::resume`] continues with the same operation id.
 
 mod error;
+mod failpoint;
 mod outbox;
 pub mod recovery;
 mod service;
