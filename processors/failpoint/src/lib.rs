@@ -122,7 +122,9 @@ mod registry {
 
     /// Exclusive use of the failpoints for one test: waits for any other scenario of this
     /// process to end, starts with every point disarmed and disarms them all when dropped
-    /// (also when the test panics).
+    /// (also when the test panics). A test holds it across `.await`s on purpose: each
+    /// `#[tokio::test]` runs on a runtime and thread of its own, so waiting for it blocks
+    /// only the other test that wants the failpoints, never a runtime it shares.
     pub struct Scenario {
         _exclusive: MutexGuard<'static, ()>,
     }
