@@ -12,13 +12,13 @@
 //!
 //! | §10.2 window | where | tests |
 //! |---|---|---|
-//! | 1. reservation insert fails: no row, the order service retries | `try.before_insert` | [`window_1_a_try_that_died_before_its_insert_is_retried_and_reserves_once`] |
-//! | 2. inserted, Redis not run: PREPARING, the worker runs Redis | `try.before_redis` | [`window_2_a_try_left_preparing_is_finished_by_the_worker`]; also `service.rs` `recovery_resumes_each_interrupted_step_once` (row A) |
-//! | 3. Redis ran, the client timed out: retry with the same operation id | `<step>.reply_lost` | [`window_3_a_lost_redis_reply_is_answered_by_the_op_record`] (in-call retry, the order service's retry, the worker; every step) |
-//! | 4. Redis ran, the MySQL commit failed: the worker hits the op record | `<step>.before_commit` | [`window_4_redis_applied_mysql_not_committed_is_completed_once`] (every step); [`a_worker_that_dies_mid_recovery_is_followed_by_one_that_finishes_once`]; also `service.rs` `lua_succeeded_mysql_not_updated_resumes_without_reserving_twice` |
+//! | 1. reservation insert fails: no row, the order service retries | `try.before_insert` | `window_1_a_try_that_died_before_its_insert_is_retried_and_reserves_once` |
+//! | 2. inserted, Redis not run: PREPARING, the worker runs Redis | `try.before_redis` | `window_2_a_try_left_preparing_is_finished_by_the_worker`; also `service.rs` `recovery_resumes_each_interrupted_step_once` (row A) |
+//! | 3. Redis ran, the client timed out: retry with the same operation id | `<step>.reply_lost` | `window_3_a_lost_redis_reply_is_answered_by_the_op_record` (in-call retry, the order service's retry, the worker; every step) |
+//! | 4. Redis ran, the MySQL commit failed: the worker hits the op record | `<step>.before_commit` | `window_4_redis_applied_mysql_not_committed_is_completed_once` (every step); `a_worker_that_dies_mid_recovery_is_followed_by_one_that_finishes_once`; also `service.rs` `lua_succeeded_mysql_not_updated_resumes_without_reserving_twice` |
 //! | 5. MySQL committed, Kafka not sent: outbox PENDING, the relay retries | relay `relay.before_publish` | `processors/stocksvr/tests/outbox_windows.rs` `a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once`; also `outbox-relay/tests/relay.rs` `a_sending_row_with_an_expired_lease_is_published_by_the_next_relay` and `a_row_that_does_not_fit_its_schema_is_retried_and_does_not_block_others` |
 //! | 6. Kafka sent, outbox not marked: duplicate on Kafka, the inbox dedupes | relay `relay.after_publish` | the same `outbox_windows.rs` test (one ledger row per operation); also `projector/tests/handler.rs` `duplicates_in_one_batch_and_across_batches_change_nothing`, `projector/tests/end_to_end.rs`, `stocksvr/tests/projector_kill.rs` |
-//! | 7. the process exits during Confirm/Cancel/Refund: the worker continues | `<step>.before_redis`, `<step>.before_commit` | [`window_7_confirm_cancel_refund_interrupted_are_continued_by_the_worker`] and the non-Try rows of windows 3 and 4; also `service.rs` `recovery_resumes_each_interrupted_step_once` (row C) |
+//! | 7. the process exits during Confirm/Cancel/Refund: the worker continues | `<step>.before_redis`, `<step>.before_commit` | `window_7_confirm_cancel_refund_interrupted_are_continued_by_the_worker` and the non-Try rows of windows 3 and 4; also `service.rs` `recovery_resumes_each_interrupted_step_once` (row C) |
 
 mod common;
 
