@@ -79,6 +79,8 @@ impl OutboxRelay {
         if claim.rows.is_empty() {
             return Ok(RelayReport::default());
         }
+        // Seed §10.2 window 5 in tests: claimed (SENDING under a lease), nothing published.
+        crash_point("relay.before_publish")?;
         let outcomes = publish_batch(
             &self.codec,
             &self.producer,
@@ -126,6 +128,8 @@ impl OutboxRelay {
                 }
             }
         }
+        // Seed §10.2 window 6 in tests: the broker acknowledged, the rows are not marked SENT.
+        crash_point("relay.after_publish")?;
         // The broker has the records now; losing this write would only mean publishing them
         // again after the lease, so it is worth a few quick retries.
         let lease_until = claim.lease_until;
@@ -262,6 +266,12 @@ impl OutboxRelay {
         }
         Ok(())
     }
+}
+
+/// A crash injected by a test (inert outside test builds, see `stocksvr-failpoint`): the
+/// round ends there and writes nothing more, as a killed relay would.
+fn crash_point(point: &'static str) -> Result<(), RelayError> {
+    stocksvr_failpoint::hit(point).map_err(|e| RelayError::Mysql(sqlx::Error::Io(e.into_io())))
 }
 
 /// Stop when asked, or when nobody is left who could ask.

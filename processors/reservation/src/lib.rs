@@ -9,6 +9,7 @@
 //! status that [`ReservationService::resume`] continues with the same operation id.
 
 mod error;
+mod failpoint;
 pub mod operations;
 mod outbox;
 pub mod recovery;

@@ -1,6 +1,7 @@
 //! The operations. See the crate docs for the shape every one of them follows.
 
 use crate::error::ServiceError;
+use crate::failpoint::{self, Place};
 use crate::operations::{OpsConfig, OpsError, StockOps};
 use crate::outbox::{self, Deltas};
 use crate::view::{ReservationView, StuckView};
@@ -355,6 +356,7 @@ impl ReservationService {
             expire_at: (expire_from + self.config.hold_ttl).naive_utc(),
             try_operation_id: rules::try_operation_id(id),
         };
+        failpoint::hit("try.before_insert")?;
         match repo::insert_preparing(&self.pool, &new).await? {
             InsertOutcome::Inserted => {}
             // A concurrent duplicate of this Try inserted first.
@@ -696,6 +698,7 @@ impl ReservationService {
                 ))),
             }
         };
+        let call = || async { failpoint::reply_lost(status, op, call().await) };
         // UNKNOWN is retried with the same operation id: the op record turns an already
         // applied step into a replay of its first result, so a retry can never apply twice.
         call.retry(backoff)
@@ -712,6 +715,7 @@ impl ReservationService {
         if !status.is_intermediate() {
             return Ok(row);
         }
+        failpoint::at(status, Place::BeforeRedis)?;
         let keys = BucketKeys::new(row.merchant_id, row.dish_id, &row.stock_date.to_string())
             .map_err(|e| ServiceError::Inconsistent {
                 reservation_id: row.id,
@@ -789,6 +793,7 @@ impl ReservationService {
             }
         };
         if let Some(completion) = completion {
+            failpoint::at(status, Place::BeforeCommit)?;
             let landed = if status == ReservationStatus::Refunding {
                 repo::complete_refund(&self.pool, &row, &completion).await?
             } else {

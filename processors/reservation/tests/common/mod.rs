@@ -1,0 +1,198 @@
+//! The fixture the reservation tests share: a fresh database per test and a merchant (so
+//! Redis bucket keys) of its own, against the real MariaDB and Redis of the local stack.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use chrono::{NaiveDate, Utc};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use stocksvr_core::bucket::BucketKey;
+use stocksvr_core::events::OrderType;
+use stocksvr_core::reservation::try_operation_id;
+use stocksvr_core::snowflake::SnowflakeGenerator;
+use stocksvr_reservation::{ReservationService, ServiceConfig, TryRequest};
+use stocksvr_store::lua::{BucketKeys, LuaExecutor};
+use stocksvr_store::reservations::{self as repo, Baseline, InsertOutcome, NewReservation};
+
+fn env_or(key: &str, default: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| default.to_string())
+}
+
+/// Distinct for every call in every process: tests run in parallel and share Redis, so
+/// the merchant (hence the bucket keys) of each fixture must not collide.
+pub fn seed() -> u64 {
+    use std::hash::{Hash, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        nanos,
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+    )
+        .hash(&mut h);
+    h.finish()
+}
+
+pub struct Fixture {
+    pub service: Arc<ReservationService>,
+    pub lua: Arc<LuaExecutor>,
+    pub pool: sqlx::MySqlPool,
+    pub merchant_id: u64,
+    pub dish_id: u64,
+    pub today: NaiveDate,
+}
+
+impl Fixture {
+    pub async fn new(total: i64) -> Self {
+        Self::with_config(total, ServiceConfig::default()).await
+    }
+
+    pub async fn with_config(total: i64, config: ServiceConfig) -> Self {
+        let base = env_or(
+            "STOCKSVR__MYSQL__URL",
+            "mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr",
+        );
+        let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
+        let s = seed();
+        let db = format!("stocksvr_rsv_{}", s % 1_000_000_000_000);
+        sqlx::query(&format!("CREATE DATABASE `{db}`"))
+            .execute(&admin)
+            .await
+            .expect("create db");
+        let (prefix, _) = base.rsplit_once('/').expect("db path");
+        let pool =
+            stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 32, Duration::from_secs(30))
+                .expect("pool");
+        stocksvr_store::migrate(&pool).await.expect("migrate");
+        let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
+        let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
+            .await
+            .expect("redis");
+        let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
+        let ids = SnowflakeGenerator::new((s % 1024) as u16).expect("worker id");
+        let merchant_id = 1_000_000 + s % 1_000_000_000;
+        let dish_id = 77;
+        let today = Utc::now().date_naive();
+        repo::set_merchant_timezone(&pool, merchant_id, "UTC")
+            .await
+            .expect("tz");
+        let fixture = Self {
+            service: Arc::new(ReservationService::new(
+                pool.clone(),
+                lua.clone(),
+                ids,
+                config,
+            )),
+            lua,
+            pool,
+            merchant_id,
+            dish_id,
+            today,
+        };
+        fixture.baseline(today, total).await;
+        fixture
+    }
+
+    pub async fn baseline(&self, date: NaiveDate, total: i64) {
+        let key = BucketKey::new(self.merchant_id, self.dish_id, date);
+        repo::ensure_baseline(
+            &self.pool,
+            &Baseline {
+                stock_bucket_id: key.stock_bucket_id(),
+                merchant_id: self.merchant_id,
+                dish_id: self.dish_id,
+                stock_date: date,
+                timezone: "UTC".into(),
+                total_stock: total,
+                baseline_version: 1,
+                stock_status: 1,
+                bucket_status: 10,
+            },
+        )
+        .await
+        .expect("baseline");
+    }
+
+    pub fn keys(&self) -> BucketKeys {
+        BucketKeys::new(self.merchant_id, self.dish_id, &self.today.to_string()).expect("keys")
+    }
+
+    pub fn request(&self, item: u64, quantity: u32) -> TryRequest {
+        TryRequest {
+            order_id: 5_000 + item / 10,
+            order_item_id: item,
+            merchant_id: self.merchant_id,
+            dish_id: self.dish_id,
+            quantity,
+            order_type: OrderType::Instant,
+            processing_time: None,
+        }
+    }
+
+    pub async fn numbers(&self) -> (i64, i64, i64, i64) {
+        let n = self
+            .lua
+            .read_bucket(&self.keys())
+            .await
+            .expect("read")
+            .expect("bucket exists");
+        (n.total, n.available, n.reserved, n.sold)
+    }
+
+    pub async fn reserve(&self, item: u64, quantity: u32) -> u64 {
+        let reply = self
+            .service
+            .try_reserve(&self.request(item, quantity))
+            .await
+            .expect("try");
+        assert_eq!(reply.reservation.status, "RESERVED");
+        reply.reservation.reservation_id.parse().expect("id")
+    }
+
+    pub async fn status(&self, id: u64) -> String {
+        self.service
+            .get(id)
+            .await
+            .expect("get")
+            .expect("exists")
+            .status
+    }
+
+    /// A PREPARING row whose Try has not reached Redis, as a crash right after the insert leaves it.
+    pub async fn preparing(&self, id: u64, item: u64, quantity: u32) {
+        let key = BucketKey::new(self.merchant_id, self.dish_id, self.today);
+        let now = Utc::now().naive_utc();
+        let new = NewReservation {
+            id,
+            order_id: 9_000,
+            order_item_id: item,
+            merchant_id: self.merchant_id,
+            dish_id: self.dish_id,
+            stock_bucket_id: key.stock_bucket_id(),
+            stock_date: self.today,
+            quantity,
+            order_type: 1,
+            processing_time: None,
+            expire_at: now,
+            try_operation_id: try_operation_id(id),
+        };
+        assert_eq!(
+            repo::insert_preparing(&self.pool, &new)
+                .await
+                .expect("insert"),
+            InsertOutcome::Inserted
+        );
+    }
+}
+
+/// Makes every intermediate row due for recovery now (as if its grace or backoff passed).
+pub async fn make_due(pool: &sqlx::MySqlPool) {
+    sqlx::query("UPDATE inventory_reservation SET next_retry_at = NOW(3) - INTERVAL 1 SECOND")
+        .execute(pool)
+        .await
+        .expect("due");
+}

@@ -1,0 +1,326 @@
+//! Seed §10.2 windows 5 and 6 from the reservation service to the ledger: the outbox rows a
+//! real Try, Confirm, partial Refund and Cancel committed are relayed by a relay that dies
+//! twice (failpoints, live in test builds only): once after claiming and before publishing
+//! (window 5: MySQL committed, Kafka not sent), once after the broker's acknowledgement and
+//! before marking the rows SENT (window 6: every event is on Kafka twice under the same
+//! event_id). The next relay publishes what was left; the projector, consuming all of it,
+//! books exactly one ledger row per Redis operation and dedupes every copy in its inbox.
+//! The mapping of every §10.2 window to its tests is in
+//! `processors/reservation/tests/failure_windows.rs`.
+
+mod common;
+
+use common::api::shop;
+use futures::future::{BoxFuture, FutureExt};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use stocksvr_core::events::topics;
+use stocksvr_core::reservation::{
+    cancel_operation_id, confirm_operation_id, refund_operation_id, try_operation_id,
+};
+use stocksvr_core::snowflake::SnowflakeGenerator;
+use stocksvr_failpoint::{is_injected, scenario, Action};
+use stocksvr_outbox_relay::{status, OutboxRelay, RelayConfig};
+use stocksvr_pipeline::catalog::Catalog;
+use stocksvr_pipeline::codec::AvroCodec;
+use stocksvr_pipeline::consumer::{self, Applied, Failure, Handler, LoopConfig, Record};
+use stocksvr_pipeline::deadletter::dead_letter_topic;
+use stocksvr_projector::{loop_config, Projector};
+use stocksvr_reservation::{
+    IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest,
+};
+use stocksvr_store::lua::{BucketKeys, LuaExecutor};
+use tokio::sync::watch;
+
+const PARTITIONS: i32 = 3;
+
+/// The projector, tallying what it answered for each record handed to it.
+struct Tally {
+    inner: Projector,
+    answers: Mutex<Vec<Applied>>,
+}
+
+impl Tally {
+    fn answers(&self) -> Vec<Applied> {
+        self.answers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Handler for Tally {
+    fn handle<'a>(
+        &'a self,
+        batch: &'a [Record],
+    ) -> BoxFuture<'a, Result<Vec<Result<Applied, Failure>>, Failure>> {
+        async move {
+            let results = self.inner.handle(batch).await?;
+            let mut answers = self
+                .answers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for r in &results {
+                answers.push(r.clone().expect("every relayed event projects"));
+            }
+            Ok(results)
+        }
+        .boxed()
+    }
+}
+
+async fn outbox_statuses(pool: &sqlx::MySqlPool) -> BTreeMap<i8, i64> {
+    let rows: Vec<(i8, i64)> =
+        sqlx::query_as("SELECT status, COUNT(*) FROM inventory_outbox GROUP BY status")
+            .fetch_all(pool)
+            .await
+            .expect("outbox statuses");
+    rows.into_iter().collect()
+}
+
+/// The dead relay's lease runs out (instead of waiting its 30 s).
+async fn expire_leases(pool: &sqlx::MySqlPool) {
+    sqlx::query(
+        "UPDATE inventory_outbox SET next_retry_at = NOW(3) - INTERVAL 1 SECOND WHERE status = ?",
+    )
+    .bind(status::SENDING)
+    .execute(pool)
+    .await
+    .expect("expire leases");
+}
+
+/// Records on `topic` (sum of the partitions' high watermarks).
+fn records_on(topic: &str) -> i64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer =
+        stocksvr_pipeline::kafka::client_config(&common::settings().kafka, "test-watermarks")
+            .set("group.id", common::unique("test-watermarks"))
+            .create()
+            .expect("consumer");
+    (0..PARTITIONS)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("watermarks")
+                .1
+        })
+        .sum()
+}
+
+fn done(outcome: IntentOutcome) {
+    assert!(
+        matches!(outcome, IntentOutcome::Done { already: false, .. }),
+        "{outcome:?}"
+    );
+}
+
+fn id_of(reply: &TryReply) -> u64 {
+    assert_eq!(reply.reservation.status, "RESERVED");
+    reply.reservation.reservation_id.parse().expect("id")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once() {
+    let settings = common::settings();
+    let shop = shop(10).await;
+    let pool = stocksvr_store::mysql_pool(&shop.db_url, 8, Duration::from_secs(10)).expect("pool");
+    let redis = stocksvr_store::connect_redis(settings.redis.url.expose(), Duration::from_secs(5))
+        .await
+        .expect("redis");
+    let config = ServiceConfig::default();
+    let lua = Arc::new(LuaExecutor::new(redis, config.op_ttl));
+    let ids = SnowflakeGenerator::new((shop.merchant_id % 1024) as u16).expect("worker id");
+    let service = ReservationService::new(pool.clone(), lua.clone(), ids, config);
+    let fp = scenario();
+
+    // The reservation side commits its outbox rows: Try, Confirm and a partial Refund of
+    // one reservation, Try and Cancel of another.
+    let request = |item: u64, quantity: u32| TryRequest {
+        order_id: item,
+        order_item_id: item,
+        merchant_id: shop.merchant_id,
+        dish_id: shop.dish_id,
+        quantity,
+        order_type: stocksvr_core::events::OrderType::Instant,
+        processing_time: None,
+    };
+    let a = id_of(&service.try_reserve(&request(1, 3)).await.expect("try a"));
+    done(service.confirm(a).await.expect("confirm a"));
+    done(
+        service
+            .refund(a, Some("r1"), Some(1))
+            .await
+            .expect("refund a"),
+    );
+    let b = id_of(&service.try_reserve(&request(2, 2)).await.expect("try b"));
+    done(service.cancel(b).await.expect("cancel b"));
+    let operations = [
+        try_operation_id(a),
+        confirm_operation_id(a),
+        refund_operation_id(a, Some("r1")),
+        try_operation_id(b),
+        cancel_operation_id(b),
+    ];
+
+    // Topics of this test alone: the stock-change events for the projector, the lifecycle
+    // events beside them (the relay publishes those too), and the loop's dead-letter topic.
+    let stock_topic = common::unique("it-outbox-stock").replace('_', "-");
+    let lifecycle_topic = common::unique("it-outbox-lifecycle").replace('_', "-");
+    for topic in [&stock_topic, &lifecycle_topic] {
+        common::create_topic(topic, PARTITIONS).await;
+    }
+    common::create_topic(&dead_letter_topic(&stock_topic), 1).await;
+    sqlx::query("UPDATE inventory_outbox SET topic = IF(topic = ?, ?, ?)")
+        .bind(topics::STOCK_CHANGE)
+        .bind(&stock_topic)
+        .bind(&lifecycle_topic)
+        .execute(&pool)
+        .await
+        .expect("route to the test topics");
+    let (stock_rows,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM inventory_outbox WHERE topic = ?")
+            .bind(&stock_topic)
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+    assert_eq!(stock_rows, operations.len() as i64, "one per operation");
+    let rows: i64 = outbox_statuses(&pool).await.values().sum();
+    assert_eq!(
+        outbox_statuses(&pool).await,
+        BTreeMap::from([(status::PENDING, rows)])
+    );
+
+    let codec = AvroCodec::new(
+        &settings.registry,
+        Arc::new(Catalog::embedded().expect("catalog")),
+    )
+    .expect("codec");
+    let relay = || {
+        let producer = stocksvr_pipeline::kafka::producer(&settings.kafka, "it-outbox-windows")
+            .expect("producer");
+        OutboxRelay::new(
+            pool.clone(),
+            producer,
+            codec.clone(),
+            RelayConfig::default(),
+        )
+        .expect("relay")
+    };
+
+    // Window 5: the relay claims every row and dies before publishing.
+    fp.arm("relay.before_publish", Action::Crash);
+    let died = relay().relay_once().await;
+    assert!(matches!(&died, Err(e) if is_injected(e)), "{died:?}");
+    fp.disarm_all();
+    assert_eq!(
+        outbox_statuses(&pool).await,
+        BTreeMap::from([(status::SENDING, rows)]),
+        "claimed under a lease, nothing marked"
+    );
+    assert_eq!(records_on(&stock_topic) + records_on(&lifecycle_topic), 0);
+
+    // Window 6: the next relay (once the lease ran out) publishes every row and dies after
+    // the broker's acknowledgement, before marking them SENT.
+    expire_leases(&pool).await;
+    fp.arm("relay.after_publish", Action::Crash);
+    let died = relay().relay_once().await;
+    assert!(matches!(&died, Err(e) if is_injected(e)), "{died:?}");
+    fp.disarm_all();
+    assert_eq!(
+        outbox_statuses(&pool).await,
+        BTreeMap::from([(status::SENDING, rows)])
+    );
+    assert_eq!(
+        records_on(&stock_topic) + records_on(&lifecycle_topic),
+        rows,
+        "on Kafka, not marked"
+    );
+
+    // A third relay publishes them all again, same event ids, and marks them SENT.
+    expire_leases(&pool).await;
+    let report = relay().relay_once().await.expect("relay");
+    assert_eq!(
+        (report.claimed, report.sent),
+        (rows as usize, rows as usize)
+    );
+    assert_eq!(
+        outbox_statuses(&pool).await,
+        BTreeMap::from([(status::SENT, rows)])
+    );
+    assert_eq!(records_on(&stock_topic), 2 * stock_rows, "each event twice");
+    assert_eq!(relay().relay_once().await.expect("relay").claimed, 0);
+    drop(fp);
+
+    // The projector consumes every copy: each event applies once, its copy is a duplicate.
+    let mut kafka = settings.kafka.clone();
+    kafka.group_prefix = common::unique("it-outbox-windows");
+    let tally = Arc::new(Tally {
+        inner: Projector::new(pool.clone(), format!("{}.projector", kafka.group_prefix))
+            .expect("projector"),
+        answers: Mutex::new(Vec::new()),
+    });
+    let loop_config = LoopConfig {
+        topics: vec![stock_topic.clone()],
+        ..loop_config()
+    };
+    let (stop, stopped) = watch::channel(false);
+    let running = {
+        let (codec, tally) = (codec.clone(), tally.clone());
+        tokio::spawn(async move { consumer::run(&kafka, codec, loop_config, tally, stopped).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while (tally.answers().len() as i64) < 2 * stock_rows {
+        assert!(!running.is_finished(), "the projector loop stopped early");
+        assert!(
+            Instant::now() < deadline,
+            "not every copy projected in time: {:?}",
+            tally.answers()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.send(true).expect("stop");
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("the loop stops")
+        .expect("task")
+        .expect("the loop ends cleanly");
+
+    let answers = tally.answers();
+    let applied = answers.iter().filter(|a| **a == Applied::Applied).count();
+    let duplicate = answers.iter().filter(|a| **a == Applied::Duplicate).count();
+    assert_eq!(
+        (applied, duplicate),
+        (operations.len(), operations.len()),
+        "{answers:?}"
+    );
+    let ledger: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT operation_id, COUNT(*) FROM inventory_ledger GROUP BY operation_id ORDER BY operation_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("ledger");
+    let mut expected: Vec<(String, i64)> = operations.iter().map(|op| (op.clone(), 1)).collect();
+    expected.sort();
+    assert_eq!(ledger, expected, "one ledger row per operation");
+
+    // And the snapshot converged on Redis.
+    let keys = BucketKeys::new(
+        shop.merchant_id,
+        shop.dish_id,
+        &chrono::Utc::now().date_naive().to_string(),
+    )
+    .expect("keys");
+    let redis = lua.read_bucket(&keys).await.expect("read").expect("bucket");
+    assert_eq!(
+        (redis.total, redis.available, redis.reserved, redis.sold),
+        (10, 8, 0, 2)
+    );
+    let snapshot: (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT total_stock, available_stock, reserved_stock, sold_stock FROM dish_stock_snapshot",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("snapshot");
+    assert_eq!(snapshot, (10, 8, 0, 2));
+}
