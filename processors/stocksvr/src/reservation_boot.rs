@@ -1,7 +1,8 @@
 //! Brings the reservation service up inside `stocksvr all`: connects Redis, obtains a
 //! snowflake worker id (configured, or leased from MySQL and renewed), then installs the
 //! service into the API and runs the processors that need it (order-lifecycle and the
-//! reservation recovery worker and the stale-reservation watcher). Until then the API answers 503 (fail closed) and `/readyz` says
+//! reservation recovery worker and the stale-reservation watcher; scheduled confirms, whose
+//! time wheel order-lifecycle arms). Until then the API answers 503 (fail closed) and `/readyz` says
 //! which dependency is missing. A lost worker-id lease stops the process: minting ids
 //! another instance may also mint would break reservation-id uniqueness.
 
@@ -15,6 +16,7 @@ use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::config::Settings;
 use stocksvr_reservation::{ReservationService, ServiceConfig};
+use stocksvr_schedule::{ScheduleConfig, TimeWheel};
 use stocksvr_store::lua::LuaExecutor;
 use stocksvr_store::worker_lease::WorkerLease;
 use tokio::sync::watch;
@@ -58,9 +60,11 @@ pub async fn run(
     api: ApiState,
     codec: AvroCodec,
     outbox_waker: Option<Arc<tokio::sync::Notify>>,
+    processors: crate::serve::Processors,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let config = service_config(&settings)?;
+    let schedule = ScheduleConfig::from_settings(&settings.schedule)?;
     let backoff = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(500))
         .with_max_delay(Duration::from_secs(10))
@@ -90,13 +94,22 @@ pub async fn run(
         .context("no worker id")?;
     let ids = SnowflakeGenerator::new(worker_id)
         .map_err(|e| anyhow::anyhow!("reservation.worker_id: {e}"))?;
+    // Armed by order-lifecycle wherever it runs, fired by the schedule part wherever that runs.
+    let wheel = TimeWheel::new(
+        conn.clone(),
+        &settings.schedule.wheel_namespace,
+        settings.schedule.shards,
+    )
+    .map_err(anyhow::Error::msg)?;
     let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
     let mut service = ReservationService::new(pool.clone(), lua, ids, config);
-    if let Some(waker) = outbox_waker {
+    if let Some(waker) = outbox_waker.clone() {
         service = service.with_outbox_waker(waker);
     }
     let service = Arc::new(service);
-    api.install(service.clone());
+    if processors.reservations {
+        api.install(service.clone());
+    }
     tracing::info!(
         worker_id,
         leased = lease.is_some(),
@@ -105,9 +118,13 @@ pub async fn run(
 
     // The processors that need the reservation service start once it exists.
     let lifecycle = async {
-        let handler = Arc::new(stocksvr_order_lifecycle::OrderLifecycle::new(
-            service.clone(),
-        ));
+        if !processors.reservations {
+            return Ok(());
+        }
+        let handler = Arc::new(
+            stocksvr_order_lifecycle::OrderLifecycle::new(service.clone())
+                .with_wheel(wheel.clone()),
+        );
         stocksvr_pipeline::consumer::run(
             &settings.kafka,
             codec.clone(),
@@ -128,12 +145,31 @@ pub async fn run(
         .context("recovery worker")
     };
     let stale = async {
+        if !processors.reservations {
+            return Ok(());
+        }
         stocksvr_reservation::stale::run(service.clone(), Duration::from_secs(30), stop.clone())
             .await
             .context("stale-reservation watcher")
     };
+    let scheduled = async {
+        if !processors.schedule {
+            return Ok(());
+        }
+        stocksvr_schedule::run(
+            schedule,
+            wheel.clone(),
+            service.clone(),
+            outbox_waker,
+            &settings.kafka,
+            codec.clone(),
+            stop.clone(),
+        )
+        .await
+        .context("scheduled confirms")
+    };
     let renewals = renew(lease, &pool, stop.clone());
-    tokio::try_join!(lifecycle, recovery, stale, renewals)?;
+    tokio::try_join!(lifecycle, recovery, stale, scheduled, renewals)?;
     Ok(())
 }
 
