@@ -1,7 +1,8 @@
 //! order-lifecycle processor on `order.lifecycle.v1`: OrderCreated confirms instant orders
 //! and parks scheduled ones in CREATED_RESERVED; OrderCreatedFailed cancels every
 //! reservation of the order (a Try that never reached Redis becomes an empty rollback);
-//! OrderCanceled and RefundRequested refund (never cancel).
+//! OrderCanceled and RefundRequested refund (never cancel). A parked reservation is put on
+//! the schedule's time wheel, which confirms it at its processing_time.
 //!
 //! Delivery: at-least-once through the shared consumer loop; effects are applied once
 //! because every step is a CAS on the reservation state machine plus an idempotent Lua
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use stocksvr_core::events::{topics, EventKind, OrderType};
 use stocksvr_pipeline::consumer::{Applied, Failure, Handler, LoopConfig, Record};
 use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError};
+use stocksvr_schedule::TimeWheel;
 
 pub const NAME: &str = "order-lifecycle";
 
@@ -30,11 +32,23 @@ pub fn loop_config() -> LoopConfig {
 
 pub struct OrderLifecycle {
     service: Arc<ReservationService>,
+    /// Where a parked scheduled reservation gets its timer; None: left to the schedule scan.
+    wheel: Option<TimeWheel>,
 }
 
 impl OrderLifecycle {
     pub fn new(service: Arc<ReservationService>) -> Self {
-        Self { service }
+        Self {
+            service,
+            wheel: None,
+        }
+    }
+
+    /// Arms `wheel` for every scheduled reservation OrderCreated parks in CREATED_RESERVED
+    /// (again on a redelivery, in case the first arm was lost; arming is idempotent).
+    pub fn with_wheel(mut self, wheel: TimeWheel) -> Self {
+        self.wheel = Some(wheel);
+        self
     }
 
     fn decode(record: &Record) -> Result<OrderEvent, Failure> {
@@ -123,6 +137,11 @@ impl OrderLifecycle {
                 }
             }
             .map_err(classify)?;
+            if let (Op::MarkCreated, IntentOutcome::Done { reservation, .. }, Some(wheel)) =
+                (&op, &outcome, &self.wheel)
+            {
+                stocksvr_schedule::arm_created(wheel, reservation).await;
+            }
             match outcome {
                 IntentOutcome::Done { already: false, .. } => applied = Applied::Applied,
                 IntentOutcome::Done { already: true, .. } => {}

@@ -49,6 +49,9 @@ enum Command {
     All,
     /// Run the Try API and the order-lifecycle processor (instances share the partitions).
     OrderLifecycle,
+    /// Run scheduled confirms: the time wheel poller, the due-reservation scan and the
+    /// schedule processor (instances share the wheel and the partitions).
+    Schedule,
     /// Run only the outbox relay (several relays never publish a row twice in normal operation).
     OutboxRelay,
     /// Run only the stock projector (instances share the partitions).
@@ -162,6 +165,15 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
             settings,
             serve::Processors {
                 projector: true,
+                ..serve::Processors::NONE
+            },
+        )
+        .await
+        .map(|_| ExitCode::SUCCESS),
+        Command::Schedule => serve::run(
+            settings,
+            serve::Processors {
+                schedule: true,
                 ..serve::Processors::NONE
             },
         )

@@ -1,8 +1,9 @@
 //! Brings the reservation service up inside `stocksvr all`: connects Redis, obtains a
 //! snowflake worker id (configured, or leased from MySQL and renewed), then installs the
 //! service into the API and runs the processors that need it (order-lifecycle and the
-//! reservation recovery worker, the stale-reservation watcher, the operation WAL worker and
-//! the daily bucket job). Until then the API answers 503 (fail closed) and `/readyz` says
+//! reservation recovery worker, the stale-reservation watcher, the operation WAL worker, the
+//! daily bucket job and scheduled confirms, whose time wheel order-lifecycle arms). Until then
+//! the API answers 503 (fail closed) and `/readyz` says
 //! which dependency is missing. A lost worker-id lease stops the process: minting ids
 //! another instance may also mint would break reservation-id uniqueness.
 
@@ -16,6 +17,7 @@ use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::config::Settings;
 use stocksvr_reservation::{ReservationService, ServiceConfig};
+use stocksvr_schedule::{ScheduleConfig, TimeWheel};
 use stocksvr_store::lua::LuaExecutor;
 use stocksvr_store::worker_lease::WorkerLease;
 use tokio::sync::watch;
@@ -70,9 +72,11 @@ pub async fn run(
     api: ApiState,
     codec: AvroCodec,
     outbox_waker: Option<Arc<tokio::sync::Notify>>,
+    processors: crate::serve::Processors,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let config = service_config(&settings)?;
+    let schedule = ScheduleConfig::from_settings(&settings.schedule)?;
     let backoff = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(500))
         .with_max_delay(Duration::from_secs(10))
@@ -102,14 +106,23 @@ pub async fn run(
         .context("no worker id")?;
     let ids = SnowflakeGenerator::new(worker_id)
         .map_err(|e| anyhow::anyhow!("reservation.worker_id: {e}"))?;
+    // Armed by order-lifecycle wherever it runs, fired by the schedule part wherever that runs.
+    let wheel = TimeWheel::new(
+        conn.clone(),
+        &settings.schedule.wheel_namespace,
+        settings.schedule.shards,
+    )
+    .map_err(anyhow::Error::msg)?;
     let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
     let mut service = ReservationService::new(pool.clone(), lua, ids, config)
         .with_ops_config(ops_config(&settings));
-    if let Some(waker) = outbox_waker {
+    if let Some(waker) = outbox_waker.clone() {
         service = service.with_outbox_waker(waker);
     }
     let service = Arc::new(service);
-    api.install(service.clone());
+    if processors.reservations {
+        api.install(service.clone());
+    }
     tracing::info!(
         worker_id,
         leased = lease.is_some(),
@@ -118,9 +131,13 @@ pub async fn run(
 
     // The processors that need the reservation service start once it exists.
     let lifecycle = async {
-        let handler = Arc::new(stocksvr_order_lifecycle::OrderLifecycle::new(
-            service.clone(),
-        ));
+        if !processors.reservations {
+            return Ok(());
+        }
+        let handler = Arc::new(
+            stocksvr_order_lifecycle::OrderLifecycle::new(service.clone())
+                .with_wheel(wheel.clone()),
+        );
         stocksvr_pipeline::consumer::run(
             &settings.kafka,
             codec.clone(),
@@ -141,6 +158,9 @@ pub async fn run(
         .context("recovery worker")
     };
     let stale = async {
+        if !processors.reservations {
+            return Ok(());
+        }
         stocksvr_reservation::stale::run(service.clone(), Duration::from_secs(30), stop.clone())
             .await
             .context("stale-reservation watcher")
@@ -169,8 +189,24 @@ pub async fn run(
         .await
         .context("daily bucket job")
     };
+    let scheduled = async {
+        if !processors.schedule {
+            return Ok(());
+        }
+        stocksvr_schedule::run(
+            schedule,
+            wheel.clone(),
+            service.clone(),
+            outbox_waker,
+            &settings.kafka,
+            codec.clone(),
+            stop.clone(),
+        )
+        .await
+        .context("scheduled confirms")
+    };
     let renewals = renew(lease, &pool, stop.clone());
-    tokio::try_join!(lifecycle, recovery, stale, wal_worker, daily, renewals)?;
+    tokio::try_join!(lifecycle, recovery, stale, wal_worker, daily, scheduled, renewals)?;
     Ok(())
 }
 

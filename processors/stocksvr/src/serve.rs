@@ -27,6 +27,9 @@ pub struct Processors {
     pub projector: bool,
     /// The dead-letter processor.
     pub dead_letter: bool,
+    /// Scheduled confirms: the time wheel poller, the due scan and the schedule processor
+    /// (they need the reservation service too).
+    pub schedule: bool,
 }
 
 impl Processors {
@@ -35,12 +38,14 @@ impl Processors {
         relay: true,
         projector: true,
         dead_letter: true,
+        schedule: true,
     };
     pub const NONE: Processors = Processors {
         reservations: false,
         relay: false,
         projector: false,
         dead_letter: false,
+        schedule: false,
     };
 }
 
@@ -180,7 +185,7 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
             ("projector", result.map_err(anyhow::Error::from))
         });
     }
-    if processors.reservations {
+    if processors.reservations || processors.schedule {
         let (settings, pool, stop, codec) = (
             settings.clone(),
             pool.clone(),
@@ -189,8 +194,9 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
         );
         tasks.spawn(async move {
             let result =
-                reservation_boot::run(settings, pool, api, codec, outbox_waker, stop).await;
-            ("reservation service and order-lifecycle", result)
+                reservation_boot::run(settings, pool, api, codec, outbox_waker, processors, stop)
+                    .await;
+            ("reservation service and its processors", result)
         });
     }
 

@@ -1,0 +1,237 @@
+//! The wheel poller: every tick, claims the due entries of every shard and turns each into
+//! an InventoryConfirmDue outbox row.
+//!
+//! Delivery: at-least-once. The entry is removed only after its outbox row committed; a
+//! crash (or a MySQL error) in between leaves it claimed, and it falls due again after the
+//! claim timeout. The row's event id is deterministic, so a re-fire enqueues nothing new.
+
+use crate::{event, names, ScheduleConfig, ScheduleError, TimeWheel};
+use chrono::Utc;
+use sqlx::MySqlPool;
+use std::sync::Arc;
+use std::time::Duration;
+use stocksvr_core::reservation::ReservationStatus;
+use stocksvr_store::reservations as repo;
+use tokio::sync::watch;
+
+/// What to do with a claimed entry, given the reservation's status (None: no such row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fire {
+    /// Due and still waiting: emit the trigger, then remove the entry.
+    Emit,
+    /// Nothing left to trigger: remove the entry without emitting.
+    Drop(&'static str),
+    /// Not settled: keep the entry claimed; it falls due again after the claim timeout.
+    Later,
+}
+
+pub fn fire_decision(status: Option<ReservationStatus>) -> Fire {
+    use ReservationStatus::*;
+    match status {
+        None => Fire::Drop("unknown_reservation"),
+        Some(CreatedReserved) => Fire::Emit,
+        // A partial refund returns to CREATED_RESERVED, and then the confirm is due again.
+        Some(Refunding) => Fire::Later,
+        // A confirm is already under way (the scan, a duplicate trigger); recovery finishes it.
+        Some(Confirming | Confirmed) => Fire::Drop("already_confirming"),
+        Some(Canceling | Canceled | Rejected | Refunded) => Fire::Drop("terminal"),
+        // Only OrderCreated parks a reservation; the wheel must never confirm before it.
+        Some(Preparing | Reserved) => Fire::Drop("not_created"),
+    }
+}
+
+/// What one tick did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TickReport {
+    pub emitted: usize,
+    pub already_emitted: usize,
+    pub dropped: usize,
+    pub later: usize,
+}
+
+pub struct Poller {
+    wheel: TimeWheel,
+    pool: MySqlPool,
+    relay: Option<Arc<tokio::sync::Notify>>,
+    tick: Duration,
+    claim_timeout: Duration,
+    claim_batch: usize,
+}
+
+impl Poller {
+    pub fn new(
+        wheel: TimeWheel,
+        pool: MySqlPool,
+        relay: Option<Arc<tokio::sync::Notify>>,
+        config: &ScheduleConfig,
+    ) -> Self {
+        Self {
+            wheel,
+            pool,
+            relay,
+            tick: config.tick,
+            claim_timeout: config.claim_timeout,
+            claim_batch: config.claim_batch,
+        }
+    }
+
+    /// Claims and fires everything due now, shard after shard.
+    pub async fn tick_once(&self) -> Result<TickReport, ScheduleError> {
+        let mut report = TickReport::default();
+        for key in self.wheel.keys() {
+            loop {
+                let claim = self
+                    .wheel
+                    .claim(&key, self.claim_batch, self.claim_timeout)
+                    .await?;
+                let full = claim.members.len() >= self.claim_batch;
+                for member in &claim.members {
+                    self.fire(&key, member, claim.lease, &mut report).await?;
+                }
+                if !full {
+                    break;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn fire(
+        &self,
+        key: &str,
+        member: &str,
+        lease: i64,
+        report: &mut TickReport,
+    ) -> Result<(), ScheduleError> {
+        let Ok(id) = member.parse::<u64>() else {
+            tracing::warn!(
+                key,
+                member,
+                "time wheel entry is not a reservation id; removed"
+            );
+            self.wheel.discard(key, member).await?;
+            report.dropped += 1;
+            metrics::counter!(names::FIRED, "outcome" => "dropped", "reason" => "not_an_id")
+                .increment(1);
+            return Ok(());
+        };
+        let row = repo::find(&self.pool, id).await?;
+        let status = row.as_ref().map(|r| r.status()).transpose()?;
+        let trigger = row.as_ref().and_then(event::confirm_due);
+        let trigger = match (fire_decision(status), trigger) {
+            (Fire::Emit, Some(trigger)) => trigger,
+            // CREATED_RESERVED without a processing_time: not a scheduled row at all.
+            (Fire::Emit, None) => {
+                return self
+                    .drop(key, member, lease, id, "not_scheduled", report)
+                    .await
+            }
+            (Fire::Drop(reason), _) => {
+                return self.drop(key, member, lease, id, reason, report).await
+            }
+            (Fire::Later, _) => {
+                report.later += 1;
+                metrics::counter!(names::FIRED, "outcome" => "later", "reason" => "").increment(1);
+                return Ok(());
+            }
+        };
+        let enqueued = repo::enqueue_once(&self.pool, &trigger).await?;
+        if let (true, Some(relay)) = (enqueued, &self.relay) {
+            relay.notify_one();
+        }
+        self.wheel.release(key, member, lease).await?;
+        let outcome = if enqueued {
+            report.emitted += 1;
+            if let Some(due) = row.as_ref().and_then(|r| r.processing_time) {
+                let late = (Utc::now().naive_utc() - due).num_milliseconds().max(0);
+                metrics::histogram!(names::FIRE_LATENESS).record(late as f64 / 1000.0);
+            }
+            tracing::info!(
+                reservation_id = id,
+                event_id = %trigger.event_id,
+                "scheduled reservation due: InventoryConfirmDue emitted"
+            );
+            "emitted"
+        } else {
+            report.already_emitted += 1;
+            "already_emitted"
+        };
+        metrics::counter!(names::FIRED, "outcome" => outcome, "reason" => "").increment(1);
+        Ok(())
+    }
+
+    async fn drop(
+        &self,
+        key: &str,
+        member: &str,
+        lease: i64,
+        id: u64,
+        reason: &'static str,
+        report: &mut TickReport,
+    ) -> Result<(), ScheduleError> {
+        self.wheel.release(key, member, lease).await?;
+        report.dropped += 1;
+        if matches!(reason, "unknown_reservation" | "not_created") {
+            // Only a wheel shared across databases (one namespace for two environments) or
+            // a hand-made entry gets here; the owner's scan still confirms the reservation.
+            tracing::warn!(
+                reservation_id = id,
+                reason,
+                "time wheel entry dropped: no such parked reservation in this database"
+            );
+        } else {
+            tracing::debug!(
+                reservation_id = id,
+                reason,
+                "time wheel entry dropped without a trigger"
+            );
+        }
+        metrics::counter!(names::FIRED, "outcome" => "dropped", "reason" => reason).increment(1);
+        Ok(())
+    }
+
+    /// Ticks until `stop` turns true. Failures are logged and the next tick tries again:
+    /// whatever a failed tick claimed falls due again after the claim timeout.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), ScheduleError> {
+        let mut tick = tokio::time::interval(self.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.tick_once().await {
+                tracing::warn!(error = %e, "time wheel tick failed; claimed entries fire again after the claim timeout");
+            }
+        }
+        tracing::info!("time wheel poller stopped");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ReservationStatus::*;
+
+    #[test]
+    fn only_a_parked_reservation_is_triggered() {
+        let table = [
+            (Preparing, Fire::Drop("not_created")),
+            (Reserved, Fire::Drop("not_created")),
+            (CreatedReserved, Fire::Emit),
+            (Confirming, Fire::Drop("already_confirming")),
+            (Confirmed, Fire::Drop("already_confirming")),
+            (Canceling, Fire::Drop("terminal")),
+            (Canceled, Fire::Drop("terminal")),
+            (Rejected, Fire::Drop("terminal")),
+            (Refunding, Fire::Later),
+            (Refunded, Fire::Drop("terminal")),
+        ];
+        assert_eq!(table.len(), ReservationStatus::ALL.len(), "every status");
+        for (status, expected) in table {
+            assert_eq!(fire_decision(Some(status)), expected, "{status:?}");
+        }
+        assert_eq!(fire_decision(None), Fire::Drop("unknown_reservation"));
+    }
+}

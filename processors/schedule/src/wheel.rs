@@ -1,0 +1,228 @@
+//! The time wheel: Redis sorted sets scored by due time (see the crate docs for why Redis).
+//!
+//! ```text
+//! shard  inv:{schedule:<namespace>:<n>}:due     n = reservation_id mod shards
+//!        member = reservation id, score = processing_time in epoch milliseconds
+//! ```
+//!
+//! Each shard is its own hash tag, so a cluster spreads the shards over slots and every
+//! script touches one key. Entries are written with `ZADD NX`: arming an entry that exists
+//! (possibly claimed, carrying its lease score) leaves it alone.
+
+use chrono::{DateTime, Utc};
+use redis::aio::ConnectionManager;
+use redis::{RedisError, Script};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const CLAIM_LUA: &str = include_str!("../../../lua/wheel_claim.lua");
+pub const RELEASE_LUA: &str = include_str!("../../../lua/wheel_release.lua");
+
+/// `inv:{schedule:<namespace>:<shard>}:due`
+pub fn shard_key(namespace: &str, shard: u16) -> String {
+    format!("inv:{{schedule:{namespace}:{shard}}}:due")
+}
+
+/// A namespace that keeps the key inside one hash tag and readable in `redis-cli`.
+pub fn check_namespace(namespace: &str) -> Result<(), String> {
+    if namespace.is_empty()
+        || namespace.len() > 64
+        || !namespace
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(format!(
+            "schedule.wheel_namespace must be 1-64 characters of [A-Za-z0-9._-], got {namespace:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// What one claim took: the lease score the entries now carry and their members.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub lease: i64,
+    pub members: Vec<String>,
+}
+
+/// Handle on the wheel's shards. Cheap to clone.
+#[derive(Clone)]
+pub struct TimeWheel {
+    conn: ConnectionManager,
+    namespace: String,
+    shards: u16,
+    scripts: Arc<(Script, Script)>,
+}
+
+impl std::fmt::Debug for TimeWheel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TimeWheel")
+            .field("namespace", &self.namespace)
+            .field("shards", &self.shards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TimeWheel {
+    pub fn new(conn: ConnectionManager, namespace: &str, shards: u16) -> Result<Self, String> {
+        check_namespace(namespace)?;
+        if shards == 0 {
+            return Err("schedule.shards must be at least 1".into());
+        }
+        Ok(Self {
+            conn,
+            namespace: namespace.to_string(),
+            shards,
+            scripts: Arc::new((Script::new(CLAIM_LUA), Script::new(RELEASE_LUA))),
+        })
+    }
+
+    /// The shard holding `reservation_id`.
+    pub fn key_for(&self, reservation_id: u64) -> String {
+        // The remainder is below `shards`, a u16.
+        shard_key(
+            &self.namespace,
+            (reservation_id % u64::from(self.shards)) as u16,
+        )
+    }
+
+    /// Every shard, for the pollers.
+    pub fn keys(&self) -> Vec<String> {
+        (0..self.shards)
+            .map(|s| shard_key(&self.namespace, s))
+            .collect()
+    }
+
+    /// Adds `reservation_id` due at `due` unless it is on the wheel already. True if added.
+    pub async fn arm(&self, reservation_id: u64, due: DateTime<Utc>) -> Result<bool, RedisError> {
+        let mut conn = self.conn.clone();
+        let added: i64 = redis::cmd("ZADD")
+            .arg(self.key_for(reservation_id))
+            .arg("NX")
+            .arg(due.timestamp_millis())
+            .arg(reservation_id)
+            .query_async(&mut conn)
+            .await?;
+        Ok(added == 1)
+    }
+
+    /// [`TimeWheel::arm`] for many entries in one round trip; returns how many were added.
+    pub async fn arm_many(&self, entries: &[(u64, DateTime<Utc>)]) -> Result<usize, RedisError> {
+        if entries.is_empty() {
+            return Ok(0);
+        }
+        let mut pipe = redis::pipe();
+        for (id, due) in entries {
+            pipe.cmd("ZADD")
+                .arg(self.key_for(*id))
+                .arg("NX")
+                .arg(due.timestamp_millis())
+                .arg(*id);
+        }
+        let mut conn = self.conn.clone();
+        let added: Vec<i64> = pipe.query_async(&mut conn).await?;
+        Ok(added.iter().filter(|a| **a == 1).count())
+    }
+
+    /// Claims up to `limit` due entries of `key` for `timeout` (see `lua/wheel_claim.lua`).
+    pub async fn claim(
+        &self,
+        key: &str,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Claim, RedisError> {
+        let mut conn = self.conn.clone();
+        let mut reply: Vec<String> = self
+            .scripts
+            .0
+            .key(key)
+            .arg(limit.max(1))
+            .arg(
+                u64::try_from(timeout.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            )
+            .invoke_async(&mut conn)
+            .await?;
+        if reply.is_empty() {
+            return Err(RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "wheel claim replied without a lease",
+            )));
+        }
+        let lease = reply.remove(0);
+        let lease = lease.parse().map_err(|_| {
+            RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "wheel claim lease is not a number",
+                lease,
+            ))
+        })?;
+        Ok(Claim {
+            lease,
+            members: reply,
+        })
+    }
+
+    /// Removes a fired entry if it still carries `lease`. True if removed.
+    pub async fn release(&self, key: &str, member: &str, lease: i64) -> Result<bool, RedisError> {
+        let mut conn = self.conn.clone();
+        let removed: i64 = self
+            .scripts
+            .1
+            .key(key)
+            .arg(member)
+            .arg(lease)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// Removes `member` from `key` whatever its score (an entry that is not a reservation id).
+    pub async fn discard(&self, key: &str, member: &str) -> Result<bool, RedisError> {
+        let mut conn = self.conn.clone();
+        let removed: i64 = redis::cmd("ZREM")
+            .arg(key)
+            .arg(member)
+            .query_async(&mut conn)
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// The entry's score (due time, or lease while claimed), if `reservation_id` is on the wheel.
+    pub async fn score(&self, reservation_id: u64) -> Result<Option<i64>, RedisError> {
+        let mut conn = self.conn.clone();
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(self.key_for(reservation_id))
+            .arg(reservation_id)
+            .query_async(&mut conn)
+            .await?;
+        // Scores are whole epoch milliseconds, exact in a double.
+        Ok(score.map(|s| s as i64))
+    }
+
+    /// Takes `reservation_id` off the wheel (operators; tests simulate a lost timer with it).
+    pub async fn remove(&self, reservation_id: u64) -> Result<bool, RedisError> {
+        self.discard(&self.key_for(reservation_id), &reservation_id.to_string())
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_inventory_key_style_one_tag_per_shard() {
+        assert_eq!(shard_key("prod", 3), "inv:{schedule:prod:3}:due");
+    }
+
+    #[test]
+    fn namespaces_stay_inside_the_hash_tag() {
+        assert!(check_namespace("stocksvr").is_ok());
+        assert!(check_namespace("it_sched-1.a").is_ok());
+        for bad in ["", "a}b", "a{b", "a b", "a:b", &"x".repeat(65)] {
+            assert!(check_namespace(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! The time wheel's scripts against the real Redis of the local stack: arming is
+//! idempotent, a claim hides an entry for its timeout and hands it out again if it is not
+//! released, only the current claimant releases, and concurrent pollers never claim one
+//! entry twice. Each test uses its own wheel namespace.
+
+use chrono::{TimeDelta, Utc};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+use stocksvr_pipeline::config::Settings;
+use stocksvr_schedule::TimeWheel;
+
+async fn wheel(test: &str, shards: u16) -> TimeWheel {
+    let settings = Settings::load(None).expect("configuration loads");
+    let conn = stocksvr_store::connect_redis(settings.redis.url.expose(), Duration::from_secs(2))
+        .await
+        .expect("redis of the local stack");
+    let nanos = Utc::now().timestamp_nanos_opt().unwrap_or_default();
+    let namespace = format!("it-{test}-{}-{nanos}", std::process::id());
+    TimeWheel::new(conn, &namespace, shards).expect("valid wheel")
+}
+
+#[tokio::test]
+async fn an_entry_is_claimed_once_per_lease_and_released_only_by_its_claimant() {
+    let wheel = wheel("lease", 1).await;
+    let key = wheel.key_for(11);
+    let future = Utc::now() + TimeDelta::minutes(5);
+    assert!(wheel.arm(11, future).await.expect("arm"));
+    assert!(
+        !wheel.arm(11, Utc::now()).await.expect("arm"),
+        "arming again keeps the entry as it is"
+    );
+    assert_eq!(
+        wheel.score(11).await.expect("score"),
+        Some(future.timestamp_millis())
+    );
+    let timeout = Duration::from_millis(600);
+    let none = wheel.claim(&key, 10, timeout).await.expect("claim");
+    assert!(none.members.is_empty(), "not due yet: {none:?}");
+
+    let past = Utc::now() - TimeDelta::seconds(1);
+    assert!(wheel.arm(12, past).await.expect("arm"));
+    let first = wheel.claim(&key, 10, timeout).await.expect("claim");
+    assert_eq!(first.members, vec!["12".to_string()]);
+    assert!(first.lease > Utc::now().timestamp_millis(), "{first:?}");
+    assert_eq!(wheel.score(12).await.expect("score"), Some(first.lease));
+    let hidden = wheel.claim(&key, 10, timeout).await.expect("claim");
+    assert!(hidden.members.is_empty(), "claimed entries are hidden");
+
+    // The claimant "dies": after the timeout the entry is due again, under a new lease.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let second = loop {
+        let c = wheel.claim(&key, 10, timeout).await.expect("claim");
+        if !c.members.is_empty() {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "the entry never fell due again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(second.members, vec!["12".to_string()]);
+    assert!(second.lease > first.lease);
+    assert!(
+        !wheel
+            .release(&key, "12", first.lease)
+            .await
+            .expect("release"),
+        "the first claimant no longer owns it"
+    );
+    assert!(wheel
+        .release(&key, "12", second.lease)
+        .await
+        .expect("release"));
+    assert_eq!(wheel.score(12).await.expect("score"), None);
+    assert_eq!(
+        wheel.score(11).await.expect("score"),
+        Some(future.timestamp_millis()),
+        "the future entry is untouched"
+    );
+    assert!(wheel.remove(11).await.expect("remove"));
+}
+
+#[tokio::test]
+async fn concurrent_pollers_claim_every_due_entry_exactly_once() {
+    let wheel = wheel("race", 3).await;
+    let due = Utc::now() - TimeDelta::seconds(1);
+    let entries: Vec<_> = (1..=300u64).map(|id| (id, due)).collect();
+    assert_eq!(wheel.arm_many(&entries).await.expect("arm"), 300);
+    assert_eq!(
+        wheel.arm_many(&entries).await.expect("arm"),
+        0,
+        "idempotent"
+    );
+    let pollers = (0..4).map(|_| {
+        let wheel = wheel.clone();
+        tokio::spawn(async move {
+            let mut mine = Vec::new();
+            for key in wheel.keys() {
+                loop {
+                    let c = wheel
+                        .claim(&key, 7, Duration::from_secs(60))
+                        .await
+                        .expect("claim");
+                    if c.members.is_empty() {
+                        break;
+                    }
+                    mine.extend(c.members.iter().map(|m| m.parse::<u64>().expect("id")));
+                }
+            }
+            mine
+        })
+    });
+    let mut all = Vec::new();
+    for p in pollers {
+        all.extend(p.await.expect("poller"));
+    }
+    let distinct: HashSet<u64> = all.iter().copied().collect();
+    assert_eq!(all.len(), 300, "no entry claimed twice");
+    assert_eq!(distinct, (1..=300).collect(), "every entry claimed");
+    for id in 1..=300 {
+        wheel.remove(id).await.expect("clean up");
+    }
+}
