@@ -134,8 +134,8 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
     let service = ReservationService::new(pool.clone(), lua.clone(), ids, config);
     let fp = scenario();
 
-    // The reservation side commits its outbox rows: Try, Confirm and a partial Refund of
-    // one reservation, Try and Cancel of another.
+    // The reservation side commits its outbox rows: the bucket's lazy init, Try, Confirm and
+    // a partial Refund of one reservation, Try and Cancel of another.
     let request = |item: u64, quantity: u32| TryRequest {
         order_id: item,
         order_item_id: item,
@@ -155,7 +155,16 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
     );
     let b = id_of(&service.try_reserve(&request(2, 2)).await.expect("try b"));
     done(service.cancel(b).await.expect("cancel b"));
+    // The first Try found no bucket in Redis and initialised it through the WAL: that init
+    // is a stock-change event and a ledger row like the others.
+    let bucket = stocksvr_core::bucket::BucketKey::new(
+        shop.merchant_id,
+        shop.dish_id,
+        chrono::Utc::now().date_naive(),
+    )
+    .stock_bucket_id();
     let operations = [
+        stocksvr_reservation::operations::init_operation_id(&bucket, 1),
         try_operation_id(a),
         confirm_operation_id(a),
         refund_operation_id(a, Some("r1")),

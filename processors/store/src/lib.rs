@@ -1,6 +1,7 @@
 //! MySQL and Redis access for stocksvr: connection set-up, the embedded schema migrations
 //! and (in later modules) the repositories and the Redis Lua executor.
 
+pub mod buckets;
 pub mod lua;
 pub mod reservations;
 pub mod wal;

@@ -11,9 +11,8 @@
 //! applied and announced once even if two workers overlap.
 
 use crate::reservations::{now, write_outbox, Baseline, NewOutbox};
-use chrono::{NaiveDate, NaiveDateTime, TimeDelta};
+use chrono::{NaiveDateTime, TimeDelta};
 use sqlx::{MySql, MySqlPool, Transaction};
-use stocksvr_core::reservation::ReservationStatus;
 
 /// `inventory_operation_wal.action`. 1–3 are the seed's; close and archive are the bucket
 /// lifecycle steps of seed §12.4, which touch Redis without a reservation too.
@@ -326,38 +325,6 @@ pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<
     Ok(row)
 }
 
-/// Statuses that still hold or may still move stock in their bucket: archive waits until
-/// none is left (seed §12.4). CONFIRMED is settled (a later refund is a new operation).
-pub const OPEN_STATUSES: [ReservationStatus; 6] = [
-    ReservationStatus::Preparing,
-    ReservationStatus::Reserved,
-    ReservationStatus::CreatedReserved,
-    ReservationStatus::Confirming,
-    ReservationStatus::Canceling,
-    ReservationStatus::Refunding,
-];
-
-/// Unfinished reservations of a bucket.
-pub async fn count_open_reservations<'e, E: sqlx::MySqlExecutor<'e>>(
-    exec: E,
-    bucket: &str,
-) -> Result<i64, sqlx::Error> {
-    let (n,): (i64,) = sqlx::query_as(
-        "SELECT COUNT(*) FROM inventory_reservation WHERE stock_bucket_id = ? \
-         AND status IN (?, ?, ?, ?, ?, ?)",
-    )
-    .bind(bucket)
-    .bind(OPEN_STATUSES[0].code() as i8)
-    .bind(OPEN_STATUSES[1].code() as i8)
-    .bind(OPEN_STATUSES[2].code() as i8)
-    .bind(OPEN_STATUSES[3].code() as i8)
-    .bind(OPEN_STATUSES[4].code() as i8)
-    .bind(OPEN_STATUSES[5].code() as i8)
-    .fetch_one(exec)
-    .await?;
-    Ok(n)
-}
-
 /// Archiving, first half: only a CLOSED bucket without unfinished reservations. The bucket
 /// is CLOSED, so no new reservation can appear in it (a Try racing the close is refused by
 /// the script, never left open).
@@ -372,7 +339,7 @@ pub async fn begin_archive(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Resul
             status: bucket_status_name(b.bucket_status),
         });
     }
-    let open = count_open_reservations(&mut *tx, bucket).await?;
+    let open = crate::buckets::count_open_reservations(&mut *tx, bucket).await?;
     if open > 0 {
         return Err(Refusal::OpenReservations {
             bucket: bucket.to_string(),
@@ -647,70 +614,5 @@ pub async fn count_by_status(pool: &MySqlPool) -> Result<Vec<(i8, i64)>, sqlx::E
     )
     .bind(WalStatus::Succeeded as i8)
     .fetch_all(pool)
-    .await
-}
-
-/// Baselines of the latest day before `date` for each dish whose latest day is within
-/// `lookback_days`, in zone `timezone`, that have no baseline on `date` yet: the daily job
-/// carries each dish's standing total forward to the new day (seed §12.1).
-pub async fn baselines_to_carry(
-    pool: &MySqlPool,
-    timezone: &str,
-    date: NaiveDate,
-    lookback_days: i64,
-    limit: u32,
-) -> Result<Vec<Baseline>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT b.stock_bucket_id, b.merchant_id, b.dish_id, b.stock_date, b.timezone, b.total_stock, \
-         b.baseline_version, b.stock_status, b.bucket_status \
-         FROM dish_stock_baseline b \
-         JOIN (SELECT merchant_id, dish_id, MAX(stock_date) AS d FROM dish_stock_baseline \
-               WHERE timezone = ? AND stock_date < ? AND stock_date >= ? GROUP BY merchant_id, dish_id) l \
-           ON l.merchant_id = b.merchant_id AND l.dish_id = b.dish_id AND l.d = b.stock_date \
-         WHERE NOT EXISTS (SELECT 1 FROM dish_stock_baseline t WHERE t.merchant_id = b.merchant_id \
-               AND t.dish_id = b.dish_id AND t.stock_date = ?) \
-         ORDER BY b.merchant_id, b.dish_id LIMIT ?",
-    )
-    .bind(timezone)
-    .bind(date)
-    .bind(date - TimeDelta::days(lookback_days))
-    .bind(date)
-    .bind(limit)
-    .fetch_all(pool)
-    .await
-}
-
-/// The time zones baselines were created in: the daily job computes each one's business day.
-pub async fn baseline_timezones(pool: &MySqlPool) -> Result<Vec<String>, sqlx::Error> {
-    let rows: Vec<(String,)> =
-        sqlx::query_as("SELECT DISTINCT timezone FROM dish_stock_baseline ORDER BY timezone")
-            .fetch_all(pool)
-            .await?;
-    Ok(rows.into_iter().map(|(t,)| t).collect())
-}
-
-/// `dish_stock_snapshot` row (what the projector built from the events).
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct Snapshot {
-    pub stock_bucket_id: String,
-    pub total_stock: i64,
-    pub available_stock: i64,
-    pub reserved_stock: i64,
-    pub sold_stock: i64,
-    pub deficit_stock: i64,
-    pub redis_version: u64,
-    pub updated_at: NaiveDateTime,
-}
-
-pub async fn find_snapshot(
-    pool: &MySqlPool,
-    bucket: &str,
-) -> Result<Option<Snapshot>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT stock_bucket_id, total_stock, available_stock, reserved_stock, sold_stock, \
-         deficit_stock, redis_version, updated_at FROM dish_stock_snapshot WHERE stock_bucket_id = ?",
-    )
-    .bind(bucket)
-    .fetch_optional(pool)
     .await
 }

@@ -1,0 +1,407 @@
+//! Running one WAL row: lease, Lua step, then completion with its outbox rows or a recorded
+//! failure; and the worker that claims due rows.
+
+use super::view::parse_json;
+use super::*;
+
+/// What one step of a WAL row ended in.
+enum Step {
+    Done(WalCompletion),
+    /// Worth trying again later (Redis down, an unknown outcome, a transient refusal).
+    Retry(String),
+    /// No retry can help; an operator must look.
+    Dead(String),
+}
+
+/// Outcome of one worker round.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkReport {
+    pub succeeded: usize,
+    pub failed: usize,
+    pub dead: usize,
+}
+
+impl StockOps {
+    /// Executes the row if it is unfinished and free (or ours); otherwise waits a bounded time
+    /// for whoever holds it, then reports where it stands.
+    pub(super) async fn drive(&self, operation_id: &str, owner: &str) -> Result<WalView, OpsError> {
+        let row = wal::find_by_op(&self.pool, operation_id)
+            .await?
+            .ok_or_else(|| OpsError::UnknownOperation(operation_id.to_string()))?;
+        if matches!(
+            row.status(),
+            Some(WalStatus::Succeeded) | Some(WalStatus::Dead)
+        ) {
+            return Ok(WalView::from_row(&row));
+        }
+        if wal::try_lease(&self.pool, row.id, owner, self.config.lease).await? {
+            let row = wal::find_by_op(&self.pool, operation_id)
+                .await?
+                .ok_or_else(|| OpsError::UnknownOperation(operation_id.to_string()))?;
+            return self.execute(row, owner).await;
+        }
+        // Someone else executes it: the result is theirs to write; wait for it.
+        let deadline = tokio::time::Instant::now() + self.config.peer_wait;
+        loop {
+            let row = wal::find_by_op(&self.pool, operation_id)
+                .await?
+                .ok_or_else(|| OpsError::UnknownOperation(operation_id.to_string()))?;
+            let finished = matches!(
+                row.status(),
+                Some(WalStatus::Succeeded) | Some(WalStatus::Dead) | Some(WalStatus::Retry)
+            );
+            if finished || tokio::time::Instant::now() >= deadline {
+                return Ok(WalView::from_row(&row));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Runs the Lua step of a leased row and records the outcome (guarded by the lease).
+    async fn execute(&self, row: WalRow, owner: &str) -> Result<WalView, OpsError> {
+        let action = row.action().map(WalAction::name).unwrap_or("UNKNOWN");
+        let step = self.step(&row).await?;
+        match step {
+            Step::Done(completion) => {
+                if wal::complete(&self.pool, &row, owner, &completion).await? {
+                    metrics::counter!(names::WAL_OPERATIONS, "action" => action, "outcome" => "succeeded").increment(1);
+                    tracing::info!(operation_id = %row.operation_id, bucket = %row.stock_bucket_id, action, result = %completion.result_payload, "stock operation succeeded");
+                    if !completion.outbox.is_empty() {
+                        if let Some(relay) = &self.outbox_written {
+                            relay.notify_one();
+                        }
+                    }
+                } else {
+                    tracing::debug!(operation_id = %row.operation_id, "completion lost its lease; the worker that took over finishes it");
+                }
+            }
+            Step::Retry(reason) => {
+                let attempts = row.retry_count + 1;
+                let dead = attempts >= self.config.max_attempts;
+                self.record_failure(&row, owner, action, &reason, dead)
+                    .await?;
+            }
+            Step::Dead(reason) => {
+                self.record_failure(&row, owner, action, &reason, true)
+                    .await?;
+            }
+        }
+        let row = wal::find_by_op(&self.pool, &row.operation_id)
+            .await?
+            .ok_or_else(|| OpsError::UnknownOperation(row.operation_id.clone()))?;
+        Ok(WalView::from_row(&row))
+    }
+
+    async fn record_failure(
+        &self,
+        row: &WalRow,
+        owner: &str,
+        action: &'static str,
+        reason: &str,
+        dead: bool,
+    ) -> Result<(), OpsError> {
+        let delay = {
+            let factor = 1i32 << row.retry_count.min(20);
+            (self.config.retry_delay * factor).min(self.config.max_retry_delay)
+        };
+        let stuck = row.status().map(WalStatus::name).unwrap_or("UNKNOWN");
+        let alert = dead.then(|| outbox::wal_dead(row, action, stuck, reason));
+        let landed = wal::fail(&self.pool, row, owner, reason, delay, alert.as_ref()).await?;
+        if !landed {
+            return Ok(());
+        }
+        if dead {
+            metrics::counter!(names::WAL_DEAD, "action" => action).increment(1);
+            metrics::counter!(names::WAL_OPERATIONS, "action" => action, "outcome" => "dead")
+                .increment(1);
+            tracing::error!(operation_id = %row.operation_id, bucket = %row.stock_bucket_id, action, retry_count = row.retry_count + 1, error = reason, "stock operation marked dead: operator action needed");
+            if let Some(relay) = &self.outbox_written {
+                relay.notify_one();
+            }
+        } else {
+            metrics::counter!(names::WAL_OPERATIONS, "action" => action, "outcome" => "retry")
+                .increment(1);
+            tracing::warn!(operation_id = %row.operation_id, bucket = %row.stock_bucket_id, action, retry_in_ms = delay.num_milliseconds(), error = reason, "stock operation failed; will retry");
+        }
+        Ok(())
+    }
+
+    /// Calls a script, retrying an UNKNOWN outcome with the same operation id (the op record
+    /// turns an applied call into a replay, so this never applies twice).
+    async fn call<F, Fut>(&self, operation_id: &str, f: F) -> Result<OpResult, ExecError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<OpResult, ExecError>>,
+    {
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_millis(500))
+            .with_max_times(self.config.unknown_retries)
+            .with_jitter();
+        f.retry(backoff)
+            .when(|e: &ExecError| e.is_unknown())
+            .notify(|e, after| tracing::warn!(operation_id, error = %e, ?after, "redis outcome unknown; retrying with the same operation id"))
+            .await
+    }
+
+    async fn step(&self, row: &WalRow) -> Result<Step, OpsError> {
+        let Some(action) = row.action() else {
+            return Ok(Step::Dead(format!(
+                "unknown WAL action code {}",
+                row.action
+            )));
+        };
+        // The current baseline: an adjust may have moved it on since the row was written,
+        // and every script here is idempotent per operation id and baseline version.
+        let Some(baseline) = repo::find_baseline(&self.pool, &row.stock_bucket_id).await? else {
+            return Ok(Step::Dead(format!(
+                "bucket {} has no baseline",
+                row.stock_bucket_id
+            )));
+        };
+        let keys = match BucketKeys::new(
+            baseline.merchant_id,
+            baseline.dish_id,
+            &baseline.stock_date.to_string(),
+        ) {
+            Ok(k) => k,
+            Err(e) => return Ok(Step::Dead(e.to_string())),
+        };
+        let op = row.operation_id.as_str();
+        let request = parse_json(&row.request_payload);
+        let result = match action {
+            WalAction::InitBucket => {
+                self.call(op, || {
+                    self.lua
+                        .init_bucket(&keys, op, baseline.total_stock, baseline.baseline_version)
+                })
+                .await
+            }
+            WalAction::Adjust => {
+                let (Some(new_total), Some(version)) = (
+                    request.get("new_total").and_then(|v| v.as_i64()),
+                    request.get("baseline_version").and_then(|v| v.as_u64()),
+                ) else {
+                    return Ok(Step::Dead(
+                        "adjust request lacks new_total or baseline_version".into(),
+                    ));
+                };
+                self.call(op, || self.lua.adjust(&keys, op, new_total, None, version))
+                    .await
+            }
+            WalAction::Close => {
+                self.call(op, || {
+                    self.lua.set_state(&keys, op, BucketState::Closed, None)
+                })
+                .await
+            }
+            WalAction::Archive => {
+                // The script records a refusal (stock still reserved) under its operation id,
+                // and a refusal here is transient: each attempt gets its own id. Archiving
+                // twice is harmless (same state, no change), unlike initialising twice.
+                let attempt = format!("{op}_a{}", row.retry_count);
+                let ttl = Some(self.config.archive_ttl);
+                self.call(&attempt, || {
+                    self.lua
+                        .set_state(&keys, &attempt, BucketState::Archived, ttl)
+                })
+                .await
+            }
+            WalAction::Repair => {
+                return Ok(Step::Dead(
+                    "repair operations run with the reconciler, which this worker does not include"
+                        .into(),
+                ))
+            }
+        };
+        let result = match result {
+            Ok(r) => r,
+            Err(e) if e.is_unknown() => return Ok(Step::Retry(e.to_string())),
+            // A refused argument or a protocol error will not change on retry, but Redis may
+            // have been mid-upgrade: retry with backoff up to the bound, then dead.
+            Err(e) => return Ok(Step::Retry(e.to_string())),
+        };
+        Ok(self.conclude(row, action, &baseline, &request, &result))
+    }
+
+    /// Turns a script result into the WAL completion (outbox rows, baseline changes) or a
+    /// retry/dead verdict.
+    fn conclude(
+        &self,
+        row: &WalRow,
+        action: WalAction,
+        baseline: &Baseline,
+        request: &serde_json::Value,
+        result: &OpResult,
+    ) -> Step {
+        let op = row.operation_id.as_str();
+        let summary = |extra: serde_json::Value| {
+            let mut v = json!({
+                "outcome": result.outcome.as_str(),
+                "replayed": result.replayed,
+                "redis_version": result.after.version,
+                "after": {
+                    "total": result.after.total,
+                    "available": result.after.available,
+                    "reserved": result.after.reserved,
+                    "sold": result.after.sold,
+                    "deficit": result.deficit,
+                },
+            });
+            if let (Some(map), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
+                map.extend(extra);
+            }
+            v
+        };
+        let done = |outbox, bucket_status, extra| {
+            Step::Done(WalCompletion {
+                result_payload: summary(extra),
+                outbox,
+                bucket_status,
+            })
+        };
+        match (action, result.outcome) {
+            (WalAction::InitBucket, Outcome::Succeeded) => {
+                // Only a bucket that came into being is booked: an UNCHANGED init found a
+                // bucket built from the same or a newer baseline, already in the ledger.
+                let created = matches!(
+                    result.phase.as_deref(),
+                    Some("INITIALIZED") | Some("REINITIALIZED")
+                );
+                let outbox = if created {
+                    vec![outbox::bucket_initialized(row.id, op, baseline, result)]
+                } else {
+                    Vec::new()
+                };
+                done(outbox, None, json!({ "effect": result.phase }))
+            }
+            (WalAction::InitBucket, Outcome::Conflict) => Step::Dead(format!(
+                "bucket {} has traded under an older baseline; an init must not overwrite it (use adjust)",
+                row.stock_bucket_id
+            )),
+            (WalAction::Adjust, Outcome::Succeeded) => {
+                let old_total = request.get("old_total").and_then(|v| v.as_i64()).unwrap_or(0);
+                let new_total = request
+                    .get("new_total")
+                    .and_then(|v| v.as_i64())
+                    .unwrap_or(result.after.total);
+                let version = request
+                    .get("baseline_version")
+                    .and_then(|v| v.as_u64())
+                    .unwrap_or(baseline.baseline_version);
+                // Adjust moves neither reserved nor sold, so what was available before follows
+                // from the total before (the previous adjust's or the init's).
+                let committed = result.after.reserved + result.after.sold;
+                let available_delta = result.after.available - (old_total - committed).max(0);
+                if result.deficit > 0 && !result.replayed {
+                    metrics::counter!(names::DEFICIT).increment(1);
+                    tracing::error!(bucket = %row.stock_bucket_id, operation_id = op, new_total, committed, deficit = result.deficit, "adjust below accepted orders: available is 0 and a deficit is recorded; accepted orders stand");
+                }
+                let event = outbox::baseline_adjusted(&Adjusted {
+                    wal_id: row.id,
+                    operation_id: op,
+                    baseline,
+                    baseline_version: version,
+                    old_total,
+                    new_total,
+                    available_delta,
+                    result,
+                });
+                done(vec![event], None, json!({ "old_total": old_total }))
+            }
+            // Not in Redis yet: the baseline carries the new total, and the bucket's init will
+            // start from it.
+            (WalAction::Adjust, Outcome::BucketMissing) => done(
+                Vec::new(),
+                None,
+                json!({ "effect": "baseline only: the bucket is not in Redis yet and will be initialised from the new total" }),
+            ),
+            // A newer adjust already applied (this one arrived late): it is superseded.
+            (WalAction::Adjust, Outcome::Conflict) => {
+                done(Vec::new(), None, json!({ "effect": "superseded by a newer baseline" }))
+            }
+            (WalAction::Close, Outcome::Succeeded | Outcome::BucketMissing | Outcome::Conflict) => {
+                done(Vec::new(), None, json!({}))
+            }
+            (WalAction::Archive, Outcome::Succeeded | Outcome::BucketMissing) => {
+                done(Vec::new(), Some(DayState::Archived.code() as i8), json!({}))
+            }
+            // Stock is still reserved in Redis although MySQL has no unfinished reservation
+            // left: a step is still settling; try again later, and alert if it never does.
+            (WalAction::Archive, Outcome::Conflict) => Step::Retry(format!(
+                "bucket {} still has {} reserved in Redis",
+                row.stock_bucket_id, result.after.reserved
+            )),
+            (action, outcome) => Step::Dead(format!(
+                "{} got {} from Redis",
+                action.name(),
+                outcome.as_str()
+            )),
+        }
+    }
+
+    /// One WAL worker round: claims due rows nobody holds a live lease on (including rows
+    /// whose holder died) and executes them.
+    pub async fn work_once(&self, batch: u32) -> Result<WorkReport, OpsError> {
+        let owner = self.token();
+        let rows = wal::claim_due(&self.pool, &owner, self.config.lease, batch).await?;
+        let mut report = WorkReport::default();
+        for row in rows {
+            if row.lease_owner.is_some() {
+                tracing::warn!(operation_id = %row.operation_id, previous_owner = row.lease_owner.as_deref().unwrap_or(""), "taking over a stock operation whose lease expired");
+            }
+            match self.execute(row, &owner).await {
+                Ok(v) if v.succeeded() => report.succeeded += 1,
+                Ok(v) if v.status == WalStatus::Dead.name() => report.dead += 1,
+                Ok(_) => report.failed += 1,
+                Err(OpsError::Mysql(e)) => return Err(OpsError::Mysql(e)),
+                Err(e) => {
+                    report.failed += 1;
+                    tracing::warn!(error = %e, "stock operation attempt failed");
+                }
+            }
+        }
+        if let Ok(counts) = wal::count_by_status(&self.pool).await {
+            for status in [
+                WalStatus::Init,
+                WalStatus::Executing,
+                WalStatus::Retry,
+                WalStatus::Dead,
+            ] {
+                let n = counts
+                    .iter()
+                    .find(|(s, _)| *s == status as i8)
+                    .map(|(_, n)| *n)
+                    .unwrap_or(0);
+                metrics::gauge!(names::WAL_BACKLOG, "status" => status.name()).set(n as f64);
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// Runs WAL rounds until `stop`.
+pub async fn run_worker(
+    ops: Arc<crate::ReservationService>,
+    batch: u32,
+    idle_poll: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), OpsError> {
+    tracing::info!(batch, "operation WAL worker started");
+    loop {
+        let pause = match ops.ops().work_once(batch).await {
+            Ok(r) if r.succeeded + r.failed + r.dead >= batch as usize => Duration::ZERO,
+            Ok(_) => idle_poll,
+            Err(e) => {
+                tracing::warn!(error = %e, "WAL worker round failed; retrying");
+                idle_poll * 5
+            }
+        };
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+    tracing::info!("operation WAL worker stopped");
+    Ok(())
+}

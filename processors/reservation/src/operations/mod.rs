@@ -1,0 +1,361 @@
+//! Stock operations without a reservation (seed §4.5, §12): bucket init (daily job and lazy
+//! init), merchant adjustments and the bucket lifecycle OPEN → CLOSED → ARCHIVED. Each goes
+//! WAL → Lua → WAL SUCCEEDED + outbox, so the projector books snapshot and ledger and a crash
+//! at any point leaves a WAL row that [`StockOps::work_once`] resumes with the same operation
+//! id.
+//!
+//! Operation ids are deterministic per effect: `op_init_<m>_<d>_<yyyymmdd>_v<baseline>`
+//! (one init per baseline version, so concurrent lazy inits and the daily job converge on one
+//! row), `op_adjust_…_v<new baseline>`, `op_close_…`, `op_archive_…`.
+//!
+//! `execute` runs one WAL row (lease, Lua, completion or failure) and the worker; `daily` is
+//! the next-day job; `view` is what operators see.
+
+use crate::outbox::{self, Adjusted};
+use backon::{ExponentialBuilder, Retryable};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, TimeDelta, Utc};
+use serde::Serialize;
+use serde_json::json;
+use sqlx::MySqlPool;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use stocksvr_core::bucket::{self, BucketKey, BucketState as DayState};
+use stocksvr_store::buckets;
+use stocksvr_store::lua::{BucketKeys, BucketState, ExecError, LuaExecutor, OpResult, Outcome};
+use stocksvr_store::reservations::{self as repo, Baseline};
+use stocksvr_store::wal::{self, NewWal, Refusal, WalAction, WalCompletion, WalRow, WalStatus};
+use tokio::sync::watch;
+
+mod daily;
+mod execute;
+mod view;
+
+pub use daily::{run_daily, DailyConfig, PrepareReport};
+pub use execute::{run_worker, WorkReport};
+pub use view::{BaselineView, BucketReport, RedisView, SnapshotView, WalView};
+
+pub mod names {
+    pub const WAL_OPERATIONS: &str = "stocksvr_wal_operations_total";
+    pub const WAL_BACKLOG: &str = "stocksvr_wal_backlog";
+    pub const WAL_DEAD: &str = "stocksvr_wal_dead_total";
+    pub const DEFICIT: &str = "stocksvr_bucket_deficit_total";
+    pub const DAILY_PREPARED: &str = "stocksvr_daily_buckets_prepared_total";
+}
+
+#[derive(Debug, Clone)]
+pub struct OpsConfig {
+    /// How long a WAL row belongs to the worker that leased it; past that another takes over.
+    pub lease: TimeDelta,
+    /// First delay before a failed operation is retried; doubles per attempt.
+    pub retry_delay: TimeDelta,
+    pub max_retry_delay: TimeDelta,
+    /// Failed attempts after which the row is marked dead and alerted.
+    pub max_attempts: u32,
+    /// Time-to-live of an archived bucket's Redis key.
+    pub archive_ttl: Duration,
+    /// Immediate retries of a Redis call whose outcome is unknown (same operation id).
+    pub unknown_retries: usize,
+    /// How long a caller waits for an operation another worker is executing.
+    pub peer_wait: Duration,
+}
+
+impl Default for OpsConfig {
+    fn default() -> Self {
+        Self {
+            lease: TimeDelta::seconds(30),
+            retry_delay: TimeDelta::seconds(1),
+            max_retry_delay: TimeDelta::minutes(5),
+            max_attempts: 20,
+            archive_ttl: Duration::from_secs(7 * 24 * 3600),
+            unknown_retries: 3,
+            peer_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error(transparent)]
+    Refused(Refusal),
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("no operation {0}")]
+    UnknownOperation(String),
+    /// Written and leased, not finished: the WAL worker completes it.
+    #[error("operation {operation_id} is not finished ({status}): {reason}")]
+    Pending {
+        operation_id: String,
+        status: &'static str,
+        reason: String,
+    },
+    #[error("operation {operation_id} is dead: {reason}")]
+    Dead {
+        operation_id: String,
+        reason: String,
+    },
+    #[error("mysql: {0}")]
+    Mysql(#[from] sqlx::Error),
+    #[error("redis: {0}")]
+    Redis(String),
+}
+
+impl From<Refusal> for OpsError {
+    fn from(r: Refusal) -> Self {
+        match r {
+            Refusal::Mysql(e) => OpsError::Mysql(e),
+            other => OpsError::Refused(other),
+        }
+    }
+}
+
+/// `<m>_<d>_<yyyymmdd>`: the bucket id without its prefix, to keep operation ids short.
+fn op_suffix(bucket_id: &str) -> &str {
+    bucket_id.strip_prefix("bucket_").unwrap_or(bucket_id)
+}
+
+pub fn init_operation_id(bucket_id: &str, baseline_version: u64) -> String {
+    format!("op_init_{}_v{baseline_version}", op_suffix(bucket_id))
+}
+
+pub fn adjust_operation_id(bucket_id: &str, baseline_version: u64) -> String {
+    format!("op_adjust_{}_v{baseline_version}", op_suffix(bucket_id))
+}
+
+pub fn close_operation_id(bucket_id: &str) -> String {
+    format!("op_close_{}", op_suffix(bucket_id))
+}
+
+pub fn archive_operation_id(bucket_id: &str) -> String {
+    format!("op_archive_{}", op_suffix(bucket_id))
+}
+
+pub struct StockOps {
+    pool: MySqlPool,
+    lua: Arc<LuaExecutor>,
+    config: OpsConfig,
+    instance: String,
+    seq: AtomicU64,
+    outbox_written: Option<Arc<tokio::sync::Notify>>,
+}
+
+fn instance_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    format!("{host}:{}:{started}", std::process::id())
+}
+
+impl StockOps {
+    pub fn new(pool: MySqlPool, lua: Arc<LuaExecutor>, config: OpsConfig) -> Self {
+        Self {
+            pool,
+            lua,
+            config,
+            instance: instance_name(),
+            seq: AtomicU64::new(0),
+            outbox_written: None,
+        }
+    }
+
+    pub fn with_outbox_waker(mut self, relay: Arc<tokio::sync::Notify>) -> Self {
+        self.outbox_written = Some(relay);
+        self
+    }
+
+    pub fn config(&self) -> &OpsConfig {
+        &self.config
+    }
+
+    /// A lease token unique to one execution, so two callers in one process do not share a
+    /// lease (the lease says who executes; waiting callers then really wait).
+    fn token(&self) -> String {
+        format!(
+            "{}#{}",
+            self.instance,
+            self.seq.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn new_wal(
+        &self,
+        owner: &str,
+        operation_id: String,
+        bucket: &str,
+        action: WalAction,
+        request: serde_json::Value,
+    ) -> NewWal {
+        NewWal {
+            operation_id,
+            stock_bucket_id: bucket.to_string(),
+            action,
+            request_payload: request,
+            lease_owner: owner.to_string(),
+            lease: self.config.lease,
+        }
+    }
+
+    /// Creates a day's bucket: the baseline (kept as it is when it exists) and its INIT WAL
+    /// row in one transaction, then Lua. Idempotent: the same baseline version is one
+    /// operation however often it is asked for.
+    pub async fn init_bucket(&self, b: &Baseline) -> Result<WalView, OpsError> {
+        if b.total_stock < 0 {
+            return Err(OpsError::Invalid {
+                field: "total",
+                message: format!("must be >= 0, got {}", b.total_stock),
+            });
+        }
+        let owner = self.token();
+        let (stored, _) = wal::begin_init(&self.pool, b, |s| {
+            self.new_wal(
+                &owner,
+                init_operation_id(&s.stock_bucket_id, s.baseline_version),
+                &s.stock_bucket_id,
+                WalAction::InitBucket,
+                json!({
+                    "merchant_id": s.merchant_id,
+                    "dish_id": s.dish_id,
+                    "stock_date": s.stock_date.to_string(),
+                    "timezone": s.timezone,
+                    "total": s.total_stock,
+                    "baseline_version": s.baseline_version,
+                }),
+            )
+        })
+        .await?;
+        let op = init_operation_id(&stored.stock_bucket_id, stored.baseline_version);
+        self.drive(&op, &owner).await
+    }
+
+    /// Lazy initialisation (seed §12.1): a Try found no bucket in Redis. Same WAL row and Lua
+    /// path as the daily job; concurrent first Trys share one row and one execution.
+    pub async fn ensure_bucket(&self, b: &Baseline) -> Result<(), OpsError> {
+        let view = self.init_bucket(b).await?;
+        match view.status {
+            s if s == WalStatus::Succeeded.name() => Ok(()),
+            s if s == WalStatus::Dead.name() => Err(OpsError::Dead {
+                operation_id: view.operation_id,
+                reason: view.last_error.unwrap_or_default(),
+            }),
+            s => Err(OpsError::Pending {
+                operation_id: view.operation_id,
+                status: if s == WalStatus::Retry.name() {
+                    "RETRY"
+                } else {
+                    "EXECUTING"
+                },
+                reason: view.last_error.unwrap_or_default(),
+            }),
+        }
+    }
+
+    /// A merchant's new total (seed §12.3): `available = max(0, total - reserved - sold)`; an
+    /// adjust below what was already accepted records a deficit and never cancels orders.
+    pub async fn adjust(&self, bucket: &str, new_total: i64) -> Result<WalView, OpsError> {
+        if new_total < 0 {
+            return Err(OpsError::Invalid {
+                field: "total",
+                message: format!("must be >= 0, got {new_total}"),
+            });
+        }
+        let owner = self.token();
+        let (_, row) = wal::begin_adjust(&self.pool, bucket, new_total, |before| {
+            let version = before.baseline_version + 1;
+            self.new_wal(
+                &owner,
+                adjust_operation_id(bucket, version),
+                bucket,
+                WalAction::Adjust,
+                json!({
+                    "old_total": before.total_stock,
+                    "new_total": new_total,
+                    "baseline_version": version,
+                }),
+            )
+        })
+        .await?;
+        self.drive(&row.operation_id, &owner).await
+    }
+
+    /// CLOSED: no new Try from the moment the baseline changes; Confirm, Cancel and Refund of
+    /// existing reservations go on.
+    pub async fn close(&self, bucket: &str) -> Result<WalView, OpsError> {
+        let owner = self.token();
+        let op = close_operation_id(bucket);
+        let w = self.new_wal(&owner, op.clone(), bucket, WalAction::Close, json!({}));
+        wal::begin_close(&self.pool, bucket, w).await?;
+        self.drive(&op, &owner).await
+    }
+
+    /// ARCHIVED: refused while any reservation of the bucket is unfinished; the Redis key then
+    /// gets `archive_ttl` to live.
+    pub async fn archive(&self, bucket: &str) -> Result<WalView, OpsError> {
+        let owner = self.token();
+        let op = archive_operation_id(bucket);
+        let w = self.new_wal(
+            &owner,
+            op.clone(),
+            bucket,
+            WalAction::Archive,
+            json!({ "ttl_secs": self.config.archive_ttl.as_secs() }),
+        );
+        wal::begin_archive(&self.pool, bucket, w).await?;
+        self.drive(&op, &owner).await
+    }
+
+    /// An operator's "retry now" for a RETRY or DEAD row (a finished one is shown as it is).
+    /// It is one more attempt: a dead row that fails again is dead again.
+    pub async fn retry_now(&self, operation_id: &str) -> Result<WalView, OpsError> {
+        wal::retry_now(&self.pool, operation_id).await?;
+        let owner = self.token();
+        self.drive(operation_id, &owner).await
+    }
+
+    pub async fn find(&self, operation_id: &str) -> Result<WalView, OpsError> {
+        let row = wal::find_by_op(&self.pool, operation_id)
+            .await?
+            .ok_or_else(|| OpsError::UnknownOperation(operation_id.to_string()))?;
+        Ok(WalView::from_row(&row))
+    }
+
+    pub async fn list(
+        &self,
+        statuses: &[WalStatus],
+        bucket: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<WalView>, OpsError> {
+        Ok(wal::list(&self.pool, statuses, bucket, limit)
+            .await?
+            .iter()
+            .map(WalView::from_row)
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operation_ids_are_per_effect_and_fit_the_column() {
+        let b = "bucket_10001_90001_20260726";
+        assert_eq!(init_operation_id(b, 1), "op_init_10001_90001_20260726_v1");
+        assert_eq!(
+            adjust_operation_id(b, 3),
+            "op_adjust_10001_90001_20260726_v3"
+        );
+        assert_eq!(close_operation_id(b), "op_close_10001_90001_20260726");
+        assert_eq!(archive_operation_id(b), "op_archive_10001_90001_20260726");
+        // Twelve-digit merchant and dish ids leave room for any realistic version.
+        let day = NaiveDate::from_ymd_opt(2026, 12, 31).unwrap();
+        let long = BucketKey::new(999_999_999_999, 999_999_999_999, day).stock_bucket_id();
+        assert!(adjust_operation_id(&long, u32::MAX as u64).len() <= 64);
+    }
+}
