@@ -13,6 +13,13 @@
 --   expected version given and different   -> CONFLICT, recorded (a CAS that lost: the caller
 --                                             re-reads and retries with a new operation id)
 --   ARGV baseline_version < stored one     -> CONFLICT, recorded (a stale adjust arriving late)
+--   no expected version and ARGV baseline_version = stored one
+--                                          -> CONFLICT, recorded: a merchant adjust always carries
+--                                             a new baseline version, so an equal one means the
+--                                             bucket was already built from that baseline (an init
+--                                             that read it first) and applying again would book
+--                                             the change twice. A repair (expected version given)
+--                                             may keep the baseline version: its CAS guards it.
 --   otherwise total = new_total, available = max(0, new_total - reserved - sold),
 --             deficit = max(0, reserved + sold - new_total), baseline_version = ARGV value.
 --             Accepted orders are never undone to fit a smaller total: the deficit is reported
@@ -40,7 +47,8 @@ if s.state == 'ARCHIVED' then
 end
 
 local now = now_ms()
-if (expected ~= nil and expected ~= s.version) or baseline < s.baseline_version then
+if (expected ~= nil and expected ~= s.version) or baseline < s.baseline_version
+    or (expected == nil and baseline == s.baseline_version) then
   return record(KEYS[2], ttl, 'ADJUST', '', new_total, result('CONFLICT', s, '', false, false), now)
 end
 

@@ -7,19 +7,13 @@
 -- Outcomes:
 --   replay of the operation id -> the stored first result, replayed=1
 --   no stock hash              -> total = available = ARGV total, reserved = sold = deficit = 0,
---                                 version 1, state OPEN
---   stored baseline_version >= ARGV baseline_version
---                              -> SUCCEEDED, no change (a duplicate or stale init; concurrent lazy
---                                 inits of one bucket converge here)
---   lower stored baseline, bucket untouched (reserved = sold = 0, available = total)
---                              -> re-initialised from the newer baseline; the version keeps
---                                 growing (projections only accept newer versions)
---   lower stored baseline, bucket has traded
---                              -> CONFLICT: never overwrite a traded bucket, adjust is the way
+--                                 version 1, state OPEN; phase INITIALIZED
+--   a stock hash exists        -> SUCCEEDED, no change, phase UNCHANGED: whatever its baseline, a
+--                                 bucket is never rebuilt by an init (a newer total reaches it
+--                                 through adjust, which books the difference; rebuilding would
+--                                 book the whole total a second time, or erase trades)
 -- Everything except a replay is recorded. The phase slot (unused: no reservation) says what
--- happened, because only a bucket that came into being may be booked as an init in the ledger:
---   INITIALIZED (created), REINITIALIZED (untouched bucket rebuilt from a newer baseline),
---   UNCHANGED (the stored baseline was the same or newer; the numbers are the current ones).
+-- happened, because only a bucket that came into being may be booked as an init in the ledger.
 local op = arg_str(1, 'operation_id')
 local total = arg_int(2, 'total', 0)
 local baseline = arg_int(3, 'baseline_version', 0)
@@ -41,16 +35,4 @@ if not s then
   return record(KEYS[2], ttl, 'INIT', '', total, result('SUCCEEDED', s, 'INITIALIZED', false, false), now)
 end
 
-if s.baseline_version >= baseline then
-  return record(KEYS[2], ttl, 'INIT', '', total, result('SUCCEEDED', s, 'UNCHANGED', false, false), now)
-end
-if s.reserved ~= 0 or s.sold ~= 0 or s.available ~= s.total then
-  return record(KEYS[2], ttl, 'INIT', '', total, result('CONFLICT', s, '', false, false), now)
-end
-
-s.total = total
-s.available = total
-s.deficit = 0
-write_stock(KEYS[1], s, now)
-redis.call('HSET', KEYS[1], 'baseline_version', baseline)
-return record(KEYS[2], ttl, 'INIT', '', total, result('SUCCEEDED', s, 'REINITIALIZED', false, false), now)
+return record(KEYS[2], ttl, 'INIT', '', total, result('SUCCEEDED', s, 'UNCHANGED', false, false), now)

@@ -9,6 +9,7 @@
 use crate::error::{parse_json, ApiError, ErrorBody};
 use crate::ApiState;
 use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -58,6 +59,7 @@ impl From<OpsError> for ApiError {
             OpsError::Pending { .. } => (StatusCode::SERVICE_UNAVAILABLE, "pending", None),
             OpsError::Mysql(_) => (StatusCode::SERVICE_UNAVAILABLE, "mysql_unavailable", None),
             OpsError::Redis(_) => (StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable", None),
+            OpsError::BucketLost { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "bucket_lost", None),
         };
         if status.is_server_error() {
             tracing::warn!(error = %message, "admin request failed");
@@ -202,6 +204,12 @@ struct OperationsQuery {
     limit: Option<u32>,
 }
 
+/// A query string that does not parse (`?limit=abc`, an unknown parameter) is a 400 with the
+/// JSON body every other error has; serde names the parameter in the message.
+fn query_error(e: QueryRejection) -> ApiError {
+    ApiError::invalid("query", e.body_text())
+}
+
 fn limit(raw: Option<u32>) -> Result<u32, ApiError> {
     match raw.unwrap_or(100) {
         n @ 1..=1000 => Ok(n),
@@ -214,8 +222,9 @@ fn limit(raw: Option<u32>) -> Result<u32, ApiError> {
 
 async fn list_operations(
     State(state): State<ApiState>,
-    Query(q): Query<OperationsQuery>,
+    q: Result<Query<OperationsQuery>, QueryRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let Query(q) = q.map_err(query_error)?;
     let statuses = match q.status.as_deref() {
         None => vec![
             WalStatus::Init,
@@ -271,8 +280,9 @@ struct StuckQuery {
 
 async fn list_stuck(
     State(state): State<ApiState>,
-    Query(q): Query<StuckQuery>,
+    q: Result<Query<StuckQuery>, QueryRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let Query(q) = q.map_err(query_error)?;
     let rows = state
         .service()?
         .list_stuck(q.dead_only.unwrap_or(false), limit(q.limit)?)

@@ -24,10 +24,29 @@ fn ts(t: chrono::NaiveDateTime) -> String {
     t.and_utc().to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// `inventory_outbox.event_id` is 64 characters: a longer id (long merchant, dish or refund
+/// ids) keeps a readable prefix and ends in a hash of the whole id, still deterministic, so
+/// it can never be truncated into another event's id.
+fn event_id(operation_id: &str, kind: &str) -> String {
+    let id = format!("{operation_id}:{kind}");
+    if id.len() <= 64 {
+        return id;
+    }
+    // FNV-1a: stable across Rust versions and processes, unlike the std hasher.
+    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let mut cut = 47;
+    while !id.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}~{hash:016x}", &id[..cut])
+}
+
 fn row<D: EventData + Serialize>(aggregate_id: u64, operation_id: &str, data: D) -> NewOutbox {
     let kind = data.kind();
     let envelope = Envelope::new(
-        format!("{operation_id}:{}", kind.name()),
+        event_id(operation_id, kind.name()),
         now_rfc3339(),
         PRODUCER,
         None,
@@ -315,5 +334,35 @@ fn after(result: &OpResult) -> StockAfter {
         available: result.after.available,
         reserved: result.after.reserved,
         sold: result.after.sold,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::event_id;
+
+    #[test]
+    fn event_ids_fit_the_column_and_stay_distinct() {
+        assert_eq!(
+            event_id("op_try_1", "InventoryReserved"),
+            "op_try_1:InventoryReserved"
+        );
+        let a = event_id(
+            "dead_op_adjust_123456789012_123456789012_20261129_v12",
+            "InventoryOperationDead",
+        );
+        let b = event_id(
+            "dead_op_adjust_123456789012_123456789012_20261129_v13",
+            "InventoryOperationDead",
+        );
+        assert_eq!((a.len(), b.len()), (64, 64));
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            event_id(
+                "dead_op_adjust_123456789012_123456789012_20261129_v12",
+                "InventoryOperationDead"
+            )
+        );
     }
 }

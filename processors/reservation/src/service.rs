@@ -725,8 +725,35 @@ impl ReservationService {
         if status == ReservationStatus::Preparing
             && matches!(&result, Ok(r) if r.outcome == Outcome::BucketMissing)
         {
-            self.init_bucket(&row).await?;
-            result = self.call_step(status, &keys, &row).await;
+            match self.init_bucket(&row).await {
+                Ok(true) => result = self.call_step(status, &keys, &row).await,
+                // The day was closed before its bucket ever reached Redis: refuse the Try
+                // as the script refuses one on a CLOSED bucket.
+                Ok(false) => {
+                    let completion = self.rejection(&row, "BUCKET_CLOSED", None);
+                    if repo::complete_step(&self.pool, row.id, status, row.version, &completion)
+                        .await?
+                    {
+                        self.outbox_committed();
+                    }
+                    return self.load(row.id).await;
+                }
+                Err(e) => {
+                    // Counted like any failed step, so recovery backs off and, past its
+                    // bound, marks the row dead and alerts instead of retrying for ever.
+                    if !matches!(e, ServiceError::Mysql(_)) {
+                        repo::record_failure(
+                            &self.pool,
+                            row.id,
+                            status,
+                            &e.to_string(),
+                            self.retry_delay(row.retry_count),
+                        )
+                        .await?;
+                    }
+                    return Err(e);
+                }
+            }
         }
         let result = match result {
             Ok(r) => r,
@@ -959,15 +986,24 @@ impl ReservationService {
     /// Lazy initialisation when a Try finds no bucket in Redis: the same WAL row and Lua
     /// path as the daily job (never a direct SET from the request), keyed by bucket and
     /// baseline version, so twenty concurrent first Trys initialise once.
-    async fn init_bucket(&self, row: &Reservation) -> Result<(), ServiceError> {
+    /// False (nothing done) when the day is no longer OPEN.
+    async fn init_bucket(&self, row: &Reservation) -> Result<bool, ServiceError> {
         let baseline = repo::find_baseline(&self.pool, &row.stock_bucket_id)
             .await?
             .ok_or_else(|| ServiceError::BucketNotFound(row.stock_bucket_id.clone()))?;
+        if u8::try_from(baseline.bucket_status).ok() != Some(BucketState::Open as u8) {
+            return Ok(false);
+        }
         self.ops
             .ensure_bucket(&baseline)
             .await
+            .map(|()| true)
             .map_err(|e| match e {
                 OpsError::Mysql(e) => ServiceError::Mysql(e),
+                OpsError::BucketLost { .. } => ServiceError::Inconsistent {
+                    reservation_id: row.id,
+                    reason: e.to_string(),
+                },
                 other => ServiceError::OutcomeUnknown {
                     reservation_id: row.id,
                     status: ReservationStatus::Preparing,

@@ -3,180 +3,16 @@
 //! lifecycle, cross-day cancel and refund, and the daily job. Each test has its own database
 //! and merchant (so its own Redis keys).
 
-use chrono::{DateTime, NaiveDate, TimeDelta, Utc};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use stocksvr_core::bucket::BucketKey;
-use stocksvr_core::events::OrderType;
-use stocksvr_core::snowflake::SnowflakeGenerator;
+mod common;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use common::ops::{assert_conserved, done, Ops};
+use std::time::Duration;
 use stocksvr_reservation::operations::{self, init_operation_id};
-use stocksvr_reservation::{
-    IntentOutcome, OpsConfig, OpsError, ReservationService, ServiceConfig, ServiceError, TryRequest,
-};
-use stocksvr_store::lua::{BucketKeys, LuaExecutor, StockNumbers};
-use stocksvr_store::reservations::{self as repo, Baseline};
+use stocksvr_reservation::{OpsConfig, OpsError, ServiceError};
+use stocksvr_store::lua::BucketKeys;
+use stocksvr_store::reservations as repo;
 use stocksvr_store::wal::{self, NewWal, Refusal, WalAction};
-
-fn env_or(key: &str, default: &str) -> String {
-    std::env::var(key).unwrap_or_else(|_| default.to_string())
-}
-
-/// Distinct per call and process: parallel tests share Redis.
-fn seed() -> u64 {
-    use std::hash::{Hash, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_nanos();
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (
-        nanos,
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed),
-    )
-        .hash(&mut h);
-    h.finish()
-}
-
-struct Ops {
-    service: Arc<ReservationService>,
-    lua: Arc<LuaExecutor>,
-    pool: sqlx::MySqlPool,
-    merchant_id: u64,
-    dish_id: u64,
-    today: NaiveDate,
-}
-
-impl Ops {
-    async fn new(ops: OpsConfig) -> Self {
-        let base = env_or(
-            "STOCKSVR__MYSQL__URL",
-            "mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr",
-        );
-        let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
-        let s = seed();
-        let db = format!("stocksvr_ops_{}", s % 1_000_000_000_000);
-        sqlx::query(&format!("CREATE DATABASE `{db}`"))
-            .execute(&admin)
-            .await
-            .expect("create db");
-        let (prefix, _) = base.rsplit_once('/').expect("db path");
-        let pool =
-            stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 32, Duration::from_secs(30))
-                .expect("pool");
-        stocksvr_store::migrate(&pool).await.expect("migrate");
-        let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
-        let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
-            .await
-            .expect("redis");
-        let config = ServiceConfig::default();
-        let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
-        let ids = SnowflakeGenerator::new((s % 1024) as u16).expect("worker id");
-        let merchant_id = 2_000_000 + s % 1_000_000_000;
-        repo::set_merchant_timezone(&pool, merchant_id, "UTC")
-            .await
-            .expect("tz");
-        Self {
-            service: Arc::new(
-                ReservationService::new(pool.clone(), lua.clone(), ids, config)
-                    .with_ops_config(ops),
-            ),
-            lua,
-            pool,
-            merchant_id,
-            dish_id: 88,
-            today: Utc::now().date_naive(),
-        }
-    }
-
-    fn baseline(&self, date: NaiveDate, total: i64) -> Baseline {
-        Baseline {
-            stock_bucket_id: self.bucket(date),
-            merchant_id: self.merchant_id,
-            dish_id: self.dish_id,
-            stock_date: date,
-            timezone: "UTC".into(),
-            total_stock: total,
-            baseline_version: 1,
-            stock_status: 1,
-            bucket_status: 10,
-        }
-    }
-
-    fn bucket(&self, date: NaiveDate) -> String {
-        BucketKey::new(self.merchant_id, self.dish_id, date).stock_bucket_id()
-    }
-
-    async fn redis(&self, date: NaiveDate) -> Option<StockNumbers> {
-        let keys =
-            BucketKeys::new(self.merchant_id, self.dish_id, &date.to_string()).expect("keys");
-        self.lua.read_bucket(&keys).await.expect("read")
-    }
-
-    fn request(&self, item: u64, quantity: u32) -> TryRequest {
-        TryRequest {
-            order_id: 7_000 + item,
-            order_item_id: item,
-            merchant_id: self.merchant_id,
-            dish_id: self.dish_id,
-            quantity,
-            order_type: OrderType::Instant,
-            processing_time: None,
-        }
-    }
-
-    async fn reserve(&self, item: u64, quantity: u32) -> u64 {
-        let reply = self
-            .service
-            .try_reserve(&self.request(item, quantity))
-            .await
-            .expect("try");
-        assert_eq!(reply.reservation.status, "RESERVED");
-        reply.reservation.reservation_id.parse().expect("id")
-    }
-
-    async fn status(&self, id: u64) -> String {
-        self.service
-            .get(id)
-            .await
-            .expect("get")
-            .expect("row")
-            .status
-    }
-
-    async fn outbox_count(&self, event_type: &str) -> i64 {
-        let (n,): (i64,) =
-            sqlx::query_as("SELECT COUNT(*) FROM inventory_outbox WHERE event_type = ?")
-                .bind(event_type)
-                .fetch_one(&self.pool)
-                .await
-                .expect("count");
-        n
-    }
-
-    async fn wal_rows(&self, bucket: &str) -> Vec<wal::WalRow> {
-        wal::list(&self.pool, &[], Some(bucket), 100)
-            .await
-            .expect("wal")
-    }
-}
-
-fn assert_conserved(n: &StockNumbers) {
-    assert_eq!(
-        n.available + n.reserved + n.sold,
-        n.total + n.deficit,
-        "available + reserved + sold = total + deficit: {n:?}"
-    );
-}
-
-fn done(outcome: IntentOutcome) -> String {
-    match outcome {
-        IntentOutcome::Done { reservation, .. } => reservation.status,
-        other => panic!("expected the step to run, got {other:?}"),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_concurrent_first_trys_initialise_the_bucket_once() {
@@ -215,11 +51,7 @@ async fn twenty_concurrent_first_trys_initialise_the_bucket_once() {
 /// before Redis, and after Redis but before the completion commit.
 #[tokio::test]
 async fn a_dead_workers_lease_is_taken_over_after_expiry_and_applied_once() {
-    let f = Ops::new(OpsConfig {
-        lease: TimeDelta::milliseconds(1500),
-        ..OpsConfig::default()
-    })
-    .await;
+    let f = Ops::new(OpsConfig::default()).await;
     for (day, redis_ran) in [(f.today, false), (f.today + TimeDelta::days(1), true)] {
         let b = f.baseline(day, 40);
         let op = init_operation_id(&b.stock_bucket_id, 1);
@@ -229,7 +61,7 @@ async fn a_dead_workers_lease_is_taken_over_after_expiry_and_applied_once() {
             action: WalAction::InitBucket,
             request_payload: serde_json::json!({ "total": s.total_stock }),
             lease_owner: "killed-worker".into(),
-            lease: TimeDelta::milliseconds(1500),
+            lease: TimeDelta::minutes(10),
         })
         .await
         .expect("begin");
@@ -253,15 +85,9 @@ async fn a_dead_workers_lease_is_taken_over_after_expiry_and_applied_once() {
         assert_eq!(row.lease_owner.as_deref(), Some("killed-worker"));
 
         // Past the expiry the row is taken over and completed once.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            let report = f.service.ops().work_once(10).await.expect("round");
-            if report.succeeded == 1 {
-                break;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "never taken over");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        f.expire_lease(&op).await;
+        let report = f.service.ops().work_once(10).await.expect("round");
+        assert_eq!(report.succeeded, 1, "taken over: {report:?}");
         let row = wal::find_by_op(&f.pool, &op)
             .await
             .expect("find")
@@ -424,7 +250,8 @@ async fn a_closed_bucket_refuses_trys_but_settles_reservations_and_archives_only
         f.redis(f.today).await.expect("bucket").state.as_str(),
         "ARCHIVED"
     );
-    let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
+    let redis_url =
+        std::env::var("STOCKSVR__REDIS__URL").unwrap_or_else(|_| "redis://127.0.0.1:6380/".into());
     let mut conn = redis::Client::open(redis_url)
         .expect("client")
         .get_multiplexed_async_connection()
@@ -630,4 +457,151 @@ async fn an_operation_that_cannot_succeed_goes_dead_with_an_alert_and_can_be_ret
         .await
         .expect("retry");
     assert!(retried.succeeded(), "{retried:?}");
+}
+
+/// The daily init of a bucket is stuck (its worker died holding the lease) when the merchant
+/// adjusts: the adjust waits for the init instead of being lost under it, the init builds the
+/// bucket from the new total, and the ledger gets one init of that total and no adjust.
+#[tokio::test]
+async fn an_adjust_waits_for_the_buckets_unfinished_init_and_is_booked_once() {
+    let f = Ops::new(OpsConfig::default()).await;
+    let b = f.baseline(f.today, 10);
+    let init = init_operation_id(&b.stock_bucket_id, 1);
+    wal::begin_init(&f.pool, &b, |s| NewWal {
+        operation_id: init.clone(),
+        stock_bucket_id: s.stock_bucket_id.clone(),
+        action: WalAction::InitBucket,
+        request_payload: serde_json::json!({ "total": s.total_stock }),
+        lease_owner: "killed-worker".into(),
+        lease: TimeDelta::minutes(10),
+    })
+    .await
+    .expect("begin");
+    let adjust = f
+        .service
+        .ops()
+        .adjust(&b.stock_bucket_id, 25)
+        .await
+        .expect("adjust");
+    assert_eq!(adjust.status, "RETRY", "waits for the init: {adjust:?}");
+    assert_eq!(adjust.retry_count, 0, "waiting is not a failure");
+    assert!(f.redis(f.today).await.is_none());
+
+    f.expire_lease(&init).await;
+    let first = f.service.ops().work_once(10).await.expect("round");
+    assert_eq!(first.succeeded, 1, "the init: {first:?}");
+    f.make_wal_due().await;
+    let second = f.service.ops().work_once(10).await.expect("round");
+    assert_eq!(second.succeeded, 1, "the adjust: {second:?}");
+    let n = f.redis(f.today).await.expect("bucket");
+    assert_eq!(
+        (n.total, n.available, n.version),
+        (25, 25, 1),
+        "built once from the new total"
+    );
+    let inits = f.events("StockBucketInitialized").await;
+    assert_eq!(inits.len(), 1);
+    assert_eq!(inits[0]["data"]["total"], 25);
+    assert!(
+        f.events("StockBaselineAdjusted").await.is_empty(),
+        "nothing booked twice"
+    );
+}
+
+/// Adjusts apply in version order: one whose older predecessor is unfinished waits, so each
+/// event's old total is what Redis had and the ledger's total deltas add up to Redis.
+#[tokio::test]
+async fn adjusts_apply_in_version_order_and_their_deltas_add_up() {
+    let f = Ops::new(OpsConfig::default()).await;
+    let bucket = f.bucket(f.today);
+    let init = f
+        .service
+        .ops()
+        .init_bucket(&f.baseline(f.today, 10))
+        .await
+        .expect("init");
+    assert!(init.succeeded(), "{init:?}");
+    // Adjust to 8 written, its executor dead before Redis.
+    let (_, stuck) = wal::begin_adjust(&f.pool, &bucket, 8, |before| NewWal {
+        operation_id: operations::adjust_operation_id(&bucket, before.baseline_version + 1),
+        stock_bucket_id: bucket.clone(),
+        action: WalAction::Adjust,
+        request_payload: serde_json::json!({
+            "old_total": before.total_stock,
+            "new_total": 8,
+            "baseline_version": before.baseline_version + 1,
+        }),
+        lease_owner: "killed-worker".into(),
+        lease: TimeDelta::minutes(10),
+    })
+    .await
+    .expect("begin");
+    let later = f.service.ops().adjust(&bucket, 12).await.expect("adjust");
+    assert_eq!(
+        later.status, "RETRY",
+        "waits for the older adjust: {later:?}"
+    );
+    assert_eq!(f.redis(f.today).await.expect("bucket").total, 10);
+
+    f.expire_lease(&stuck.operation_id).await;
+    let first = f.service.ops().work_once(10).await.expect("round");
+    assert_eq!(first.succeeded, 1, "{first:?}");
+    f.make_wal_due().await;
+    let second = f.service.ops().work_once(10).await.expect("round");
+    assert_eq!(second.succeeded, 1, "{second:?}");
+    let n = f.redis(f.today).await.expect("bucket");
+    assert_eq!((n.total, n.available), (12, 12));
+    let events = f.events("StockBaselineAdjusted").await;
+    let moves: Vec<(i64, i64)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["data"]["old_total"].as_i64().unwrap_or(-1),
+                e["data"]["after"]["total"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    assert_eq!(moves, vec![(10, 8), (8, 12)], "each from what Redis had");
+    let available: i64 = events
+        .iter()
+        .map(|e| e["data"]["available_delta"].as_i64().unwrap_or(0))
+        .sum();
+    assert_eq!(10 + available, n.available, "init + deltas = Redis");
+}
+
+/// A bucket built once and then lost by Redis is never rebuilt empty by a Try: that would
+/// sell again what was already reserved. The Try fails closed.
+#[tokio::test]
+async fn a_try_never_recreates_a_bucket_that_redis_lost() {
+    let f = Ops::new(OpsConfig::default()).await;
+    let bucket = f.bucket(f.today);
+    f.service
+        .ops()
+        .init_bucket(&f.baseline(f.today, 10))
+        .await
+        .expect("init");
+    f.reserve(1, 6).await;
+    f.service.ops().adjust(&bucket, 12).await.expect("adjust");
+    // Redis loses the bucket (a flush, a failover without persistence).
+    let redis_url =
+        std::env::var("STOCKSVR__REDIS__URL").unwrap_or_else(|_| "redis://127.0.0.1:6380/".into());
+    let mut conn = redis::Client::open(redis_url)
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn");
+    let keys = BucketKeys::new(f.merchant_id, f.dish_id, &f.today.to_string()).expect("keys");
+    let _: i64 = redis::cmd("DEL")
+        .arg(keys.stock())
+        .query_async(&mut conn)
+        .await
+        .expect("del");
+    match f.service.try_reserve(&f.request(2, 6)).await {
+        Err(ServiceError::Inconsistent { reason, .. }) => {
+            assert!(reason.contains("missing from Redis"), "{reason}")
+        }
+        other => panic!("a Try on a lost bucket must fail closed: {other:?}"),
+    }
+    assert!(f.redis(f.today).await.is_none(), "not re-created");
+    assert_eq!(f.events("StockBucketInitialized").await.len(), 1);
 }

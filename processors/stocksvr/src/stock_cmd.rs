@@ -31,9 +31,10 @@ pub enum BucketAction {
         date: Option<String>,
         #[arg(long)]
         total: i64,
-        /// The merchant's IANA time zone, stored for every later Try.
-        #[arg(long, default_value = "UTC")]
-        timezone: String,
+        /// The merchant's IANA time zone, stored for every later Try; default: the zone
+        /// already configured for the merchant (or `reservation.default_timezone`).
+        #[arg(long)]
+        timezone: Option<String>,
     },
     /// Set a new total: available = max(0, total - reserved - sold); a deficit is recorded
     /// when accepted orders exceed it (they are never cancelled).
@@ -62,7 +63,8 @@ pub enum OpsAction {
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
-    /// Run one RETRY or DEAD operation now, with a fresh retry budget.
+    /// Run one RETRY or DEAD operation now (one more attempt: a dead one that fails again
+    /// stays dead).
     Retry { operation_id: String },
 }
 
@@ -141,13 +143,25 @@ pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result
                 "--merchant-id and --dish-id must be positive"
             );
             anyhow::ensure!(total >= 0, "--total must not be negative");
+            // Only an explicit --timezone changes the merchant's zone: every later Try of
+            // the merchant picks its business day in it.
+            let timezone = match timezone {
+                Some(name) => {
+                    bucket::parse_timezone(&name)?;
+                    repo::set_merchant_timezone(&pool, merchant_id, &name).await?;
+                    name
+                }
+                None => match repo::merchant_timezone(&pool, merchant_id).await? {
+                    Some(name) => name,
+                    None => settings.reservation.default_timezone.clone(),
+                },
+            };
             let tz = bucket::parse_timezone(&timezone)?;
             let date = match date {
                 Some(d) => chrono::NaiveDate::parse_from_str(&d, "%Y-%m-%d")
                     .with_context(|| format!("--date {d:?}"))?,
                 None => bucket::business_date(chrono::Utc::now(), tz),
             };
-            repo::set_merchant_timezone(&pool, merchant_id, &timezone).await?;
             let key = BucketKey::new(merchant_id, dish_id, date);
             let view = ops
                 .init_bucket(&Baseline {

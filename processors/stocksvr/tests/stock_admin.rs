@@ -184,6 +184,33 @@ async fn operators_init_adjust_close_and_inspect_a_bucket() {
             "{path}: {err}"
         );
     }
+    // Nothing was written by the refused requests.
+    let (status, shown) = admin(&server, "GET", &format!("/admin/buckets/{bucket}"), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(shown["baseline"]["total_stock"], 2);
+    assert_eq!(shown["baseline"]["baseline_version"], 2);
+    assert_eq!(shown["operations"].as_array().map(Vec::len), Some(3));
+    for query in ["limit=abc", "limit=-1", "surprise=1"] {
+        let (status, err) =
+            admin(&server, "GET", &format!("/admin/operations?{query}"), None).await;
+        assert_eq!(
+            (status, err["field"].as_str()),
+            (400, Some("query")),
+            "{query}: {err}"
+        );
+    }
+    let (status, err) = admin(
+        &server,
+        "GET",
+        "/admin/reservations/stuck?dead_only=yes",
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, err["error"].as_str()),
+        (400, Some("invalid_request")),
+        "{err}"
+    );
     let (status, err) = admin(&server, "GET", "/admin/buckets/not-a-bucket", None).await;
     assert_eq!(
         (status, err["field"].as_str()),

@@ -521,11 +521,10 @@ impl LuaExecutor {
         .await
     }
 
-    /// Creates the bucket (version 1, OPEN). An existing bucket with the same or a newer
-    /// baseline is left alone (`Succeeded`); an older, untouched one is re-initialised; an
-    /// older one that has traded is a `Conflict` (use [`adjust`](Self::adjust)). On success
-    /// `phase` is `INITIALIZED`, `REINITIALIZED` or `UNCHANGED`: only the first two may be
-    /// booked as an init (the ledger counts the whole bucket into existence).
+    /// Creates the bucket (version 1, OPEN, phase `INITIALIZED`). An existing bucket is left
+    /// as it is (`Succeeded`, phase `UNCHANGED`) whatever its baseline: only a bucket that came
+    /// into being may be booked as an init, and a newer total goes through
+    /// [`adjust`](Self::adjust).
     pub async fn init_bucket(
         &self,
         keys: &BucketKeys,
@@ -727,7 +726,8 @@ fn check_qty(qty: u32) -> Result<(), ExecError> {
 }
 
 /// Totals travel through Lua doubles: keep them where every integer is exact.
-const MAX_TOTAL: i64 = 1 << 50;
+/// Largest bucket total the scripts accept (Lua numbers are doubles: exact to 2^53).
+pub const MAX_TOTAL: i64 = 1 << 50;
 
 fn check_total(total: i64) -> Result<(), ExecError> {
     if !(0..=MAX_TOTAL).contains(&total) {

@@ -378,8 +378,9 @@ pub async fn find_by_op(
     .await
 }
 
-/// Takes (or renews) the lease on one row if it is unfinished and nobody else holds a live
-/// lease. False when another worker holds it or the row is finished.
+/// Takes (or renews) the lease on one row if it is unfinished, due (new, or past its backoff)
+/// and nobody else holds a live lease. False when another worker holds it, it backs off, or
+/// it is finished.
 pub async fn try_lease(
     pool: &MySqlPool,
     id: u64,
@@ -390,7 +391,8 @@ pub async fn try_lease(
     let done = sqlx::query(
         "UPDATE inventory_operation_wal SET status = ?, lease_owner = ?, lease_expire_at = ?, \
          next_retry_at = ?, updated_at = ? WHERE id = ? AND status IN (?, ?, ?) \
-         AND (lease_owner IS NULL OR lease_owner = ? OR lease_expire_at < ?)",
+         AND (lease_owner IS NULL OR lease_owner = ? OR lease_expire_at < ?) \
+         AND (status = ? OR next_retry_at <= ?)",
     )
     .bind(WalStatus::Executing as i8)
     .bind(owner)
@@ -402,6 +404,10 @@ pub async fn try_lease(
     .bind(WalStatus::Executing as i8)
     .bind(WalStatus::Retry as i8)
     .bind(owner)
+    .bind(now)
+    // A row backing off is not due before its time, however many callers ask for it (a burst
+    // of Trys must not burn an init's retry budget in a second).
+    .bind(WalStatus::Init as i8)
     .bind(now)
     .execute(pool)
     .await?;
@@ -544,6 +550,75 @@ pub async fn fail(
     }
     tx.commit().await?;
     Ok(true)
+}
+
+/// Gives the lease back without counting a failure: the row waits for another operation of
+/// its bucket and is due again after `delay`. Guarded by the lease like [`complete`].
+pub async fn postpone(
+    pool: &MySqlPool,
+    row: &WalRow,
+    owner: &str,
+    reason: &str,
+    delay: TimeDelta,
+) -> Result<bool, sqlx::Error> {
+    let reason: String = reason.chars().take(1000).collect();
+    let now = now();
+    let done = sqlx::query(
+        "UPDATE inventory_operation_wal SET status = ?, last_error = ?, next_retry_at = ?, \
+         lease_owner = NULL, lease_expire_at = NULL, updated_at = ? \
+         WHERE id = ? AND status = ? AND lease_owner = ?",
+    )
+    .bind(WalStatus::Retry as i8)
+    .bind(&reason)
+    .bind(now + delay)
+    .bind(now)
+    .bind(row.id)
+    .bind(WalStatus::Executing as i8)
+    .bind(owner)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The operation id of an unfinished row of `row`'s bucket with `action`, other than `row`;
+/// for adjusts only older rows count (adjusts apply in version order).
+pub async fn unfinished_before(
+    pool: &MySqlPool,
+    row: &WalRow,
+    action: Option<WalAction>,
+) -> Result<Option<String>, sqlx::Error> {
+    let older_only = action == Some(WalAction::Adjust);
+    let found: Option<(String,)> = sqlx::query_as(
+        "SELECT operation_id FROM inventory_operation_wal WHERE stock_bucket_id = ? AND id <> ? \
+         AND status IN (?, ?, ?) AND (? IS NULL OR action = ?) AND (? = 0 OR id < ?) \
+         ORDER BY id LIMIT 1",
+    )
+    .bind(&row.stock_bucket_id)
+    .bind(row.id)
+    .bind(WalStatus::Init as i8)
+    .bind(WalStatus::Executing as i8)
+    .bind(WalStatus::Retry as i8)
+    .bind(action.map(|a| a as i8))
+    .bind(action.map(|a| a as i8))
+    .bind(i8::from(older_only))
+    .bind(row.id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(found.map(|(op,)| op))
+}
+
+/// The operation id of a SUCCEEDED init of the bucket, if any: the bucket existed in Redis.
+pub async fn succeeded_init(pool: &MySqlPool, bucket: &str) -> Result<Option<String>, sqlx::Error> {
+    let found: Option<(String,)> = sqlx::query_as(
+        "SELECT operation_id FROM inventory_operation_wal WHERE stock_bucket_id = ? AND action = ? \
+         AND status = ? ORDER BY id LIMIT 1",
+    )
+    .bind(bucket)
+    .bind(WalAction::InitBucket as i8)
+    .bind(WalStatus::Succeeded as i8)
+    .fetch_optional(pool)
+    .await?;
+    Ok(found.map(|(op,)| op))
 }
 
 /// An operator's "retry now": a RETRY or DEAD row becomes due immediately. The attempt count

@@ -4,11 +4,21 @@
 use super::view::parse_json;
 use super::*;
 
+/// An injected crash looks to the caller like a connection that went away mid-request.
+fn crash_point(point: &'static str) -> Result<(), OpsError> {
+    stocksvr_failpoint::hit(point)
+        .map_err(|injected| OpsError::Mysql(sqlx::Error::Io(injected.into_io())))
+}
+
 /// What one step of a WAL row ended in.
 enum Step {
     Done(WalCompletion),
     /// Worth trying again later (Redis down, an unknown outcome, a transient refusal).
     Retry(String),
+    /// Another operation of the bucket must finish first (its init, or an older adjust): try
+    /// again later without using up the retry budget. A prerequisite that dies stops blocking
+    /// (only unfinished rows are waited for).
+    Wait(String),
     /// No retry can help; an operator must look.
     Dead(String),
 }
@@ -60,9 +70,13 @@ impl StockOps {
     /// Runs the Lua step of a leased row and records the outcome (guarded by the lease).
     async fn execute(&self, row: WalRow, owner: &str) -> Result<WalView, OpsError> {
         let action = row.action().map(WalAction::name).unwrap_or("UNKNOWN");
+        // Crash points for tests (inert otherwise): the row is leased and EXECUTING, and the
+        // Lua step has not run, or has run without its completion being committed.
+        crash_point("wal.before_redis")?;
         let step = self.step(&row).await?;
         match step {
             Step::Done(completion) => {
+                crash_point("wal.before_complete")?;
                 if wal::complete(&self.pool, &row, owner, &completion).await? {
                     metrics::counter!(names::WAL_OPERATIONS, "action" => action, "outcome" => "succeeded").increment(1);
                     tracing::info!(operation_id = %row.operation_id, bucket = %row.stock_bucket_id, action, result = %completion.result_payload, "stock operation succeeded");
@@ -80,6 +94,10 @@ impl StockOps {
                 let dead = attempts >= self.config.max_attempts;
                 self.record_failure(&row, owner, action, &reason, dead)
                     .await?;
+            }
+            Step::Wait(reason) => {
+                tracing::info!(operation_id = %row.operation_id, bucket = %row.stock_bucket_id, action, reason, "stock operation waits for another one of its bucket");
+                wal::postpone(&self.pool, &row, owner, &reason, self.config.retry_delay).await?;
             }
             Step::Dead(reason) => {
                 self.record_failure(&row, owner, action, &reason, true)
@@ -169,6 +187,15 @@ impl StockOps {
         };
         let op = row.operation_id.as_str();
         let request = parse_json(&row.request_payload);
+        // Adjusts of a bucket apply in version order: each event's old total is then the
+        // total Redis had, and the ledger's deltas add up to what Redis holds.
+        if action == WalAction::Adjust {
+            if let Some(older) =
+                wal::unfinished_before(&self.pool, row, Some(WalAction::Adjust)).await?
+            {
+                return Ok(Step::Wait(format!("the older adjust {older} goes first")));
+            }
+        }
         let result = match action {
             WalAction::InitBucket => {
                 self.call(op, || {
@@ -216,11 +243,22 @@ impl StockOps {
         };
         let result = match result {
             Ok(r) => r,
-            Err(e) if e.is_unknown() => return Ok(Step::Retry(e.to_string())),
-            // A refused argument or a protocol error will not change on retry, but Redis may
-            // have been mid-upgrade: retry with backoff up to the bound, then dead.
+            Err(e @ ExecError::Unknown { .. }) => return Ok(Step::Retry(e.to_string())),
+            // A refused argument will be refused again: an operator must look.
+            Err(e @ ExecError::InvalidArgument(_)) => return Ok(Step::Dead(e.to_string())),
+            // A script refusal or an odd reply may come from a Redis or script version in the
+            // middle of a rollout: retry with backoff up to the bound, then dead.
             Err(e) => return Ok(Step::Retry(e.to_string())),
         };
+        // No bucket in Redis while its init has not finished: the init builds it from the
+        // current baseline; a close, archive or adjust applied now would be lost under it.
+        if result.outcome == Outcome::BucketMissing && action != WalAction::InitBucket {
+            if let Some(init) =
+                wal::unfinished_before(&self.pool, row, Some(WalAction::InitBucket)).await?
+            {
+                return Ok(Step::Wait(format!("the bucket's init {init} goes first")));
+            }
+        }
         Ok(self.conclude(row, action, &baseline, &request, &result))
     }
 
@@ -263,11 +301,8 @@ impl StockOps {
         match (action, result.outcome) {
             (WalAction::InitBucket, Outcome::Succeeded) => {
                 // Only a bucket that came into being is booked: an UNCHANGED init found a
-                // bucket built from the same or a newer baseline, already in the ledger.
-                let created = matches!(
-                    result.phase.as_deref(),
-                    Some("INITIALIZED") | Some("REINITIALIZED")
-                );
+                // bucket that exists, already in the ledger.
+                let created = result.phase.as_deref() == Some("INITIALIZED");
                 let outbox = if created {
                     vec![outbox::bucket_initialized(row.id, op, baseline, result)]
                 } else {
@@ -275,12 +310,11 @@ impl StockOps {
                 };
                 done(outbox, None, json!({ "effect": result.phase }))
             }
-            (WalAction::InitBucket, Outcome::Conflict) => Step::Dead(format!(
-                "bucket {} has traded under an older baseline; an init must not overwrite it (use adjust)",
-                row.stock_bucket_id
-            )),
             (WalAction::Adjust, Outcome::Succeeded) => {
-                let old_total = request.get("old_total").and_then(|v| v.as_i64()).unwrap_or(0);
+                let old_total = request
+                    .get("old_total")
+                    .and_then(|v| v.as_i64())
+                    .unwrap_or(0);
                 let new_total = request
                     .get("new_total")
                     .and_then(|v| v.as_i64())
@@ -309,17 +343,20 @@ impl StockOps {
                 });
                 done(vec![event], None, json!({ "old_total": old_total }))
             }
-            // Not in Redis yet: the baseline carries the new total, and the bucket's init will
-            // start from it.
+            // Not in Redis and no init pending: the baseline carries the new total, and the
+            // bucket's init will start from it.
             (WalAction::Adjust, Outcome::BucketMissing) => done(
                 Vec::new(),
                 None,
                 json!({ "effect": "baseline only: the bucket is not in Redis yet and will be initialised from the new total" }),
             ),
-            // A newer adjust already applied (this one arrived late): it is superseded.
-            (WalAction::Adjust, Outcome::Conflict) => {
-                done(Vec::new(), None, json!({ "effect": "superseded by a newer baseline" }))
-            }
+            // The bucket already carries this baseline or a newer one (its init read the new
+            // total first): nothing is left to apply or to book.
+            (WalAction::Adjust, Outcome::Conflict) => done(
+                Vec::new(),
+                None,
+                json!({ "effect": "the bucket already carries this baseline or a newer one" }),
+            ),
             (WalAction::Close, Outcome::Succeeded | Outcome::BucketMissing | Outcome::Conflict) => {
                 done(Vec::new(), None, json!({}))
             }

@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_core::bucket::{self, BucketKey, BucketState as DayState};
 use stocksvr_store::buckets;
-use stocksvr_store::lua::{BucketKeys, BucketState, ExecError, LuaExecutor, OpResult, Outcome};
+use stocksvr_store::lua::{
+    BucketKeys, BucketState, ExecError, LuaExecutor, OpResult, Outcome, MAX_TOTAL,
+};
 use stocksvr_store::reservations::{self as repo, Baseline};
 use stocksvr_store::wal::{self, NewWal, Refusal, WalAction, WalCompletion, WalRow, WalStatus};
 use tokio::sync::watch;
@@ -41,6 +43,7 @@ pub mod names {
     pub const WAL_DEAD: &str = "stocksvr_wal_dead_total";
     pub const DEFICIT: &str = "stocksvr_bucket_deficit_total";
     pub const DAILY_PREPARED: &str = "stocksvr_daily_buckets_prepared_total";
+    pub const BUCKET_LOST: &str = "stocksvr_buckets_lost_total";
 }
 
 #[derive(Debug, Clone)]
@@ -97,6 +100,9 @@ pub enum OpsError {
         operation_id: String,
         reason: String,
     },
+    /// The bucket was initialised before and is gone from Redis: fail closed until rebuilt.
+    #[error("bucket {bucket} is missing from Redis although {init} built it; rebuild it from baseline and ledger")]
+    BucketLost { bucket: String, init: String },
     #[error("mysql: {0}")]
     Mysql(#[from] sqlx::Error),
     #[error("redis: {0}")]
@@ -115,6 +121,32 @@ impl From<Refusal> for OpsError {
 /// `<m>_<d>_<yyyymmdd>`: the bucket id without its prefix, to keep operation ids short.
 fn op_suffix(bucket_id: &str) -> &str {
     bucket_id.strip_prefix("bucket_").unwrap_or(bucket_id)
+}
+
+/// Refuses a total the scripts cannot hold (Lua numbers are exact up to 2^53) before anything
+/// is written: a bad total would otherwise be retried, carried forward and fail every day.
+fn check_total(total: i64) -> Result<(), OpsError> {
+    if !(0..=MAX_TOTAL).contains(&total) {
+        return Err(OpsError::Invalid {
+            field: "total",
+            message: format!("must be between 0 and {MAX_TOTAL}, got {total}"),
+        });
+    }
+    Ok(())
+}
+
+/// Operation and event ids derive from the bucket id and live in 64-character columns; an id
+/// too long for them is refused rather than truncated into another operation's id.
+fn check_ids(bucket: &str) -> Result<(), OpsError> {
+    if adjust_operation_id(bucket, u64::from(u32::MAX)).len() > 64 {
+        return Err(OpsError::Invalid {
+            field: "stock_bucket_id",
+            message: format!(
+                "{bucket} is too long for operation ids (merchant and dish ids of at most 32 digits together)"
+            ),
+        });
+    }
+    Ok(())
 }
 
 pub fn init_operation_id(bucket_id: &str, baseline_version: u64) -> String {
@@ -206,12 +238,8 @@ impl StockOps {
     /// row in one transaction, then Lua. Idempotent: the same baseline version is one
     /// operation however often it is asked for.
     pub async fn init_bucket(&self, b: &Baseline) -> Result<WalView, OpsError> {
-        if b.total_stock < 0 {
-            return Err(OpsError::Invalid {
-                field: "total",
-                message: format!("must be >= 0, got {}", b.total_stock),
-            });
-        }
+        check_total(b.total_stock)?;
+        check_ids(&b.stock_bucket_id)?;
         let owner = self.token();
         let (stored, _) = wal::begin_init(&self.pool, b, |s| {
             self.new_wal(
@@ -236,7 +264,43 @@ impl StockOps {
 
     /// Lazy initialisation (seed §12.1): a Try found no bucket in Redis. Same WAL row and Lua
     /// path as the daily job; concurrent first Trys share one row and one execution.
+    ///
+    /// Only a bucket that never existed is created here. If an init of it succeeded before,
+    /// Redis lost the bucket (a flush, a failover without persistence): creating it again
+    /// would sell what is already reserved or sold, so the Try fails closed and an operator
+    /// rebuilds it from baseline and ledger (seed §13.3).
     pub async fn ensure_bucket(&self, b: &Baseline) -> Result<(), OpsError> {
+        let op = init_operation_id(&b.stock_bucket_id, b.baseline_version);
+        if let Some(earlier) = wal::succeeded_init(&self.pool, &b.stock_bucket_id).await? {
+            let keys = BucketKeys::new(b.merchant_id, b.dish_id, &b.stock_date.to_string())
+                .map_err(|e| OpsError::Redis(e.to_string()))?;
+            let present = self
+                .lua
+                .read_bucket(&keys)
+                .await
+                .map_err(|e| OpsError::Redis(e.to_string()))?
+                .is_some();
+            if present {
+                // Built meanwhile by a concurrent Try or the daily job.
+                return Ok(());
+            }
+            metrics::counter!(names::BUCKET_LOST).increment(1);
+            tracing::error!(bucket = %b.stock_bucket_id, init = %earlier, "bucket initialised before is missing from Redis: not re-created (it would resell what was reserved or sold); rebuild it from baseline and ledger");
+            return Err(OpsError::BucketLost {
+                bucket: b.stock_bucket_id.clone(),
+                init: earlier,
+            });
+        }
+        // An init that went dead (Redis down for an hour, say) would fail every Try of the
+        // day: the Try path gives it one more attempt per backoff period.
+        if let Some(row) = wal::find_by_op(&self.pool, &op).await? {
+            let stale =
+                chrono::Utc::now().naive_utc() - row.updated_at >= self.config.max_retry_delay;
+            if row.status() == Some(WalStatus::Dead) && stale {
+                tracing::warn!(operation_id = %op, "retrying a dead bucket init for a Try");
+                wal::retry_now(&self.pool, &op).await?;
+            }
+        }
         let view = self.init_bucket(b).await?;
         match view.status {
             s if s == WalStatus::Succeeded.name() => Ok(()),
@@ -259,12 +323,8 @@ impl StockOps {
     /// A merchant's new total (seed §12.3): `available = max(0, total - reserved - sold)`; an
     /// adjust below what was already accepted records a deficit and never cancels orders.
     pub async fn adjust(&self, bucket: &str, new_total: i64) -> Result<WalView, OpsError> {
-        if new_total < 0 {
-            return Err(OpsError::Invalid {
-                field: "total",
-                message: format!("must be >= 0, got {new_total}"),
-            });
-        }
+        check_total(new_total)?;
+        check_ids(bucket)?;
         let owner = self.token();
         let (_, row) = wal::begin_adjust(&self.pool, bucket, new_total, |before| {
             let version = before.baseline_version + 1;
@@ -287,6 +347,7 @@ impl StockOps {
     /// CLOSED: no new Try from the moment the baseline changes; Confirm, Cancel and Refund of
     /// existing reservations go on.
     pub async fn close(&self, bucket: &str) -> Result<WalView, OpsError> {
+        check_ids(bucket)?;
         let owner = self.token();
         let op = close_operation_id(bucket);
         let w = self.new_wal(&owner, op.clone(), bucket, WalAction::Close, json!({}));
@@ -297,6 +358,7 @@ impl StockOps {
     /// ARCHIVED: refused while any reservation of the bucket is unfinished; the Redis key then
     /// gets `archive_ttl` to live.
     pub async fn archive(&self, bucket: &str) -> Result<WalView, OpsError> {
+        check_ids(bucket)?;
         let owner = self.token();
         let op = archive_operation_id(bucket);
         let w = self.new_wal(

@@ -2,6 +2,8 @@
 //! Redis bucket keys) of its own, against the real MariaDB and Redis of the local stack.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod ops;
+
 use chrono::{NaiveDate, Utc};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
