@@ -86,7 +86,8 @@ pub struct StockOpsSettings {
     pub wal_lease_secs: u64,
     /// Failed attempts after which a WAL row is marked dead and alerted.
     pub wal_max_attempts: u32,
-    /// Hours an archived bucket's Redis key lives on.
+    /// Hours an archived bucket's Redis key lives on. A refund after that cannot return stock
+    /// to its day and is left to an operator: keep it at least the refund window.
     pub archive_ttl_hours: u64,
     /// Seconds between two rounds of the daily bucket job.
     pub daily_interval_secs: u64,
@@ -101,7 +102,7 @@ impl Default for StockOpsSettings {
         Self {
             wal_lease_secs: 30,
             wal_max_attempts: 20,
-            archive_ttl_hours: 168,
+            archive_ttl_hours: 720,
             daily_interval_secs: 300,
             daily_lead_minutes: 120,
             daily_lookback_days: 7,

@@ -70,7 +70,7 @@ impl Default for OpsConfig {
             retry_delay: TimeDelta::seconds(1),
             max_retry_delay: TimeDelta::minutes(5),
             max_attempts: 20,
-            archive_ttl: Duration::from_secs(7 * 24 * 3600),
+            archive_ttl: Duration::from_secs(30 * 24 * 3600),
             unknown_retries: 3,
             peer_wait: Duration::from_secs(5),
         }
