@@ -65,6 +65,27 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// InnoDB may pick two concurrent claims as a deadlock victim (SKIP LOCKED skips locked rows,
+/// not the index gaps its range scan also locks). Nothing was claimed then: the claim is
+/// simply run again, a few times, before the error goes up to the relay's own retry.
+pub async fn claim(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Claim, sqlx::Error> {
+    let mut attempt = 0;
+    loop {
+        match claim_once(pool, limit, lease).await {
+            Err(sqlx::Error::Database(e))
+                if attempt < 3 && matches!(e.code().as_deref(), Some("40001")) =>
+            {
+                attempt += 1;
+                tracing::debug!(
+                    attempt,
+                    "outbox claim chosen as a deadlock victim; claiming again"
+                );
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Claims up to `limit` due rows in one short transaction and leases them for `lease`.
 ///
 /// `SKIP LOCKED` makes a second relay pass over rows the first is claiming instead of
@@ -80,7 +101,7 @@ fn micros(d: Duration) -> i64 {
 ///
 /// Expired leases go first (a relay died mid-batch: the oldest work), then due retries,
 /// then new rows; retries back off, so they cannot crowd new rows out for long.
-pub async fn claim(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Claim, sqlx::Error> {
+async fn claim_once(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Claim, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     // Applies to the next transaction on this connection only.
     conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
