@@ -6,13 +6,13 @@
 mod common;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use common::ops::{assert_conserved, done, Ops};
+use common::ops::{assert_conserved, done, Ops, DEAD_OWNER};
 use std::time::Duration;
 use stocksvr_reservation::operations::{self, init_operation_id};
 use stocksvr_reservation::{OpsConfig, OpsError, ServiceError};
 use stocksvr_store::lua::BucketKeys;
 use stocksvr_store::reservations as repo;
-use stocksvr_store::wal::{self, NewWal, Refusal, WalAction};
+use stocksvr_store::wal::{self, Refusal};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_concurrent_first_trys_initialise_the_bucket_once() {
@@ -54,23 +54,13 @@ async fn a_dead_workers_lease_is_taken_over_after_expiry_and_applied_once() {
     let f = Ops::new(OpsConfig::default()).await;
     for (day, redis_ran) in [(f.today, false), (f.today + TimeDelta::days(1), true)] {
         let b = f.baseline(day, 40);
-        let op = init_operation_id(&b.stock_bucket_id, 1);
-        let (stored, fresh) = wal::begin_init(&f.pool, &b, |s| NewWal {
-            operation_id: op.clone(),
-            stock_bucket_id: s.stock_bucket_id.clone(),
-            action: WalAction::InitBucket,
-            request_payload: serde_json::json!({ "total": s.total_stock }),
-            lease_owner: "killed-worker".into(),
-            lease: TimeDelta::minutes(10),
-        })
-        .await
-        .expect("begin");
-        assert!(fresh);
+        let op = f.stuck_init(&b).await;
+        assert_eq!(op, init_operation_id(&b.stock_bucket_id, 1));
         if redis_ran {
             let keys = BucketKeys::new(f.merchant_id, f.dish_id, &day.to_string()).expect("keys");
             let first = f
                 .lua
-                .init_bucket(&keys, &op, stored.total_stock, 1)
+                .init_bucket(&keys, &op, b.total_stock, 1)
                 .await
                 .expect("the dead worker's Redis call");
             assert_eq!(first.after.version, 1);
@@ -82,7 +72,7 @@ async fn a_dead_workers_lease_is_taken_over_after_expiry_and_applied_once() {
             .await
             .expect("find")
             .expect("row");
-        assert_eq!(row.lease_owner.as_deref(), Some("killed-worker"));
+        assert_eq!(row.lease_owner.as_deref(), Some(DEAD_OWNER));
 
         // Past the expiry the row is taken over and completed once.
         f.expire_lease(&op).await;
@@ -466,17 +456,7 @@ async fn an_operation_that_cannot_succeed_goes_dead_with_an_alert_and_can_be_ret
 async fn an_adjust_waits_for_the_buckets_unfinished_init_and_is_booked_once() {
     let f = Ops::new(OpsConfig::default()).await;
     let b = f.baseline(f.today, 10);
-    let init = init_operation_id(&b.stock_bucket_id, 1);
-    wal::begin_init(&f.pool, &b, |s| NewWal {
-        operation_id: init.clone(),
-        stock_bucket_id: s.stock_bucket_id.clone(),
-        action: WalAction::InitBucket,
-        request_payload: serde_json::json!({ "total": s.total_stock }),
-        lease_owner: "killed-worker".into(),
-        lease: TimeDelta::minutes(10),
-    })
-    .await
-    .expect("begin");
+    let init = f.stuck_init(&b).await;
     let adjust = f
         .service
         .ops()
@@ -522,20 +502,7 @@ async fn adjusts_apply_in_version_order_and_their_deltas_add_up() {
         .expect("init");
     assert!(init.succeeded(), "{init:?}");
     // Adjust to 8 written, its executor dead before Redis.
-    let (_, stuck) = wal::begin_adjust(&f.pool, &bucket, 8, |before| NewWal {
-        operation_id: operations::adjust_operation_id(&bucket, before.baseline_version + 1),
-        stock_bucket_id: bucket.clone(),
-        action: WalAction::Adjust,
-        request_payload: serde_json::json!({
-            "old_total": before.total_stock,
-            "new_total": 8,
-            "baseline_version": before.baseline_version + 1,
-        }),
-        lease_owner: "killed-worker".into(),
-        lease: TimeDelta::minutes(10),
-    })
-    .await
-    .expect("begin");
+    let stuck = f.stuck_adjust(&bucket, 8).await;
     let later = f.service.ops().adjust(&bucket, 12).await.expect("adjust");
     assert_eq!(
         later.status, "RETRY",
@@ -543,7 +510,7 @@ async fn adjusts_apply_in_version_order_and_their_deltas_add_up() {
     );
     assert_eq!(f.redis(f.today).await.expect("bucket").total, 10);
 
-    f.expire_lease(&stuck.operation_id).await;
+    f.expire_lease(&stuck).await;
     let first = f.service.ops().work_once(10).await.expect("round");
     assert_eq!(first.succeeded, 1, "{first:?}");
     f.make_wal_due().await;

@@ -467,17 +467,35 @@ pub async fn find_baseline(
     pool: &MySqlPool,
     bucket_id: &str,
 ) -> Result<Option<Baseline>, sqlx::Error> {
-    sqlx::query_as(
+    read_baseline(pool, bucket_id, false).await
+}
+
+/// The baseline row, locked for the rest of the transaction with `for_update`.
+pub(crate) async fn read_baseline<'e, E: sqlx::MySqlExecutor<'e>>(
+    exec: E,
+    bucket_id: &str,
+    for_update: bool,
+) -> Result<Option<Baseline>, sqlx::Error> {
+    let lock = if for_update { " FOR UPDATE" } else { "" };
+    sqlx::query_as(&format!(
         "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, timezone, total_stock, \
-         baseline_version, stock_status, bucket_status FROM dish_stock_baseline WHERE stock_bucket_id = ?",
-    )
+         baseline_version, stock_status, bucket_status FROM dish_stock_baseline \
+         WHERE stock_bucket_id = ?{lock}"
+    ))
     .bind(bucket_id)
-    .fetch_optional(pool)
+    .fetch_optional(exec)
     .await
 }
 
 /// Creates the baseline row if missing (same bucket, same values: a no-op on repeat).
 pub async fn ensure_baseline(pool: &MySqlPool, b: &Baseline) -> Result<(), sqlx::Error> {
+    insert_baseline(pool, b).await
+}
+
+pub(crate) async fn insert_baseline<'e, E: sqlx::MySqlExecutor<'e>>(
+    exec: E,
+    b: &Baseline,
+) -> Result<(), sqlx::Error> {
     let now = now();
     sqlx::query(
         "INSERT IGNORE INTO dish_stock_baseline (stock_bucket_id, merchant_id, dish_id, stock_date, \
@@ -495,7 +513,7 @@ pub async fn ensure_baseline(pool: &MySqlPool, b: &Baseline) -> Result<(), sqlx:
     .bind(b.bucket_status)
     .bind(now)
     .bind(now)
-    .execute(pool)
+    .execute(exec)
     .await?;
     Ok(())
 }

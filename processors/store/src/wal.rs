@@ -10,7 +10,7 @@
 //! (still EXECUTING, still ours) committed together with the outbox rows, so an operation is
 //! applied and announced once even if two workers overlap.
 
-use crate::reservations::{now, write_outbox, Baseline, NewOutbox};
+use crate::reservations::{insert_baseline, now, read_baseline, write_outbox, Baseline, NewOutbox};
 use chrono::{NaiveDateTime, TimeDelta};
 use sqlx::{MySql, MySqlPool, Transaction};
 
@@ -199,20 +199,7 @@ async fn baseline_for_update(
     tx: &mut Transaction<'_, MySql>,
     bucket: &str,
 ) -> Result<Option<Baseline>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, timezone, total_stock, \
-         baseline_version, stock_status, bucket_status FROM dish_stock_baseline \
-         WHERE stock_bucket_id = ? FOR UPDATE",
-    )
-    .bind(bucket)
-    .fetch_optional(&mut **tx)
-    .await
-}
-
-fn insert_baseline_sql() -> &'static str {
-    "INSERT IGNORE INTO dish_stock_baseline (stock_bucket_id, merchant_id, dish_id, stock_date, \
-     timezone, total_stock, baseline_version, stock_status, bucket_status, created_at, updated_at) \
-     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    read_baseline(&mut **tx, bucket, true).await
 }
 
 /// Creates the baseline (if missing) and the INIT_BUCKET WAL row of its version in one
@@ -228,33 +215,13 @@ where
     F: FnOnce(&Baseline) -> NewWal,
 {
     let mut tx = pool.begin().await?;
-    let now = now();
-    sqlx::query(insert_baseline_sql())
-        .bind(&b.stock_bucket_id)
-        .bind(b.merchant_id)
-        .bind(b.dish_id)
-        .bind(b.stock_date)
-        .bind(&b.timezone)
-        .bind(b.total_stock)
-        .bind(b.baseline_version)
-        .bind(b.stock_status)
-        .bind(b.bucket_status)
-        .bind(now)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
+    insert_baseline(&mut *tx, b).await?;
     // A plain read, not FOR UPDATE: twenty concurrent lazy inits each hold a shared lock
     // from the INSERT IGNORE above, and upgrading them would deadlock. A concurrent adjust
     // is harmless here: the executor initialises from the baseline current at run time.
-    let stored: Baseline = sqlx::query_as(
-        "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, timezone, total_stock, \
-         baseline_version, stock_status, bucket_status FROM dish_stock_baseline \
-         WHERE stock_bucket_id = ?",
-    )
-    .bind(&b.stock_bucket_id)
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(sqlx::Error::RowNotFound)?;
+    let stored = read_baseline(&mut *tx, &b.stock_bucket_id, false)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)?;
     let new = insert_ignore(&mut tx, &wal(&stored)).await?;
     tx.commit().await?;
     Ok((stored, new))
@@ -291,7 +258,7 @@ where
     .await?;
     let new = wal(&before);
     insert_ignore(&mut tx, &new).await?;
-    let row = find_by_op_in(&mut tx, &new.operation_id)
+    let row = find_by_op(&mut *tx, &new.operation_id)
         .await?
         .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
     tx.commit().await?;
@@ -318,7 +285,7 @@ pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<
     .execute(&mut *tx)
     .await?;
     insert_ignore(&mut tx, &wal).await?;
-    let row = find_by_op_in(&mut tx, &wal.operation_id)
+    let row = find_by_op(&mut *tx, &wal.operation_id)
         .await?
         .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
     tx.commit().await?;
@@ -347,34 +314,22 @@ pub async fn begin_archive(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Resul
         });
     }
     insert_ignore(&mut tx, &wal).await?;
-    let row = find_by_op_in(&mut tx, &wal.operation_id)
+    let row = find_by_op(&mut *tx, &wal.operation_id)
         .await?
         .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
     tx.commit().await?;
     Ok(row)
 }
 
-async fn find_by_op_in(
-    tx: &mut Transaction<'_, MySql>,
+pub async fn find_by_op<'e, E: sqlx::MySqlExecutor<'e>>(
+    exec: E,
     operation_id: &str,
 ) -> Result<Option<WalRow>, sqlx::Error> {
     sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM inventory_operation_wal WHERE operation_id = ?"
     ))
     .bind(operation_id)
-    .fetch_optional(&mut **tx)
-    .await
-}
-
-pub async fn find_by_op(
-    pool: &MySqlPool,
-    operation_id: &str,
-) -> Result<Option<WalRow>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM inventory_operation_wal WHERE operation_id = ?"
-    ))
-    .bind(operation_id)
-    .fetch_optional(pool)
+    .fetch_optional(exec)
     .await
 }
 

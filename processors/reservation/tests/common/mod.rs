@@ -39,6 +39,48 @@ pub fn seed() -> u64 {
     h.finish()
 }
 
+/// What every reservation test needs of its own: a fresh migrated database, the Redis
+/// executor, a snowflake generator and a merchant (so Redis keys) no other test uses, with
+/// its time zone set to UTC.
+pub struct Stores {
+    pub pool: sqlx::MySqlPool,
+    pub lua: Arc<LuaExecutor>,
+    pub ids: SnowflakeGenerator,
+    pub merchant_id: u64,
+}
+
+pub async fn stores(config: &ServiceConfig) -> Stores {
+    let base = env_or(
+        "STOCKSVR__MYSQL__URL",
+        "mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr",
+    );
+    let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
+    let s = seed();
+    let db = format!("stocksvr_rsv_{}", s % 1_000_000_000_000);
+    sqlx::query(&format!("CREATE DATABASE `{db}`"))
+        .execute(&admin)
+        .await
+        .expect("create db");
+    let (prefix, _) = base.rsplit_once('/').expect("db path");
+    let pool = stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 32, Duration::from_secs(30))
+        .expect("pool");
+    stocksvr_store::migrate(&pool).await.expect("migrate");
+    let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
+    let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
+        .await
+        .expect("redis");
+    let merchant_id = 1_000_000 + s % 1_000_000_000;
+    repo::set_merchant_timezone(&pool, merchant_id, "UTC")
+        .await
+        .expect("tz");
+    Stores {
+        pool,
+        lua: Arc::new(LuaExecutor::new(conn, config.op_ttl)),
+        ids: SnowflakeGenerator::new((s % 1024) as u16).expect("worker id"),
+        merchant_id,
+    }
+}
+
 pub struct Fixture {
     pub service: Arc<ReservationService>,
     pub lua: Arc<LuaExecutor>,
@@ -54,34 +96,14 @@ impl Fixture {
     }
 
     pub async fn with_config(total: i64, config: ServiceConfig) -> Self {
-        let base = env_or(
-            "STOCKSVR__MYSQL__URL",
-            "mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr",
-        );
-        let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
-        let s = seed();
-        let db = format!("stocksvr_rsv_{}", s % 1_000_000_000_000);
-        sqlx::query(&format!("CREATE DATABASE `{db}`"))
-            .execute(&admin)
-            .await
-            .expect("create db");
-        let (prefix, _) = base.rsplit_once('/').expect("db path");
-        let pool =
-            stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 32, Duration::from_secs(30))
-                .expect("pool");
-        stocksvr_store::migrate(&pool).await.expect("migrate");
-        let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
-        let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
-            .await
-            .expect("redis");
-        let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
-        let ids = SnowflakeGenerator::new((s % 1024) as u16).expect("worker id");
-        let merchant_id = 1_000_000 + s % 1_000_000_000;
+        let Stores {
+            pool,
+            lua,
+            ids,
+            merchant_id,
+        } = stores(&config).await;
         let dish_id = 77;
         let today = Utc::now().date_naive();
-        repo::set_merchant_timezone(&pool, merchant_id, "UTC")
-            .await
-            .expect("tz");
         let fixture = Self {
             service: Arc::new(ReservationService::new(
                 pool.clone(),

@@ -1,18 +1,16 @@
 //! The stock-operation fixture: a service with its own database and merchant, built with
 //! the given WAL settings, and helpers to read Redis, the WAL and the outbox.
 
-use super::{env_or, seed};
+use super::{stores, Stores};
 use chrono::{NaiveDate, Utc};
 use std::sync::Arc;
-use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_core::events::OrderType;
-use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_reservation::{
     IntentOutcome, OpsConfig, ReservationService, ServiceConfig, TryRequest,
 };
 use stocksvr_store::lua::{BucketKeys, LuaExecutor, StockNumbers};
-use stocksvr_store::reservations::{self as repo, Baseline};
+use stocksvr_store::reservations::Baseline;
 use stocksvr_store::wal;
 
 pub struct Ops {
@@ -26,33 +24,13 @@ pub struct Ops {
 
 impl Ops {
     pub async fn new(ops: OpsConfig) -> Self {
-        let base = env_or(
-            "STOCKSVR__MYSQL__URL",
-            "mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr",
-        );
-        let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
-        let s = seed();
-        let db = format!("stocksvr_ops_{}", s % 1_000_000_000_000);
-        sqlx::query(&format!("CREATE DATABASE `{db}`"))
-            .execute(&admin)
-            .await
-            .expect("create db");
-        let (prefix, _) = base.rsplit_once('/').expect("db path");
-        let pool =
-            stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 32, Duration::from_secs(30))
-                .expect("pool");
-        stocksvr_store::migrate(&pool).await.expect("migrate");
-        let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
-        let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
-            .await
-            .expect("redis");
         let config = ServiceConfig::default();
-        let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
-        let ids = SnowflakeGenerator::new((s % 1024) as u16).expect("worker id");
-        let merchant_id = 2_000_000 + s % 1_000_000_000;
-        repo::set_merchant_timezone(&pool, merchant_id, "UTC")
-            .await
-            .expect("tz");
+        let Stores {
+            pool,
+            lua,
+            ids,
+            merchant_id,
+        } = stores(&config).await;
         Self {
             service: Arc::new(
                 ReservationService::new(pool.clone(), lua.clone(), ids, config)
@@ -193,5 +171,51 @@ impl Ops {
         rows.iter()
             .map(|(p,)| serde_json::from_str(p).expect("json"))
             .collect()
+    }
+}
+
+/// Who holds the lease of an operation whose executor "died" right after writing it.
+pub const DEAD_OWNER: &str = "killed-worker";
+
+impl Ops {
+    /// The INIT row of `b`, written (with the baseline) by an executor that died before
+    /// running it: leased to [`DEAD_OWNER`] for ten minutes. Returns its operation id.
+    pub async fn stuck_init(&self, b: &Baseline) -> String {
+        let op = stocksvr_reservation::operations::init_operation_id(&b.stock_bucket_id, 1);
+        let (_, fresh) = wal::begin_init(&self.pool, b, |s| wal::NewWal {
+            operation_id: op.clone(),
+            stock_bucket_id: s.stock_bucket_id.clone(),
+            action: wal::WalAction::InitBucket,
+            request_payload: serde_json::json!({ "total": s.total_stock }),
+            lease_owner: DEAD_OWNER.into(),
+            lease: chrono::TimeDelta::minutes(10),
+        })
+        .await
+        .expect("begin init");
+        assert!(fresh, "{op} is new");
+        op
+    }
+
+    /// An ADJUST row to `new_total` (with the baseline bump), written by an executor that
+    /// died before running it. Returns its operation id.
+    pub async fn stuck_adjust(&self, bucket: &str, new_total: i64) -> String {
+        let (_, row) = wal::begin_adjust(&self.pool, bucket, new_total, |before| wal::NewWal {
+            operation_id: stocksvr_reservation::operations::adjust_operation_id(
+                bucket,
+                before.baseline_version + 1,
+            ),
+            stock_bucket_id: bucket.to_string(),
+            action: wal::WalAction::Adjust,
+            request_payload: serde_json::json!({
+                "old_total": before.total_stock,
+                "new_total": new_total,
+                "baseline_version": before.baseline_version + 1,
+            }),
+            lease_owner: DEAD_OWNER.into(),
+            lease: chrono::TimeDelta::minutes(10),
+        })
+        .await
+        .expect("begin adjust");
+        row.operation_id
     }
 }
