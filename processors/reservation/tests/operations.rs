@@ -170,6 +170,21 @@ async fn adjusting_below_reserved_plus_sold_leaves_zero_available_and_a_deficit(
     assert_eq!(f.outbox_count("StockBaselineAdjusted").await, 2);
 
     // A new Try finds nothing to sell; the cancel of the held one pays the deficit down first.
+    // Asking for the bucket again (baseline now v3) finds it built: a new init operation
+    // that changes nothing and books nothing.
+    let again = f
+        .service
+        .ops()
+        .init_bucket(&f.baseline(f.today, 100))
+        .await
+        .expect("init again");
+    assert_eq!(again.operation_id, init_operation_id(&bucket, 3));
+    assert_eq!(
+        again.result.as_ref().expect("result")["effect"],
+        "UNCHANGED"
+    );
+    assert_eq!(f.outbox_count("StockBucketInitialized").await, 1);
+    assert_eq!(f.redis(f.today).await.expect("bucket").total, 20);
     let reply = f.service.try_reserve(&f.request(3, 1)).await.expect("try");
     assert_eq!(reply.reservation.status, "REJECTED");
     assert_eq!(
@@ -571,4 +586,47 @@ async fn a_try_never_recreates_a_bucket_that_redis_lost() {
     }
     assert!(f.redis(f.today).await.is_none(), "not re-created");
     assert_eq!(f.events("StockBucketInitialized").await.len(), 1);
+}
+
+/// The first Try finds the bucket's init held by a worker that died: it waits a bounded time,
+/// fails retryably, and the failure counts against the reservation (recovery backs off and,
+/// past its bound, gives up and alerts). Once the init is taken over, the retry reserves.
+#[tokio::test]
+async fn a_try_whose_lazy_init_is_held_elsewhere_fails_retryably_and_counts_it() {
+    let f = Ops::new(OpsConfig {
+        peer_wait: Duration::from_millis(200),
+        ..OpsConfig::default()
+    })
+    .await;
+    let init = f.stuck_init(&f.baseline(f.today, 10)).await;
+    let err = f
+        .service
+        .try_reserve(&f.request(1, 2))
+        .await
+        .expect_err("the init is not finished");
+    assert!(matches!(err, ServiceError::OutcomeUnknown { .. }), "{err}");
+    let (status, retries, last_error): (i8, u32, Option<String>) =
+        sqlx::query_as("SELECT status, retry_count, last_error FROM inventory_reservation")
+            .fetch_one(&f.pool)
+            .await
+            .expect("reservation");
+    assert_eq!((status, retries), (10, 1), "PREPARING, one failure counted");
+    assert!(last_error.unwrap_or_default().contains(&init));
+
+    f.expire_lease(&init).await;
+    assert_eq!(
+        f.service
+            .ops()
+            .work_once(10)
+            .await
+            .expect("round")
+            .succeeded,
+        1
+    );
+    let reply = f
+        .service
+        .try_reserve(&f.request(1, 2))
+        .await
+        .expect("retry");
+    assert_eq!(reply.reservation.status, "RESERVED");
 }

@@ -134,6 +134,13 @@ async fn a_lazy_init_that_crashed_mid_try_converges_with_one_initialisation() {
         .expect_err("the lazy init crashed");
     fp.disarm("wal.before_complete");
     assert!(err.is_transient(), "retryable for the order service: {err}");
+    // A crashed process records nothing: the reservation is PREPARING as the insert left it.
+    let (status, retries): (i8, u32) =
+        sqlx::query_as("SELECT status, retry_count FROM inventory_reservation")
+            .fetch_one(&f.pool)
+            .await
+            .expect("reservation");
+    assert_eq!((status, retries), (10, 0));
     let op = init_operation_id(&f.bucket(f.today), 1);
     let row = wal::find_by_op(&f.pool, &op)
         .await

@@ -369,8 +369,9 @@ pub async fn try_lease(
     Ok(done.rows_affected() == 1)
 }
 
-/// Claims up to `limit` unfinished rows that are due and not under a live lease
-/// (`FOR UPDATE SKIP LOCKED` keeps concurrent workers apart), leasing each to `owner`.
+/// Claims up to `limit` unfinished rows that are due (`FOR UPDATE SKIP LOCKED` keeps
+/// concurrent workers apart), leasing each to `owner`. A leased row is never due before its
+/// lease ends: every write of a lease also sets `next_retry_at` to its expiry.
 pub async fn claim_due(
     pool: &MySqlPool,
     owner: &str,
@@ -381,13 +382,12 @@ pub async fn claim_due(
     let now = now();
     let rows: Vec<WalRow> = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM inventory_operation_wal WHERE status IN (?, ?, ?) \
-         AND next_retry_at <= ? AND (lease_owner IS NULL OR lease_expire_at < ?) \
+         AND next_retry_at <= ? \
          ORDER BY next_retry_at LIMIT ? FOR UPDATE SKIP LOCKED"
     ))
     .bind(WalStatus::Init as i8)
     .bind(WalStatus::Executing as i8)
     .bind(WalStatus::Retry as i8)
-    .bind(now)
     .bind(now)
     .bind(limit)
     .fetch_all(&mut *tx)
