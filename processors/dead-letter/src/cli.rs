@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::config::Settings;
+use stocksvr_pipeline::config::InfraSettings;
 use stocksvr_pipeline::deadletter::headers;
 use stocksvr_pipeline::json::avro_to_json;
 
@@ -75,7 +75,7 @@ pub enum DlqAction {
     },
 }
 
-pub async fn run_cli(settings: &Settings, action: DlqAction) -> anyhow::Result<ExitCode> {
+pub async fn run_cli(settings: &InfraSettings, action: DlqAction) -> anyhow::Result<ExitCode> {
     // One connection: a command does one thing at a time.
     let pool = stocksvr_store::mysql_pool(
         settings.mysql.url.expose(),
@@ -112,7 +112,10 @@ pub async fn run_cli(settings: &Settings, action: DlqAction) -> anyhow::Result<E
             else {
                 return refused(DlqError::NotFound(id));
             };
-            let codec = AvroCodec::new(&settings.registry, Arc::new(Catalog::embedded()?))?;
+            let codec = AvroCodec::new(
+                &settings.registry,
+                Arc::new(Catalog::for_deployment(&settings.kafka)?),
+            )?;
             print!("{}", describe(&parked));
             println!("decoded:");
             println!(

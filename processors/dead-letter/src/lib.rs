@@ -37,7 +37,6 @@ pub use store::{
     MAX_LIST_LIMIT,
 };
 
-use std::path::Path;
 use std::time::Duration;
 use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::consumer::LoopConfig;
@@ -75,16 +74,15 @@ pub fn loop_config(topics: &[TopicSpec]) -> LoopConfig {
     config
 }
 
-/// [`loop_config`] over the topics file named by `settings.topics_file`.
+/// [`loop_config`] over this deployment's topics (the topics file, in its namespace).
 pub fn loop_config_from_file(settings: &KafkaSettings) -> Result<LoopConfig, TopicsError> {
-    Ok(loop_config(&topics::load(Path::new(
-        &settings.topics_file,
-    ))?))
+    Ok(loop_config(&topics::for_deployment(settings)?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn consumes_exactly_the_dead_letter_topics_of_the_project() {

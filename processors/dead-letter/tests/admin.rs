@@ -49,7 +49,8 @@ async fn confirm_due(codec: &AvroCodec, catalog: &Catalog, topic: &str) -> Vec<u
 #[tokio::test(flavor = "multi_thread")]
 async fn admin_routes_answer_with_the_right_codes() {
     let pool = fresh_database().await;
-    let (topic, dlt) = topic_pair().await;
+    let pair = topic_pair().await;
+    let (topic, dlt) = (pair.topic.clone(), pair.dlt.clone());
     let settings = settings();
     let catalog = Arc::new(Catalog::embedded().expect("catalog"));
     let codec = AvroCodec::new(&settings.registry, catalog.clone()).expect("codec");

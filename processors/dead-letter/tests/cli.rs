@@ -11,7 +11,8 @@ use stocksvr_pipeline::config::Secret;
 #[tokio::test(flavor = "multi_thread")]
 async fn cli_actions_change_what_they_say_and_exit_1_when_refused() {
     let (url, pool) = fresh_database_with_url().await;
-    let (topic, _) = topic_pair().await;
+    let pair = topic_pair().await;
+    let (topic, _) = (pair.topic.clone(), pair.dlt.clone());
     for offset in 0..2 {
         let record = original(
             &topic,

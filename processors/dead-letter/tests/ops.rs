@@ -10,7 +10,8 @@ use stocksvr_dead_letter::{
 #[tokio::test(flavor = "multi_thread")]
 async fn replay_puts_the_exact_record_back_where_it_failed_once_unless_forced() {
     let pool = fresh_database().await;
-    let (topic, dlt) = topic_pair().await;
+    let pair = topic_pair().await;
+    let (topic, dlt) = (pair.topic.clone(), pair.dlt.clone());
     let key: &[u8] = b"order-42";
     let value: &[u8] = b"\x00\x00\x00\x00\x01\x02\x03\xff original bytes";
     let (_, dlt_partition, dlt_offset) =
@@ -74,7 +75,8 @@ async fn replay_puts_the_exact_record_back_where_it_failed_once_unless_forced() 
 #[tokio::test]
 async fn list_filters_and_pages_show_and_discard() {
     let pool = fresh_database().await;
-    let (topic, _) = topic_pair().await;
+    let pair = topic_pair().await;
+    let (topic, _) = (pair.topic.clone(), pair.dlt.clone());
     for offset in 0..3 {
         let record = original(&topic, offset as i32 % 2, offset, Some(b"k"), Some(b"v"));
         send_dead_letter(&record, &format!("failure {offset}")).await;

@@ -14,7 +14,8 @@ use stocksvr_pipeline::deadletter::headers;
 #[tokio::test]
 async fn each_dead_letter_is_parked_once_with_its_origin_and_exact_bytes() {
     let pool = fresh_database().await;
-    let (topic, dlt) = topic_pair().await;
+    let pair = topic_pair().await;
+    let (topic, dlt) = (pair.topic.clone(), pair.dlt.clone());
 
     // Not Avro at all, bytes that are not UTF-8 either: parked as they are.
     let key: &[u8] = b"order-\x00\xff1";

@@ -15,19 +15,22 @@ mod plan;
 
 pub use plan::{plan, Known, Op, OrderEvent};
 
+use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use stocksvr_core::events::{topics, EventKind, OrderType};
+use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::consumer::{Applied, Failure, Handler, LoopConfig, Record};
+use stocksvr_reservation::view::ReservationView;
 use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError};
-use stocksvr_schedule::TimeWheel;
+use stocksvr_store::wheel::TimeWheel;
 
 pub const NAME: &str = "order-lifecycle";
 
-pub fn loop_config() -> LoopConfig {
-    LoopConfig::new(NAME, vec![topics::ORDER_LIFECYCLE.to_string()])
+pub fn loop_config(kafka: &KafkaSettings) -> LoopConfig {
+    LoopConfig::new(NAME, vec![kafka.topic(topics::ORDER_LIFECYCLE)])
 }
 
 pub struct OrderLifecycle {
@@ -140,7 +143,7 @@ impl OrderLifecycle {
             if let (Op::MarkCreated, IntentOutcome::Done { reservation, .. }, Some(wheel)) =
                 (&op, &outcome, &self.wheel)
             {
-                stocksvr_schedule::arm_created(wheel, reservation).await;
+                arm_created(wheel, reservation).await;
             }
             match outcome {
                 IntentOutcome::Done { already: false, .. } => applied = Applied::Applied,
@@ -175,6 +178,41 @@ impl OrderLifecycle {
         }
         Ok(applied)
     }
+}
+
+/// Entries put on the time wheel; labels `source` and `outcome` (added, present, failed).
+const ARMED: &str = "stocksvr_schedule_armed_total";
+
+/// Puts a reservation that OrderCreated just parked (or found parked, on a redelivery) on
+/// the wheel. Failures are logged and counted, never returned: the OrderCreated is applied
+/// either way, and the load-ahead re-arms the entry or the scan confirms the reservation.
+pub async fn arm_created(wheel: &TimeWheel, reservation: &ReservationView) {
+    if reservation.status != "CREATED_RESERVED" {
+        return;
+    }
+    let id = reservation.reservation_id.as_str();
+    let due = reservation
+        .processing_time
+        .as_deref()
+        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.with_timezone(&Utc));
+    let (Ok(reservation_id), Some(due)) = (id.parse::<u64>(), due) else {
+        tracing::warn!(
+            reservation_id = id,
+            processing_time = ?reservation.processing_time,
+            "scheduled reservation without a readable processing_time; left to the scan"
+        );
+        return;
+    };
+    let outcome = match wheel.arm(reservation_id, due).await {
+        Ok(true) => "added",
+        Ok(false) => "present",
+        Err(e) => {
+            tracing::warn!(reservation_id, error = %e, "arming the time wheel failed; the load-ahead or the scan covers it");
+            "failed"
+        }
+    };
+    metrics::counter!(ARMED, "source" => "order_created", "outcome" => outcome).increment(1);
 }
 
 /// Service errors into the loop's three classes.

@@ -1,6 +1,7 @@
 //! Tuning of the relay. Every knob has a production default; tests shrink the timings.
 
 use crate::error::RelayError;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -93,6 +94,76 @@ impl RelayConfig {
     }
 }
 
+/// The `[relay]` configuration section: [`RelayConfig`] in milliseconds and seconds, as a
+/// file or an environment variable writes it.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelaySettings {
+    /// Rows claimed and published per round; a full batch starts the next round at once.
+    pub batch_size: u32,
+    /// Sleep after a partial batch and the first sleep after an empty one, in milliseconds.
+    pub min_poll_ms: u64,
+    /// Longest sleep while idle (empty rounds double the sleep up to this), in milliseconds.
+    /// A commit in the same process wakes the relay at once, whatever the sleep.
+    pub max_poll_ms: u64,
+    /// Seconds a claimed row belongs to this relay before another may claim it again.
+    pub claim_lease_secs: u64,
+    /// Longest wait for the broker's acknowledgements of one batch, in seconds; below the lease.
+    pub publish_timeout_secs: u64,
+    /// First delay before a failed row is retried, in milliseconds; doubles per failure.
+    pub retry_initial_ms: u64,
+    /// Longest retry delay, in seconds.
+    pub retry_max_secs: u64,
+    /// Hours a SENT row is kept before the purge deletes it.
+    pub retention_hours: u64,
+    /// Rows deleted per purge statement.
+    pub purge_batch: u32,
+    /// Seconds between two purges.
+    pub purge_every_secs: u64,
+    /// Milliseconds between two refreshes of the backlog gauges.
+    pub gauge_every_ms: u64,
+}
+
+impl Default for RelaySettings {
+    fn default() -> Self {
+        let c = RelayConfig::default();
+        Self {
+            batch_size: c.batch_size,
+            min_poll_ms: c.min_poll.as_millis() as u64,
+            max_poll_ms: c.max_poll.as_millis() as u64,
+            claim_lease_secs: c.claim_lease.as_secs(),
+            publish_timeout_secs: c.publish_timeout.as_secs(),
+            retry_initial_ms: c.retry_initial.as_millis() as u64,
+            retry_max_secs: c.retry_max.as_secs(),
+            retention_hours: c.retention.as_secs() / 3600,
+            purge_batch: c.purge_batch,
+            purge_every_secs: c.purge_every.as_secs(),
+            gauge_every_ms: c.gauge_every.as_millis() as u64,
+        }
+    }
+}
+
+impl RelaySettings {
+    /// The typed config, validated.
+    pub fn config(&self) -> Result<RelayConfig, RelayError> {
+        let c = RelayConfig {
+            batch_size: self.batch_size,
+            min_poll: Duration::from_millis(self.min_poll_ms),
+            max_poll: Duration::from_millis(self.max_poll_ms),
+            claim_lease: Duration::from_secs(self.claim_lease_secs),
+            publish_timeout: Duration::from_secs(self.publish_timeout_secs),
+            retry_initial: Duration::from_millis(self.retry_initial_ms),
+            retry_max: Duration::from_secs(self.retry_max_secs),
+            retention: Duration::from_secs(self.retention_hours.saturating_mul(3600)),
+            purge_batch: self.purge_batch,
+            purge_every: Duration::from_secs(self.purge_every_secs),
+            gauge_every: Duration::from_millis(self.gauge_every_ms),
+        };
+        c.validate()?;
+        Ok(c)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,6 +176,12 @@ mod tests {
         assert_eq!(c.retention, Duration::from_secs(604_800));
         assert_eq!(c.purge_batch, 500);
         assert!(c.publish_timeout < c.claim_lease);
+    }
+
+    #[test]
+    fn the_settings_section_round_trips_the_defaults() {
+        let c = RelaySettings::default().config().expect("valid");
+        assert_eq!(c, RelayConfig::default());
     }
 
     #[test]

@@ -36,7 +36,7 @@ mod schedule;
 mod store;
 pub mod telemetry;
 
-pub use config::RelayConfig;
+pub use config::{RelayConfig, RelaySettings};
 pub use error::RelayError;
 pub use publish::EVENT_ID_HEADER;
 pub use relay::{OutboxRelay, RelayReport};

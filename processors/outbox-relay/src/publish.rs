@@ -9,6 +9,7 @@ use std::time::Duration;
 use stocksvr_pipeline::catalog::{Catalog, EventSchema};
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::json::json_to_avro;
+use stocksvr_pipeline::topics::Namespace;
 use tokio::time::Instant;
 
 /// Kafka header carrying the event id, so consumers and operators can deduplicate or trace
@@ -75,24 +76,29 @@ pub fn resolve<'c>(
     }
 }
 
-/// Encodes one row. Every failure is this row's alone.
-pub async fn encode(codec: &AvroCodec, row: &ClaimedRow) -> Result<Vec<u8>, RowFailure> {
+/// Encodes one row for `topic` (the row's topic in the deployment's namespace). Every
+/// failure is this row's alone.
+pub async fn encode(
+    codec: &AvroCodec,
+    row: &ClaimedRow,
+    topic: &str,
+) -> Result<Vec<u8>, RowFailure> {
     let payload = row
         .payload
         .as_ref()
         .map_err(|e| RowFailure::Encode(e.clone()))?;
-    let entry =
-        resolve(codec.catalog(), &row.topic, &row.event_type).map_err(RowFailure::Encode)?;
+    let entry = resolve(codec.catalog(), topic, &row.event_type).map_err(RowFailure::Encode)?;
     let value = json_to_avro(payload, &entry.parsed).map_err(|e| {
         RowFailure::Encode(format!("payload does not fit {}: {e}", entry.full_name))
     })?;
     codec
-        .encode_value_on(&row.topic, &entry.full_name, entry.raw, value)
+        .encode_value_on(topic, &entry.full_name, entry.raw, value)
         .await
         .map_err(|e| RowFailure::Encode(e.to_string()))
 }
 
-/// Publishes a batch and returns each row's outcome, in the rows' order.
+/// Publishes a batch and returns each row's outcome, in the rows' order. A row's topic is
+/// the declared name; `namespace` turns it into the deployment's.
 ///
 /// All rows are encoded concurrently (the registry is asked at most once per subject, then
 /// cached), then enqueued in id order, so records with the same key reach their partition in
@@ -102,17 +108,20 @@ pub async fn encode(codec: &AvroCodec, row: &ClaimedRow) -> Result<Vec<u8>, RowF
 pub async fn publish_batch(
     codec: &AvroCodec,
     producer: &FutureProducer,
+    namespace: &Namespace,
     rows: &[ClaimedRow],
     timeout: Duration,
 ) -> Vec<Result<(), RowFailure>> {
     let deadline = Instant::now() + timeout;
+    let topics: Vec<String> = rows.iter().map(|row| namespace.topic(&row.topic)).collect();
     let encoded = join_all(
         rows.iter()
-            .map(|row| tokio::time::timeout_at(deadline, encode(codec, row))),
+            .zip(&topics)
+            .map(|(row, topic)| tokio::time::timeout_at(deadline, encode(codec, row, topic))),
     )
     .await;
     let mut deliveries = Vec::with_capacity(rows.len());
-    for (row, bytes) in rows.iter().zip(encoded) {
+    for ((row, topic), bytes) in rows.iter().zip(&topics).zip(encoded) {
         let bytes = match bytes {
             Ok(Ok(bytes)) => bytes,
             Ok(Err(failure)) => {
@@ -130,7 +139,7 @@ pub async fn publish_batch(
             key: EVENT_ID_HEADER,
             value: Some(row.event_id.as_str()),
         });
-        let record = FutureRecord::to(&row.topic)
+        let record = FutureRecord::to(topic)
             .key(row.partition_key.as_str())
             .payload(&bytes)
             .headers(headers);

@@ -12,6 +12,7 @@ use sqlx::MySqlPool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stocksvr_pipeline::codec::AvroCodec;
+use stocksvr_pipeline::topics::Namespace;
 use tokio::sync::{watch, Notify};
 
 /// What one round did.
@@ -32,6 +33,7 @@ pub struct OutboxRelay {
     producer: FutureProducer,
     codec: AvroCodec,
     config: RelayConfig,
+    namespace: Namespace,
     wake: Arc<Notify>,
 }
 
@@ -51,8 +53,16 @@ impl OutboxRelay {
             producer,
             codec,
             config,
+            namespace: Namespace::default(),
             wake: Arc::new(Notify::new()),
         })
+    }
+
+    /// Publishes into the topics of `namespace` (`kafka.topic_namespace`); rows keep the
+    /// declared names.
+    pub fn in_namespace(mut self, namespace: Namespace) -> Self {
+        self.namespace = namespace;
+        self
     }
 
     pub fn config(&self) -> &RelayConfig {
@@ -84,6 +94,7 @@ impl OutboxRelay {
         let outcomes = publish_batch(
             &self.codec,
             &self.producer,
+            &self.namespace,
             &claim.rows,
             self.config.publish_timeout,
         )

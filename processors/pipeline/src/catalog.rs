@@ -115,6 +115,17 @@ impl Catalog {
         Ok(Self { events })
     }
 
+    /// The embedded catalog with every topic inside `kafka.topic_namespace`: what this
+    /// deployment produces and consumes, and the subjects it registers.
+    pub fn for_deployment(kafka: &crate::config::KafkaSettings) -> Result<Self, CatalogError> {
+        let ns = kafka.namespace();
+        let mut catalog = Self::embedded()?;
+        for event in &mut catalog.events {
+            event.topic = ns.topic(&event.topic);
+        }
+        Ok(catalog)
+    }
+
     pub fn events(&self) -> &[EventSchema] {
         &self.events
     }

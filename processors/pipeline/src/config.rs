@@ -20,6 +20,8 @@ pub enum ConfigError {
     Load(#[from] config::ConfigError),
     #[error("configuration file {0} does not exist")]
     MissingFile(String),
+    #[error("configuration: {0}")]
+    Invalid(String),
 }
 
 /// A credential or a URL that embeds one. Shown as `***` by `Debug`, `Display` and `Serialize`.
@@ -63,121 +65,51 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// The connection settings of the servers every part of stocksvr talks to. The binary's
+/// whole configuration (`stocksvr::Settings`) holds these plus each domain crate's own
+/// section; this struct alone reads just these sections and ignores the others, for tools
+/// and tests that only need to reach the servers.
 #[derive(Debug, Clone, Deserialize, Serialize, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct Settings {
+#[serde(default)]
+pub struct InfraSettings {
     pub kafka: KafkaSettings,
     pub registry: RegistrySettings,
     pub mysql: MysqlSettings,
     pub redis: RedisSettings,
     pub http: HttpSettings,
     pub log: LogSettings,
-    pub reservation: ReservationSettings,
-    pub stock_ops: StockOpsSettings,
-    pub schedule: ScheduleSettings,
+    pub consumer: ConsumerSettings,
 }
 
-/// Stock operations without a reservation (bucket init, adjust, close, archive) and the
-/// daily bucket job.
+/// The shared consumer loop of every processor ([`crate::consumer`]).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct StockOpsSettings {
-    /// Seconds a worker owns a WAL row it executes; after that another worker takes it over.
-    pub wal_lease_secs: u64,
-    /// Failed attempts after which a WAL row is marked dead and alerted.
-    pub wal_max_attempts: u32,
-    /// Hours an archived bucket's Redis key lives on. A refund after that cannot return stock
-    /// to its day and is left to an operator: keep it at least the refund window.
-    pub archive_ttl_hours: u64,
-    /// Seconds between two rounds of the daily bucket job.
-    pub daily_interval_secs: u64,
-    /// Minutes before the merchant's local midnight the next day's buckets are prepared.
-    pub daily_lead_minutes: u64,
-    /// A dish without a baseline in this many days is not carried forward.
-    pub daily_lookback_days: u32,
+pub struct ConsumerSettings {
+    /// First delay before a record whose dependency (MySQL, Redis, the registry) is
+    /// unavailable is tried again, in milliseconds; it doubles up to `retry_max_backoff_ms`.
+    /// An outage is retried without an attempt limit: a dead letter is for a record that can
+    /// never apply, not for one that arrived while a server was down.
+    pub retry_min_backoff_ms: u64,
+    /// Longest delay between two attempts during an outage, in milliseconds.
+    pub retry_max_backoff_ms: u64,
+    /// Longest one attempt at a batch may take (every MySQL statement and Redis call has a
+    /// shorter deadline of its own); an attempt past it counts as a dependency outage.
+    pub attempt_timeout_ms: u64,
+    /// librdkafka `max.poll.interval.ms`. The loop keeps polling while it waits out an
+    /// outage (the partitions are paused, not abandoned), so the only thing that can exceed
+    /// this is one attempt, bounded by `attempt_timeout_ms`: the default leaves four times
+    /// that. A process stuck beyond it is taken out of the group and its partitions move to
+    /// a healthy instance.
+    pub max_poll_interval_ms: u64,
 }
 
-impl Default for StockOpsSettings {
+impl Default for ConsumerSettings {
     fn default() -> Self {
         Self {
-            wal_lease_secs: 30,
-            wal_max_attempts: 20,
-            archive_ttl_hours: 720,
-            daily_interval_secs: 300,
-            daily_lead_minutes: 120,
-            daily_lookback_days: 7,
-        }
-    }
-}
-
-/// Scheduled confirms: the Redis time wheel and the DB scan behind it.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ScheduleSettings {
-    /// Namespace of the wheel's Redis keys (`inv:{schedule:<namespace>:<shard>}:due`).
-    /// Instances with the same namespace share one wheel; give each environment that shares
-    /// a Redis its own. 1-64 characters of `[A-Za-z0-9._-]`.
-    pub wheel_namespace: String,
-    /// Sorted sets the wheel is spread over (reservation id modulo shards). Entries left in a
-    /// shard that a smaller count drops are re-armed by the load-ahead or confirmed by the scan.
-    pub shards: u16,
-    /// How often each instance claims due entries from the wheel, in milliseconds.
-    pub tick_ms: u64,
-    /// How long a claimed entry stays hidden from other pollers before it falls due again
-    /// (its claimant died before emitting), in seconds.
-    pub claim_timeout_secs: u64,
-    /// Period of the DB scan that confirms CREATED_RESERVED reservations the wheel missed
-    /// and re-arms those due soon, in seconds.
-    pub scan_interval_secs: u64,
-    /// The scan leaves a due reservation to the wheel for this many seconds past its
-    /// processing_time before confirming it itself.
-    pub scan_grace_secs: u64,
-    /// The scan re-arms CREATED_RESERVED reservations due within this many seconds (an entry
-    /// lost from Redis is rebuilt before it is due). At least `scan_interval_secs`.
-    pub load_ahead_secs: u64,
-}
-
-impl Default for ScheduleSettings {
-    fn default() -> Self {
-        Self {
-            wheel_namespace: "stocksvr".into(),
-            shards: 8,
-            tick_ms: 200,
-            claim_timeout_secs: 30,
-            scan_interval_secs: 30,
-            scan_grace_secs: 30,
-            load_ahead_secs: 600,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ReservationSettings {
-    /// Snowflake worker id (0-1023) of this instance. Unset: leased from MySQL
-    /// (`snowflake_worker_lease`), which guarantees two running instances never share one.
-    pub worker_id: Option<u16>,
-    /// IANA time zone of merchants without a `merchant_settings` row.
-    pub default_timezone: String,
-    /// A RESERVED reservation is alerted after this many seconds (never cancelled).
-    pub hold_ttl_secs: u64,
-    /// How many seconds in the past a scheduled order's processing_time may lie.
-    pub scheduled_grace_secs: u64,
-    /// Largest quantity of one Try.
-    pub max_quantity: u32,
-    /// Days Redis keeps each operation's first result (the idempotency window).
-    pub op_ttl_days: u64,
-}
-
-impl Default for ReservationSettings {
-    fn default() -> Self {
-        Self {
-            worker_id: None,
-            default_timezone: "UTC".into(),
-            hold_ttl_secs: 1800,
-            scheduled_grace_secs: 300,
-            max_quantity: 999,
-            op_ttl_days: 30,
+            retry_min_backoff_ms: 500,
+            retry_max_backoff_ms: 10_000,
+            attempt_timeout_ms: 30_000,
+            max_poll_interval_ms: 120_000,
         }
     }
 }
@@ -193,6 +125,12 @@ pub struct KafkaSettings {
     pub group_prefix: String,
     /// Path of the topic declarations applied by `stocksvr topics apply`.
     pub topics_file: String,
+    /// Prefix of every topic of this deployment: with `staging` the order events are read
+    /// from `staging.order.lifecycle.v1` and its dead letters go to
+    /// `staging.order.lifecycle.v1.dlt`. Empty (the default): the names of the topics file as
+    /// they are. Lets several deployments (or a test, a benchmark, the demo) share one Kafka
+    /// cluster without reading each other's records. 0-100 characters of `[A-Za-z0-9._-]`.
+    pub topic_namespace: String,
     /// Timeout of admin and metadata requests, in milliseconds.
     pub request_timeout_ms: u64,
     /// Extra librdkafka properties for every client, with `_` standing for `.` so a key can
@@ -208,6 +146,7 @@ impl Default for KafkaSettings {
             client_id: "stocksvr".into(),
             group_prefix: "stocksvr".into(),
             topics_file: "topics.yaml".into(),
+            topic_namespace: String::new(),
             request_timeout_ms: 10_000,
             properties: BTreeMap::new(),
         }
@@ -217,6 +156,42 @@ impl Default for KafkaSettings {
 impl KafkaSettings {
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// This deployment's topic namespace.
+    pub fn namespace(&self) -> crate::topics::Namespace {
+        crate::topics::Namespace::new(&self.topic_namespace)
+    }
+
+    /// The name of the topic the topics file declares as `logical` in this deployment.
+    pub fn topic(&self, logical: &str) -> String {
+        self.namespace().topic(logical)
+    }
+
+    /// The declared name of one of this deployment's topics, or None for a topic outside
+    /// its namespace.
+    pub fn logical_topic<'a>(&self, topic: &'a str) -> Option<&'a str> {
+        if self.topic_namespace.is_empty() {
+            return Some(topic);
+        }
+        topic
+            .strip_prefix(self.topic_namespace.as_str())
+            .and_then(|rest| rest.strip_prefix('.'))
+    }
+
+    /// Refuses a namespace Kafka would refuse inside a topic name.
+    pub fn validate(&self) -> Result<(), String> {
+        let ns = &self.topic_namespace;
+        if ns.len() > 100
+            || !ns
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(format!(
+                "kafka.topic_namespace {ns:?}: use at most 100 characters of [A-Za-z0-9._-]"
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -333,31 +308,35 @@ impl Default for LogSettings {
     }
 }
 
-impl Settings {
-    /// Defaults, then `file` (if given; a missing file is an error), then the environment.
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        Self::load_from(file, None)
-    }
-
-    /// As [`Settings::load`], with the environment replaced by `env` (for tests).
-    pub fn load_from(
-        file: Option<&Path>,
-        env: Option<std::collections::HashMap<String, String>>,
-    ) -> Result<Self, ConfigError> {
-        let mut builder = config::Config::builder();
-        if let Some(path) = file {
-            if !path.exists() {
-                return Err(ConfigError::MissingFile(path.display().to_string()));
-            }
-            builder = builder.add_source(config::File::from(path));
+/// Builds `T` from the layers: built-in defaults (`T`'s), then `file` (if given; a missing file
+/// is an error), then `STOCKSVR__SECTION__FIELD` variables (`env` replaces the process
+/// environment in tests).
+pub fn load_layered<T: serde::de::DeserializeOwned>(
+    file: Option<&Path>,
+    env: Option<std::collections::HashMap<String, String>>,
+) -> Result<T, ConfigError> {
+    let mut builder = config::Config::builder();
+    if let Some(path) = file {
+        if !path.exists() {
+            return Err(ConfigError::MissingFile(path.display().to_string()));
         }
-        let environment = config::Environment::with_prefix(ENV_PREFIX)
-            .prefix_separator("__")
-            .separator("__")
-            .try_parsing(true)
-            .source(env);
-        builder = builder.add_source(environment);
-        Ok(builder.build()?.try_deserialize()?)
+        builder = builder.add_source(config::File::from(path));
+    }
+    let environment = config::Environment::with_prefix(ENV_PREFIX)
+        .prefix_separator("__")
+        .separator("__")
+        .try_parsing(true)
+        .source(env);
+    builder = builder.add_source(environment);
+    Ok(builder.build()?.try_deserialize()?)
+}
+
+impl InfraSettings {
+    /// Defaults, then `file`, then the environment (see [`load_layered`]).
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let settings: Self = load_layered(file, None)?;
+        settings.kafka.validate().map_err(ConfigError::Invalid)?;
+        Ok(settings)
     }
 }
 
@@ -366,51 +345,61 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    #[test]
-    fn defaults_point_at_the_local_stack() {
-        let s = Settings::load_from(None, Some(HashMap::new())).expect("defaults load");
-        assert_eq!(s.kafka.brokers, "127.0.0.1:9092");
-        assert_eq!(s.redis.url.expose(), "redis://127.0.0.1:6380/");
-        assert_eq!(s.log.format, LogFormat::Text);
+    fn infra(env: HashMap<String, String>) -> InfraSettings {
+        load_layered(None, Some(env)).expect("loads")
     }
 
     #[test]
-    fn environment_overrides_nested_fields() {
-        let env = HashMap::from([
+    fn defaults_point_at_the_local_stack() {
+        let s = infra(HashMap::new());
+        assert_eq!(s.kafka.brokers, "127.0.0.1:9092");
+        assert_eq!(s.redis.url.expose(), "redis://127.0.0.1:6380/");
+        assert_eq!(s.log.format, LogFormat::Text);
+        assert_eq!(s.consumer.max_poll_interval_ms, 120_000);
+    }
+
+    #[test]
+    fn infra_settings_ignore_the_domain_sections() {
+        let s = infra(HashMap::from([
             (
-                "STOCKSVR__KAFKA__BROKERS".to_string(),
-                "k1:9092,k2:9092".to_string(),
+                "STOCKSVR__RESERVATION__MAX_QUANTITY".to_string(),
+                "5".to_string(),
             ),
             (
                 "STOCKSVR__MYSQL__MAX_CONNECTIONS".to_string(),
                 "3".to_string(),
             ),
-            ("STOCKSVR__LOG__FORMAT".to_string(), "json".to_string()),
-            (
-                "STOCKSVR__HTTP__ADMIN_TOKEN".to_string(),
-                "t0ken".to_string(),
-            ),
-        ]);
-        let s = Settings::load_from(None, Some(env)).expect("env loads");
-        assert_eq!(s.kafka.brokers, "k1:9092,k2:9092");
+        ]));
         assert_eq!(s.mysql.max_connections, 3);
-        assert_eq!(s.log.format, LogFormat::Json);
-        assert_eq!(
-            s.http.admin_token.as_ref().map(Secret::expose),
-            Some("t0ken")
-        );
     }
 
     #[test]
-    fn unknown_keys_are_rejected() {
-        let env = HashMap::from([("STOCKSVR__MYSQL__URLL".to_string(), "x".to_string())]);
-        let err = Settings::load_from(None, Some(env)).expect_err("typo must fail");
-        assert!(err.to_string().contains("urll"), "{err}");
+    fn a_namespace_prefixes_every_topic_and_is_validated() {
+        let mut k = KafkaSettings::default();
+        assert_eq!(
+            k.topic("inventory.stock-change.v1"),
+            "inventory.stock-change.v1"
+        );
+        k.topic_namespace = "bench_1".into();
+        assert!(k.validate().is_ok());
+        assert_eq!(
+            k.topic("inventory.stock-change.v1"),
+            "bench_1.inventory.stock-change.v1"
+        );
+        assert_eq!(
+            k.logical_topic("bench_1.inventory.stock-change.v1"),
+            Some("inventory.stock-change.v1")
+        );
+        assert_eq!(k.logical_topic("bench_10.inventory.stock-change.v1"), None);
+        for bad in ["a b", "x/y", &"n".repeat(101)] {
+            k.topic_namespace = bad.to_string();
+            assert!(k.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]
     fn secrets_never_reach_debug_or_serialized_output() {
-        let env = HashMap::from([
+        let s = infra(HashMap::from([
             (
                 "STOCKSVR__MYSQL__URL".to_string(),
                 "mysql://u:hunter2@db/x".to_string(),
@@ -419,8 +408,7 @@ mod tests {
                 "STOCKSVR__HTTP__ADMIN_TOKEN".to_string(),
                 "hunter3".to_string(),
             ),
-        ]);
-        let s = Settings::load_from(None, Some(env)).expect("loads");
+        ]));
         let debug = format!("{s:?}");
         let json = serde_json::to_string(&s).expect("serializes");
         for shown in [debug, json] {
@@ -444,25 +432,12 @@ mod tests {
     }
 
     #[test]
-    fn the_example_file_loads_and_equals_the_defaults() {
-        let dir = std::env::var("CARGO_MANIFEST_DIR")
-            .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
-        let file = format!("{dir}/../../config/stocksvr.example.toml");
-        let path = Path::new(&file);
-        let from_file =
-            Settings::load_from(Some(path), Some(HashMap::new())).expect("example loads");
-        let defaults = Settings::load_from(None, Some(HashMap::new())).expect("defaults");
-        assert_eq!(
-            serde_json::to_value(&from_file).expect("json"),
-            serde_json::to_value(&defaults).expect("json")
-        );
-        assert_eq!(from_file.mysql.url.expose(), defaults.mysql.url.expose());
-    }
-
-    #[test]
     fn missing_config_file_is_an_error() {
-        let err = Settings::load_from(Some(Path::new("/nonexistent/x.toml")), Some(HashMap::new()))
-            .expect_err("must fail");
+        let err = load_layered::<InfraSettings>(
+            Some(Path::new("/nonexistent/x.toml")),
+            Some(HashMap::new()),
+        )
+        .expect_err("must fail");
         assert!(matches!(err, ConfigError::MissingFile(_)));
     }
 }

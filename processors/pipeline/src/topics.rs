@@ -183,6 +183,45 @@ impl fmt::Display for Drift {
     }
 }
 
+/// The prefix that turns the topic names of the topics file into one deployment's
+/// (`kafka.topic_namespace`): several deployments, tests or benchmarks share a cluster
+/// without reading each other's records. Empty: the names as declared.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Namespace(String);
+
+impl Namespace {
+    pub fn new(namespace: &str) -> Self {
+        Self(namespace.to_string())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The deployment's name of the declared topic `logical`.
+    pub fn topic(&self, logical: &str) -> String {
+        if self.0.is_empty() {
+            logical.to_string()
+        } else {
+            format!("{}.{logical}", self.0)
+        }
+    }
+}
+
+/// The topics of one deployment: the file named by `kafka.topics_file`, every name (and the
+/// source topic of every dead-letter topic) inside the deployment's namespace.
+pub fn for_deployment(settings: &KafkaSettings) -> Result<Vec<TopicSpec>, TopicsError> {
+    let ns = settings.namespace();
+    Ok(load(Path::new(&settings.topics_file))?
+        .into_iter()
+        .map(|spec| TopicSpec {
+            name: ns.topic(&spec.name),
+            dead_letter_of: spec.dead_letter_of.map(|t| ns.topic(&t)),
+            ..spec
+        })
+        .collect())
+}
+
 /// Reads and expands the file: defaults merged into each topic, dead-letter topics added.
 pub fn load(path: &Path) -> Result<Vec<TopicSpec>, TopicsError> {
     let text = std::fs::read_to_string(path).map_err(|source| TopicsError::Read {

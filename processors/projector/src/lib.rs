@@ -45,10 +45,10 @@ pub const NAME: &str = "projector";
 pub const MAX_BATCH: usize = 100;
 
 /// The loop settings of the projector: `inventory.stock-change.v1`, batches of 100.
-pub fn loop_config() -> LoopConfig {
+pub fn loop_config(kafka: &KafkaSettings) -> LoopConfig {
     LoopConfig {
         max_batch: MAX_BATCH,
-        ..LoopConfig::new(NAME, vec![topics::STOCK_CHANGE.to_string()])
+        ..LoopConfig::new(NAME, vec![kafka.topic(topics::STOCK_CHANGE)])
     }
 }
 

@@ -5,40 +5,26 @@
 mod support;
 
 use anyhow::{bail, Context, Result};
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use stocksvr_pipeline::consumer::{self, LoopConfig};
-use stocksvr_pipeline::deadletter::dead_letter_topic;
+use stocksvr_pipeline::consumer;
 use stocksvr_projector::{group_name, loop_config, Projector};
+use stocksvr_test_support::TestNamespace;
 use support::*;
 use tokio::sync::watch;
 
 const BUCKET: &str = "bucket_10001_90001_20260726";
 
-async fn create_topics(settings: &stocksvr_pipeline::config::Settings, topic: &str) -> Result<()> {
-    let admin = stocksvr_pipeline::kafka::admin_client(&settings.kafka)?;
-    let dlt = dead_letter_topic(topic);
-    let topics = [
-        NewTopic::new(topic, 1, TopicReplication::Fixed(1)),
-        NewTopic::new(&dlt, 1, TopicReplication::Fixed(1)),
-    ];
-    for result in admin.create_topics(&topics, &AdminOptions::new()).await? {
-        result.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
-    }
-    Ok(())
-}
-
 #[tokio::test]
 async fn the_loop_projects_produced_events_and_commits_after_the_effects() -> Result<()> {
     let mut settings = settings()?;
-    // A group and topic of this test alone, so no other run's offsets or records interfere.
-    settings.kafka.group_prefix = unique("projector-e2e");
-    let topic = unique("projector-e2e");
-    create_topics(&settings, &topic).await?;
+    // Topics and groups of this test alone, so no other run's offsets or records interfere.
+    let ns = TestNamespace::with_partitions(Some(1)).await;
+    settings.kafka = ns.kafka.clone();
+    let topic = ns.topic(stocksvr_core::events::topics::STOCK_CHANGE);
 
     let pool = fresh_pool(&settings).await?;
     let reservation = 100_123_001;
@@ -74,10 +60,8 @@ async fn the_loop_projects_produced_events_and_commits_after_the_effects() -> Re
             .map_err(|(e, _)| anyhow::anyhow!("produce {name}: {e}"))?;
     }
 
-    let config = LoopConfig {
-        topics: vec![topic.clone()],
-        ..loop_config()
-    };
+    let config = loop_config(&settings.kafka);
+    assert_eq!(config.topics, std::slice::from_ref(&topic));
     let (stop, stopped) = watch::channel(false);
     let kafka = settings.kafka.clone();
     let codec = codec(&settings)?;

@@ -15,6 +15,7 @@ const BUCKET: &str = "bucket_10001_90001_20260726";
 const GROUP: &str = "test.projector";
 
 struct Harness {
+    _db: TestDb,
     pool: MySqlPool,
     projector: Projector,
     encoder: Encoder,
@@ -23,10 +24,12 @@ struct Harness {
 impl Harness {
     async fn new() -> Result<Self> {
         let settings = settings()?;
-        let pool = fresh_pool(&settings).await?;
+        let db = fresh_pool(&settings).await?;
+        let pool = db.pool.clone();
         let projector = Projector::new(pool.clone(), GROUP)?;
         let encoder = Encoder::new(codec(&settings)?, unique("projector-test"))?;
         Ok(Self {
+            _db: db,
             pool,
             projector,
             encoder,
@@ -580,7 +583,7 @@ async fn an_unmigrated_database_is_fatal() -> Result<()> {
     let record = encoder
         .record("InventoryRedisReserved", &example("InventoryRedisReserved"))
         .await?;
-    let projector = Projector::new(pool, GROUP)?;
+    let projector = Projector::new(pool.pool.clone(), GROUP)?;
     match projector.handle(&[record]).await {
         Err(Failure::Fatal(reason)) => assert!(reason.contains("schema"), "{reason}"),
         other => panic!("expected Fatal, got {other:?}"),

@@ -14,6 +14,7 @@ pub mod operations;
 mod outbox;
 pub mod recovery;
 mod service;
+pub mod settings;
 pub mod stale;
 pub mod view;
 

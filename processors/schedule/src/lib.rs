@@ -32,19 +32,19 @@ pub mod event;
 pub mod fire;
 pub mod processor;
 pub mod scan;
+pub mod settings;
 pub mod store;
-pub mod wheel;
 
 pub use processor::{loop_config, ScheduleProcessor, NAME};
-pub use wheel::TimeWheel;
+pub use settings::ScheduleSettings;
+pub use stocksvr_store::wheel::{self, TimeWheel};
 
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::TimeDelta;
 use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::config::{KafkaSettings, ScheduleSettings};
+use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::consumer::LoopError;
-use stocksvr_reservation::view::ReservationView;
 use stocksvr_reservation::{ReservationService, ServiceError};
 use tokio::sync::watch;
 
@@ -135,38 +135,6 @@ impl ScheduleConfig {
     }
 }
 
-/// Puts a reservation that OrderCreated just parked (or found parked, on a redelivery) on
-/// the wheel. Failures are logged and counted, never returned: the OrderCreated is applied
-/// either way, and the load-ahead re-arms the entry or the scan confirms the reservation.
-pub async fn arm_created(wheel: &TimeWheel, reservation: &ReservationView) {
-    if reservation.status != "CREATED_RESERVED" {
-        return;
-    }
-    let id = reservation.reservation_id.as_str();
-    let due = reservation
-        .processing_time
-        .as_deref()
-        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-        .map(|t| t.with_timezone(&Utc));
-    let (Ok(reservation_id), Some(due)) = (id.parse::<u64>(), due) else {
-        tracing::warn!(
-            reservation_id = id,
-            processing_time = ?reservation.processing_time,
-            "scheduled reservation without a readable processing_time; left to the scan"
-        );
-        return;
-    };
-    let outcome = match wheel.arm(reservation_id, due).await {
-        Ok(true) => "added",
-        Ok(false) => "present",
-        Err(e) => {
-            tracing::warn!(reservation_id, error = %e, "arming the time wheel failed; the load-ahead or the scan covers it");
-            "failed"
-        }
-    };
-    metrics::counter!(names::ARMED, "source" => "order_created", "outcome" => outcome).increment(1);
-}
-
 /// Runs the wheel poller, the scan and the schedule processor until `stop` turns true.
 pub async fn run(
     config: ScheduleConfig,
@@ -187,7 +155,7 @@ pub async fn run(
     let scanner = scan::Scanner::new(service.clone(), wheel, &config);
     let handler = Arc::new(ScheduleProcessor::new(service));
     let consume = async {
-        stocksvr_pipeline::consumer::run(kafka, codec, loop_config(), handler, stop.clone())
+        stocksvr_pipeline::consumer::run(kafka, codec, loop_config(kafka), handler, stop.clone())
             .await
             .map_err(ScheduleError::from)
     };

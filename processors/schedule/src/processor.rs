@@ -15,6 +15,7 @@ use futures::FutureExt;
 use std::sync::Arc;
 use stocksvr_core::events::{topics, Envelope, EventKind, InventoryConfirmDueData};
 use stocksvr_core::reservation::ReservationStatus;
+use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::consumer::{Applied, Failure, Handler, LoopConfig, Record};
 use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError};
 use stocksvr_store::reservations::{self as repo, Reservation};
@@ -25,8 +26,8 @@ pub const NAME: &str = "schedule";
 /// hand-made event): ignored, the wheel and the scan fire it when it is due.
 pub const EARLY_TOLERANCE: TimeDelta = TimeDelta::seconds(5);
 
-pub fn loop_config() -> LoopConfig {
-    LoopConfig::new(NAME, vec![topics::INVENTORY_SCHEDULE.to_string()])
+pub fn loop_config(kafka: &KafkaSettings) -> LoopConfig {
+    LoopConfig::new(NAME, vec![kafka.topic(topics::INVENTORY_SCHEDULE)])
 }
 
 /// What a trigger asks for, given the reservation as MySQL has it.

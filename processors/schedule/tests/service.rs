@@ -10,13 +10,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_core::events::OrderType;
 use stocksvr_core::snowflake::SnowflakeGenerator;
-use stocksvr_pipeline::config::{ScheduleSettings, Settings};
 use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceConfig, TryRequest};
 use stocksvr_schedule::fire::Poller;
 use stocksvr_schedule::scan::Scanner;
+use stocksvr_schedule::ScheduleSettings;
 use stocksvr_schedule::{ScheduleConfig, TimeWheel};
 use stocksvr_store::lua::{BucketKeys, LuaExecutor};
 use stocksvr_store::reservations::{self as repo, Baseline};
+use stocksvr_test_support::TestDb;
 
 fn seed() -> u64 {
     use std::hash::{Hash, Hasher};
@@ -32,6 +33,7 @@ fn seed() -> u64 {
 struct Fixture {
     service: Arc<ReservationService>,
     lua: Arc<LuaExecutor>,
+    _db: TestDb,
     pool: sqlx::MySqlPool,
     wheel: TimeWheel,
     config: ScheduleConfig,
@@ -41,20 +43,10 @@ struct Fixture {
 
 impl Fixture {
     async fn new(claim_timeout_secs: u64, scan_grace_secs: u64) -> Self {
-        let settings = Settings::load(None).expect("configuration loads");
-        let base = settings.mysql.url.expose().to_string();
-        let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
+        let settings = stocksvr_test_support::infra();
         let s = seed();
-        let db = format!("stocksvr_sched_{}", s % 1_000_000_000_000);
-        sqlx::query(&format!("CREATE DATABASE `{db}`"))
-            .execute(&admin)
-            .await
-            .expect("create db");
-        let (prefix, _) = base.rsplit_once('/').expect("db path");
-        let pool =
-            stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 8, Duration::from_secs(30))
-                .expect("pool");
-        stocksvr_store::migrate(&pool).await.expect("migrate");
+        let db = TestDb::migrated().await;
+        let pool = db.pool.clone();
         let conn =
             stocksvr_store::connect_redis(settings.redis.url.expose(), Duration::from_secs(5))
                 .await
@@ -82,6 +74,7 @@ impl Fixture {
             .await
             .expect("tz");
         Self {
+            _db: db,
             service,
             lua,
             pool,
@@ -167,8 +160,7 @@ async fn a_due_entry_is_emitted_once_even_when_its_claimant_dies() {
     let poller = Poller::new(f.wheel.clone(), f.pool.clone(), None, &f.config);
     let due = in_ms(1500);
     let id = f.parked(1, 2, due).await;
-    let view = f.service.get(id).await.expect("get").expect("row");
-    stocksvr_schedule::arm_created(&f.wheel, &view).await;
+    assert!(f.wheel.arm(id, due).await.expect("arm"), "armed");
     assert_eq!(
         f.wheel.score(id).await.expect("score"),
         Some(due.timestamp_millis())

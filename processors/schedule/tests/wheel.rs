@@ -6,11 +6,10 @@
 use chrono::{TimeDelta, Utc};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
-use stocksvr_pipeline::config::Settings;
 use stocksvr_schedule::TimeWheel;
 
 async fn wheel(test: &str, shards: u16) -> TimeWheel {
-    let settings = Settings::load(None).expect("configuration loads");
+    let settings = stocksvr_test_support::infra();
     let conn = stocksvr_store::connect_redis(settings.redis.url.expose(), Duration::from_secs(2))
         .await
         .expect("redis of the local stack");

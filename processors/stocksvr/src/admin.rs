@@ -6,9 +6,10 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
+use stocksvr::Settings;
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::config::{redact_url, Settings};
+use stocksvr_pipeline::config::redact_url;
 use stocksvr_pipeline::registry::{RegisterOutcome, RegistryClient, SubjectState};
 use stocksvr_pipeline::{json, kafka, topics};
 
@@ -40,7 +41,7 @@ pub async fn migrate(settings: &Settings) -> anyhow::Result<()> {
 }
 
 fn topic_specs(settings: &Settings) -> anyhow::Result<Vec<topics::TopicSpec>> {
-    Ok(topics::load(Path::new(&settings.kafka.topics_file))?)
+    Ok(topics::for_deployment(&settings.kafka)?)
 }
 
 pub async fn topics_apply(settings: &Settings) -> anyhow::Result<ExitCode> {
@@ -100,7 +101,7 @@ pub async fn topics_describe(settings: &Settings) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn schemas_register(settings: &Settings) -> anyhow::Result<ExitCode> {
-    let catalog = Catalog::embedded()?;
+    let catalog = Catalog::for_deployment(&settings.kafka)?;
     let client = RegistryClient::new(&settings.registry)?;
     let mut registered = 0;
     for event in catalog.events() {
@@ -130,7 +131,7 @@ pub async fn schemas_register(settings: &Settings) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn schemas_check(settings: &Settings) -> anyhow::Result<ExitCode> {
-    let catalog = Catalog::embedded()?;
+    let catalog = Catalog::for_deployment(&settings.kafka)?;
     let client = RegistryClient::new(&settings.registry)?;
     let mut incompatible = 0;
     for event in catalog.events() {
@@ -178,7 +179,7 @@ pub async fn produce_example(
     file: &Path,
     event: Option<&str>,
 ) -> anyhow::Result<()> {
-    let catalog = Arc::new(Catalog::embedded()?);
+    let catalog = Arc::new(Catalog::for_deployment(&settings.kafka)?);
     let record = match event {
         Some(name) => name.to_string(),
         None => example_record(file)?,

@@ -6,15 +6,13 @@
 
 mod admin;
 mod offsets_cmd;
-mod probes;
-mod reservation_boot;
-mod serve;
 mod stock_cmd;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
-use stocksvr_pipeline::config::Settings;
+use stocksvr::serve;
+use stocksvr::{Roles, Settings};
 use stocksvr_pipeline::telemetry;
 
 #[derive(Parser)]
@@ -148,51 +146,51 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
         Command::Schemas {
             action: SchemasAction::Check,
         } => admin::schemas_check(&settings).await,
-        Command::All => serve::run(settings, serve::Processors::ALL)
+        Command::All => serve::run_until_signal(settings, Roles::ALL)
             .await
             .map(|_| ExitCode::SUCCESS),
-        Command::Dlq { action } => stocksvr_dead_letter::run_cli(&settings, action).await,
-        Command::DeadLetter => serve::run(
+        Command::Dlq { action } => stocksvr_dead_letter::run_cli(&settings.infra(), action).await,
+        Command::DeadLetter => serve::run_until_signal(
             settings,
-            serve::Processors {
+            Roles {
                 dead_letter: true,
-                ..serve::Processors::NONE
+                ..Roles::NONE
             },
         )
         .await
         .map(|_| ExitCode::SUCCESS),
-        Command::Projector => serve::run(
+        Command::Projector => serve::run_until_signal(
             settings,
-            serve::Processors {
+            Roles {
                 projector: true,
-                ..serve::Processors::NONE
+                ..Roles::NONE
             },
         )
         .await
         .map(|_| ExitCode::SUCCESS),
-        Command::Schedule => serve::run(
+        Command::Schedule => serve::run_until_signal(
             settings,
-            serve::Processors {
+            Roles {
                 schedule: true,
-                ..serve::Processors::NONE
+                ..Roles::NONE
             },
         )
         .await
         .map(|_| ExitCode::SUCCESS),
-        Command::OutboxRelay => serve::run(
+        Command::OutboxRelay => serve::run_until_signal(
             settings,
-            serve::Processors {
+            Roles {
                 relay: true,
-                ..serve::Processors::NONE
+                ..Roles::NONE
             },
         )
         .await
         .map(|_| ExitCode::SUCCESS),
-        Command::OrderLifecycle => serve::run(
+        Command::OrderLifecycle => serve::run_until_signal(
             settings,
-            serve::Processors {
+            Roles {
                 reservations: true,
-                ..serve::Processors::NONE
+                ..Roles::NONE
             },
         )
         .await

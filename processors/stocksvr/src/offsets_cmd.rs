@@ -9,7 +9,7 @@ use anyhow::Context;
 use chrono::{DateTime, FixedOffset};
 use clap::{ArgGroup, Subcommand};
 use std::process::ExitCode;
-use stocksvr_pipeline::config::Settings;
+use stocksvr::Settings;
 use stocksvr_pipeline::offsets::{self, OffsetsError, PartitionOffsets, ResetPlan, ResetTarget};
 
 #[derive(Debug, Subcommand)]

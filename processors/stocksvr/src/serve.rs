@@ -1,7 +1,10 @@
-//! `stocksvr all` and the single-processor commands: the HTTP listener plus the selected
-//! processors, stopped together by one shutdown signal (SIGTERM or Ctrl-C).
+//! `stocksvr all` and the single-role commands: the HTTP listener plus the selected roles,
+//! stopped together by one shutdown signal (SIGTERM or Ctrl-C for the binary, any future for
+//! a test).
 
-use crate::{probes, reservation_boot};
+use crate::roles::Roles;
+use crate::settings::Settings;
+use crate::{boot, probes};
 use anyhow::Context;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -9,48 +12,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::config::Settings;
 use stocksvr_pipeline::http::{self, HealthState, Probe};
 use stocksvr_pipeline::registry::RegistryClient;
 use stocksvr_pipeline::telemetry;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// Which parts run in this process (the HTTP listener always does).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Processors {
-    /// The Try API and the order-lifecycle processor (both need the reservation service).
-    pub reservations: bool,
-    /// The outbox relay.
-    pub relay: bool,
-    /// The stock projector.
-    pub projector: bool,
-    /// The dead-letter processor.
-    pub dead_letter: bool,
-    /// Scheduled confirms: the time wheel poller, the due scan and the schedule processor
-    /// (they need the reservation service too).
-    pub schedule: bool,
-}
-
-impl Processors {
-    pub const ALL: Processors = Processors {
-        reservations: true,
-        relay: true,
-        projector: true,
-        dead_letter: true,
-        schedule: true,
-    };
-    pub const NONE: Processors = Processors {
-        reservations: false,
-        relay: false,
-        projector: false,
-        dead_letter: false,
-        schedule: false,
-    };
-}
-
 /// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -72,9 +41,24 @@ async fn shutdown_signal() {
     }
 }
 
-pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<()> {
+/// Binds `settings.http.listen` and serves until SIGTERM or Ctrl-C.
+pub async fn run_until_signal(settings: Settings, roles: Roles) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(&settings.http.listen)
+        .await
+        .with_context(|| format!("binding the HTTP listener to {}", settings.http.listen))?;
+    run(settings, roles, listener, shutdown_signal()).await
+}
+
+/// Runs the HTTP listener on `listener` and the `roles` until `shutdown` resolves or a part
+/// fails; then every part drains (processors commit what they finished) within 15 s.
+pub async fn run(
+    settings: Settings,
+    roles: Roles,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let metrics = telemetry::init_metrics();
-    let catalog = Arc::new(Catalog::embedded()?);
+    let catalog = Arc::new(Catalog::for_deployment(&settings.kafka)?);
     let registry = RegistryClient::new(&settings.registry)?;
     let pool = stocksvr_store::mysql_pool(
         settings.mysql.url.expose(),
@@ -117,10 +101,7 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
             settings.http.admin_token.clone(),
         ));
 
-    let listener = tokio::net::TcpListener::bind(&settings.http.listen)
-        .await
-        .with_context(|| format!("binding the HTTP listener to {}", settings.http.listen))?;
-    tracing::info!(listen = %listener.local_addr()?, ?processors, "stocksvr started");
+    tracing::info!(listen = %listener.local_addr()?, ?roles, "stocksvr started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every long-running part is one named task; the first to end (always a failure
@@ -137,14 +118,15 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
     let codec = AvroCodec::new(&settings.registry, catalog.clone())?;
     // The relay starts first so the reservation service can wake it after each commit.
     let mut outbox_waker = None;
-    if processors.relay {
+    if roles.relay {
         let producer = stocksvr_pipeline::kafka::producer(&settings.kafka, "outbox-relay")?;
         let relay = stocksvr_outbox_relay::OutboxRelay::new(
             pool.clone(),
             producer,
             codec.clone(),
-            stocksvr_outbox_relay::RelayConfig::default(),
-        )?;
+            settings.relay.config()?,
+        )?
+        .in_namespace(settings.kafka.namespace());
         outbox_waker = Some(relay.waker());
         let stop = stop_rx.clone();
         tasks.spawn(async move {
@@ -154,7 +136,7 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
             )
         });
     }
-    if processors.dead_letter {
+    if roles.dead_letter {
         let config = stocksvr_dead_letter::loop_config_from_file(&settings.kafka)
             .context("reading the dead-letter topics from the topics file")?;
         let handler = Arc::new(stocksvr_dead_letter::Parker::new(pool.clone()));
@@ -169,7 +151,7 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
             )
         });
     }
-    if processors.projector {
+    if roles.projector {
         let group = stocksvr_projector::group_name(&settings.kafka);
         let handler = Arc::new(stocksvr_projector::Projector::new(pool.clone(), group)?);
         let (settings, stop, codec) = (settings.clone(), stop_rx.clone(), codec.clone());
@@ -177,7 +159,7 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
             let result = stocksvr_pipeline::consumer::run(
                 &settings.kafka,
                 codec,
-                stocksvr_projector::loop_config(),
+                stocksvr_projector::loop_config(&settings.kafka),
                 handler,
                 stop,
             )
@@ -185,7 +167,7 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
             ("projector", result.map_err(anyhow::Error::from))
         });
     }
-    if processors.reservations || processors.schedule {
+    if roles.needs_service() {
         let (settings, pool, stop, codec) = (
             settings.clone(),
             pool.clone(),
@@ -193,15 +175,13 @@ pub async fn run(settings: Settings, processors: Processors) -> anyhow::Result<(
             codec.clone(),
         );
         tasks.spawn(async move {
-            let result =
-                reservation_boot::run(settings, pool, api, codec, outbox_waker, processors, stop)
-                    .await;
+            let result = boot::run(settings, pool, api, codec, outbox_waker, roles, stop).await;
             ("reservation service and its processors", result)
         });
     }
 
     let outcome: anyhow::Result<()> = tokio::select! {
-        _ = shutdown_signal() => {
+        _ = shutdown => {
             tracing::info!("shutdown requested, draining");
             Ok(())
         }

@@ -8,9 +8,10 @@ use serde::Serialize;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
+use stocksvr::Settings;
 use stocksvr_core::bucket::{self, BucketKey, BucketState};
 use stocksvr_core::snowflake::SnowflakeGenerator;
-use stocksvr_pipeline::config::{redact_url, Settings};
+use stocksvr_pipeline::config::redact_url;
 use stocksvr_reservation::operations::WalView;
 use stocksvr_reservation::{ReservationService, ServiceConfig, StockOps};
 use stocksvr_store::lua::LuaExecutor;
@@ -125,11 +126,7 @@ fn check_bucket(id: &str) -> anyhow::Result<()> {
 
 pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result<ExitCode> {
     let (pool, lua) = connect(settings).await?;
-    let ops = StockOps::new(
-        pool.clone(),
-        lua,
-        crate::reservation_boot::ops_config(settings),
-    );
+    let ops = StockOps::new(pool.clone(), lua, settings.stock_ops.ops_config());
     let view = match action {
         BucketAction::Init {
             merchant_id,
@@ -209,7 +206,7 @@ pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result
 
 pub async fn operations(settings: &Settings, action: OpsAction) -> anyhow::Result<ExitCode> {
     let (pool, lua) = connect(settings).await?;
-    let ops = StockOps::new(pool, lua, crate::reservation_boot::ops_config(settings));
+    let ops = StockOps::new(pool, lua, settings.stock_ops.ops_config());
     match action {
         OpsAction::List {
             status,

@@ -22,7 +22,8 @@ const TABLES: &[&str] = &[
 
 #[tokio::test]
 async fn migrate_creates_every_table_then_is_a_no_op() {
-    let url = common::fresh_database().await;
+    let db = common::TestDb::empty().await;
+    let url = db.url.clone();
     let total = stocksvr_store::MIGRATOR.iter().count();
     let (ok, first, err) = run(stocksvr().arg("migrate").env("STOCKSVR__MYSQL__URL", &url));
     assert!(ok, "first migrate failed: {err}");
@@ -85,6 +86,11 @@ async fn topics_apply_creates_grows_and_then_changes_nothing() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let file = dir.join("topics.yaml");
     let name = unique("it.topic").replace('_', "-");
+    // Created by the binary below, deleted when the test ends.
+    let _cleanup = [
+        common::TestTopic::adopt(&name),
+        common::TestTopic::adopt(&format!("{name}.dlt")),
+    ];
     let write = |partitions: u32, retention: &str| {
         std::fs::write(
             &file,
@@ -156,9 +162,19 @@ async fn topics_apply_creates_grows_and_then_changes_nothing() {
 
 #[tokio::test]
 async fn the_project_topics_apply_twice_without_change() {
-    let (ok, _, err) = run(stocksvr().args(["topics", "apply"]));
+    // In a namespace of this test's own, deleted when it ends.
+    let ns = common::TestNamespace::unapplied();
+    let apply = || run(stocksvr().args(["topics", "apply"]).envs(ns.env()));
+    let (ok, out, err) = apply();
     assert!(ok, "{err}");
-    let (ok, out, err) = run(stocksvr().args(["topics", "apply"]));
+    assert!(
+        out.contains(&format!(
+            "changed: create {}.order.lifecycle.v1.dlt ",
+            ns.name
+        )),
+        "{out}"
+    );
+    let (ok, out, err) = apply();
     assert!(ok, "{err}");
     assert!(
         out.contains("7 topics declared, 0 changes made, 0 drift"),

@@ -19,26 +19,24 @@ use stocksvr_pipeline::json::json_to_avro;
 
 const ORDERS: u64 = 60;
 
-fn start(shop: &Shop, group: &str) -> Server {
-    Server::start(&[
-        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
-        ("STOCKSVR__KAFKA__GROUP_PREFIX", group),
+fn start(shop: &Shop) -> Server {
+    shop.server(&[
         // A killed member is noticed after this, instead of librdkafka's default 45 s.
         ("STOCKSVR__KAFKA__PROPERTIES__SESSION_TIMEOUT_MS", "6000"),
         ("STOCKSVR__KAFKA__PROPERTIES__HEARTBEAT_INTERVAL_MS", "1000"),
     ])
 }
 
-async fn produce_all(kind: &str, events: Vec<(u64, Value)>) {
+async fn produce_all(shop: &Shop, kind: &str, events: Vec<(u64, Value)>) {
     let settings = common::settings();
-    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
+    let kafka = shop.env.kafka();
+    let catalog = Arc::new(Catalog::for_deployment(&kafka).expect("catalog"));
     let entry = catalog
         .by_name(&format!("io.stocksvr.order.{kind}"))
         .expect("declared")
         .clone();
     let codec = AvroCodec::new(&settings.registry, catalog).expect("codec");
-    let producer =
-        stocksvr_pipeline::kafka::producer(&settings.kafka, "it-fault").expect("producer");
+    let producer = stocksvr_pipeline::kafka::producer(&kafka, "it-fault").expect("producer");
     for (order_id, data) in events {
         let event = json!({"event_id": common::unique(kind), "event_type": kind, "schema_version": 1,
             "occurred_at": "2026-11-29T12:00:00.000+00:00", "producer": "order-service", "trace_id": null,
@@ -94,13 +92,10 @@ async fn wait_for_count(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processors_survive_kill_9_and_rebalance_without_double_effects() {
-    let (ok, _, err) = common::run(common::stocksvr().args(["topics", "apply"]));
-    assert!(ok, "{err}");
     let shop = shop(1000).await;
     let pool = stocksvr_store::mysql_pool(&shop.db_url, 2, Duration::from_secs(5)).expect("pool");
-    let group = common::unique("it-fault");
-    let a = start(&shop, &group);
-    let b = start(&shop, &group);
+    let a = start(&shop);
+    let b = start(&shop);
     wait_for_api(&a).await;
     wait_for_api(&b).await;
 
@@ -134,7 +129,7 @@ async fn processors_survive_kill_9_and_rebalance_without_double_effects() {
             )
         })
         .collect();
-    produce_all("OrderCreated", created).await;
+    produce_all(&shop, "OrderCreated", created).await;
     wait_for_count(
         &pool,
         40,
@@ -159,7 +154,7 @@ async fn processors_survive_kill_9_and_rebalance_without_double_effects() {
 
     // The killed instance comes back; wave 2 (OrderCanceled -> refunds) runs while the
     // other instance is stopped gracefully mid-stream, which moves its partitions.
-    let a = start(&shop, &group);
+    let a = start(&shop);
     wait_for_api(&a).await;
     let canceled: Vec<(u64, Value)> = reservations
         .iter()
@@ -171,7 +166,7 @@ async fn processors_survive_kill_9_and_rebalance_without_double_effects() {
             )
         })
         .collect();
-    produce_all("OrderCanceled", canceled).await;
+    produce_all(&shop, "OrderCanceled", canceled).await;
     wait_for_count(
         &pool,
         90,

@@ -23,12 +23,13 @@ const COMMITTED: [i64; 2] = [7, 3];
 struct Fixture {
     topic: String,
     group: String,
+    _topic: common::TestTopic,
 }
 
 async fn fixture() -> Fixture {
-    let topic = unique("offsets");
+    let test_topic = common::TestTopic::new("offsets", 2).await;
+    let topic = test_topic.name.clone();
     let group = unique("offsets-group");
-    common::create_topic(&topic, 2).await;
     let producer = kafka::producer(&settings().kafka, "test-offsets").expect("producer");
     for partition in 0..2 {
         for i in 0..RECORDS {
@@ -48,7 +49,11 @@ async fn fixture() -> Fixture {
         }
     }
     commit(&group, &topic, &COMMITTED);
-    Fixture { topic, group }
+    Fixture {
+        topic,
+        group,
+        _topic: test_topic,
+    }
 }
 
 /// Commits offsets for `group` the way a processor does after its effects.

@@ -11,6 +11,7 @@ use common::server::Server;
 use serde_json::{json, Value};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use stocksvr_core::events::topics::ORDER_LIFECYCLE;
 
 fn python() -> String {
     let out = Command::new("bash")
@@ -26,7 +27,7 @@ fn python() -> String {
 }
 
 /// Produces one order event the way the order service does: Python's AvroSerializer.
-fn produce_order_event(kind: &str, data: Value) {
+fn produce_order_event(shop: &Shop, kind: &str, data: Value) {
     let order_id = data["order_id"].to_string();
     let event = json!({
         "event_id": common::unique(&format!("evt-{kind}")),
@@ -38,10 +39,10 @@ fn produce_order_event(kind: &str, data: Value) {
         "partition_key": order_id,
         "data": data,
     });
-    produce_raw(kind, &event);
+    produce_raw(shop, kind, &event);
 }
 
-fn produce_raw(kind: &str, event: &Value) {
+fn produce_raw(shop: &Shop, kind: &str, event: &Value) {
     let settings = common::settings();
     let root = common::repo_root();
     let file = std::env::temp_dir().join(format!("{}.json", common::unique(kind)));
@@ -55,7 +56,7 @@ fn produce_raw(kind: &str, event: &Value) {
                 "--registry",
                 &settings.registry.url,
             ])
-            .args(["--topic", "order.lifecycle.v1"])
+            .args(["--topic", &shop.env.topic(ORDER_LIFECYCLE)])
             .arg("--schema-file")
             .arg(root.join(format!("schemas/{kind}.avsc")))
             .arg("--payload-file")
@@ -164,13 +165,8 @@ async fn redis_numbers(server: &Server, shop: &Shop) -> (i64, i64, i64) {
 
 #[tokio::test]
 async fn order_events_from_a_python_producer_drive_reservations() {
-    let (ok, _, err) = common::run(common::stocksvr().args(["topics", "apply"]));
-    assert!(ok, "{err}");
     let shop = shop(20).await;
-    let server = Server::start(&[
-        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
-        ("STOCKSVR__KAFKA__GROUP_PREFIX", &common::unique("it-flow")),
-    ]);
+    let server = shop.server(&[]);
     wait_for_api(&server).await;
     let base = 7_000_000 + shop.merchant_id % 1_000_000;
     let m = shop.merchant_id;
@@ -182,8 +178,8 @@ async fn order_events_from_a_python_producer_drive_reservations() {
     );
     let created = json!({"order_id": o1, "merchant_id": m, "order_type": "INSTANT", "processing_time": null,
                          "inventory_reservation_ids": [r1]});
-    produce_order_event("OrderCreated", created.clone());
-    produce_order_event("OrderCreated", created);
+    produce_order_event(&shop, "OrderCreated", created.clone());
+    produce_order_event(&shop, "OrderCreated", created);
     wait_for_status(&server, r1, "CONFIRMED").await;
 
     // OrderCreatedFailed -> CANCELED (every reservation of the order, listed or not).
@@ -192,6 +188,7 @@ async fn order_events_from_a_python_producer_drive_reservations() {
         try_item(&server, &shop, base + 2, 2, 2, "INSTANT").await,
     );
     produce_order_event(
+        &shop,
         "OrderCreatedFailed",
         json!({"order_id": o2, "merchant_id": m,
         "inventory_reservation_ids": [], "reason": "payment failed"}),
@@ -199,6 +196,7 @@ async fn order_events_from_a_python_producer_drive_reservations() {
     wait_for_status(&server, r2, "CANCELED").await;
     // A late OrderCreated for the failed order conflicts: reported, not applied, not stuck.
     produce_order_event(
+        &shop,
         "OrderCreated",
         json!({"order_id": o2, "merchant_id": m, "order_type": "INSTANT",
         "processing_time": null, "inventory_reservation_ids": [r2]}),
@@ -210,12 +208,14 @@ async fn order_events_from_a_python_producer_drive_reservations() {
         try_item(&server, &shop, base + 3, 3, 4, "INSTANT").await,
     );
     produce_order_event(
+        &shop,
         "OrderCreated",
         json!({"order_id": o3, "merchant_id": m, "order_type": "INSTANT",
         "processing_time": null, "inventory_reservation_ids": [r3]}),
     );
     wait_for_status(&server, r3, "CONFIRMED").await;
     produce_order_event(
+        &shop,
         "OrderCanceled",
         json!({"order_id": o3, "merchant_id": m,
         "inventory_reservation_ids": [r3], "reason": "customer canceled"}),
@@ -228,6 +228,7 @@ async fn order_events_from_a_python_producer_drive_reservations() {
         try_item(&server, &shop, base + 4, 4, 2, "SCHEDULED").await,
     );
     produce_order_event(
+        &shop,
         "OrderCreated",
         json!({"order_id": o4, "merchant_id": m, "order_type": "SCHEDULED",
         "processing_time": "2026-11-29T13:00:00.000+00:00", "inventory_reservation_ids": [r4]}),
@@ -235,12 +236,13 @@ async fn order_events_from_a_python_producer_drive_reservations() {
     wait_for_status(&server, r4, "CREATED_RESERVED").await;
     let refund = json!({"order_id": o4, "merchant_id": m, "refund_id": "rf-1",
         "items": [{"inventory_reservation_id": r4, "quantity": 1}], "reason": null});
-    produce_order_event("RefundRequested", refund.clone());
-    produce_order_event("RefundRequested", refund);
+    produce_order_event(&shop, "RefundRequested", refund.clone());
+    produce_order_event(&shop, "RefundRequested", refund);
 
     // Ids of another order: dead-lettered with the reason, and the partition moves on.
     let bad_key = o1.to_string();
     produce_order_event(
+        &shop,
         "OrderCanceled",
         json!({"order_id": o1, "merchant_id": m,
         "inventory_reservation_ids": [r2], "reason": null}),
@@ -250,6 +252,7 @@ async fn order_events_from_a_python_producer_drive_reservations() {
         try_item(&server, &shop, base + 5, 5, 1, "INSTANT").await,
     );
     produce_order_event(
+        &shop,
         "OrderCreated",
         json!({"order_id": o5, "merchant_id": m, "order_type": "INSTANT",
         "processing_time": null, "inventory_reservation_ids": [r5]}),
@@ -278,18 +281,22 @@ async fn order_events_from_a_python_producer_drive_reservations() {
         "the conflicting OrderCreated did not revive it"
     );
 
-    let dead = common::find_record("order.lifecycle.v1.dlt", Duration::from_secs(30), |msg| {
-        use rdkafka::message::{Headers, Message};
-        msg.key() == Some(bad_key.as_bytes())
-            && msg.headers().is_some_and(|h| {
-                h.iter().any(|x| {
-                    x.key == stocksvr_pipeline::deadletter::headers::ERROR_MESSAGE
-                        && x.value.is_some_and(|v| {
-                            String::from_utf8_lossy(v).contains("does not belong to order")
-                        })
+    let dead = common::find_record(
+        &format!("{}.dlt", shop.env.topic(ORDER_LIFECYCLE)),
+        Duration::from_secs(30),
+        |msg| {
+            use rdkafka::message::{Headers, Message};
+            msg.key() == Some(bad_key.as_bytes())
+                && msg.headers().is_some_and(|h| {
+                    h.iter().any(|x| {
+                        x.key == stocksvr_pipeline::deadletter::headers::ERROR_MESSAGE
+                            && x.value.is_some_and(|v| {
+                                String::from_utf8_lossy(v).contains("does not belong to order")
+                            })
+                    })
                 })
-            })
-    });
+        },
+    );
     assert!(
         dead.is_some(),
         "the mismatched OrderCanceled was dead-lettered with its reason"
@@ -354,28 +361,18 @@ async fn order_events_from_a_python_producer_drive_reservations() {
 async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
     use rdkafka::message::{Headers, Message};
     use rdkafka::producer::FutureRecord;
-    let (ok, _, err) = common::run(common::stocksvr().args(["topics", "apply"]));
-    assert!(ok, "{err}");
     let shop = shop(10).await;
-    let server = Server::start(&[
-        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
-        (
-            "STOCKSVR__KAFKA__GROUP_PREFIX",
-            &common::unique("it-poison"),
-        ),
-    ]);
+    let server = shop.server(&[]);
     wait_for_api(&server).await;
-    let settings = common::settings();
+    let topic = shop.env.topic(ORDER_LIFECYCLE);
     let producer =
-        stocksvr_pipeline::kafka::producer(&settings.kafka, "it-poison").expect("producer");
+        stocksvr_pipeline::kafka::producer(&shop.env.kafka(), "it-poison").expect("producer");
     let send = |key: String, value: Vec<u8>| {
-        let producer = producer.clone();
+        let (producer, topic) = (producer.clone(), topic.clone());
         async move {
             producer
                 .send(
-                    FutureRecord::to("order.lifecycle.v1")
-                        .key(&key)
-                        .payload(&value),
+                    FutureRecord::to(&topic).key(&key).payload(&value),
                     Duration::from_secs(10),
                 )
                 .await
@@ -399,8 +396,8 @@ async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
     let thin = r#"{"type":"record","name":"OrderCreated","namespace":"io.stocksvr.order","fields":[{"name":"event_id","type":"string"}]}"#;
     let catalog =
         std::sync::Arc::new(stocksvr_pipeline::catalog::Catalog::embedded().expect("catalog"));
-    let codec =
-        stocksvr_pipeline::codec::AvroCodec::new(&settings.registry, catalog).expect("codec");
+    let codec = stocksvr_pipeline::codec::AvroCodec::new(&common::settings().registry, catalog)
+        .expect("codec");
     let thin_topic = common::unique("it-thin").replace('_', "-");
     let thin_bytes = codec
         .encode_value_on(
@@ -422,6 +419,7 @@ async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
     let reservation_id = 900_000_000 + shop.merchant_id % 1_000_000;
     insert_preparing(&pool, &shop, order_id, reservation_id, 4).await;
     produce_order_event(
+        &shop,
         "OrderCreatedFailed",
         json!({"order_id": order_id, "merchant_id": shop.merchant_id,
         "inventory_reservation_ids": [reservation_id], "reason": "payment failed"}),
@@ -448,6 +446,7 @@ async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
     )
     .await;
     produce_order_event(
+        &shop,
         "OrderCreated",
         json!({"order_id": order_id + 1, "merchant_id": shop.merchant_id,
         "order_type": "INSTANT", "processing_time": null, "inventory_reservation_ids": [after]}),
@@ -483,11 +482,15 @@ async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
         };
         use stocksvr_pipeline::deadletter::headers::{ERROR_CLASS, ERROR_MESSAGE};
         // Class "invalid": dead-lettered at once, not after exhausting retries.
-        let dead = common::find_record("order.lifecycle.v1.dlt", Duration::from_secs(30), |m| {
-            m.key() == Some(key.as_bytes())
-                && header(m, ERROR_MESSAGE).contains(reason)
-                && header(m, ERROR_CLASS) == "invalid"
-        });
+        let dead = common::find_record(
+            &format!("{}.dlt", shop.env.topic(ORDER_LIFECYCLE)),
+            Duration::from_secs(30),
+            |m| {
+                m.key() == Some(key.as_bytes())
+                    && header(m, ERROR_MESSAGE).contains(reason)
+                    && header(m, ERROR_CLASS) == "invalid"
+            },
+        );
         assert!(dead.is_some(), "{key}: no dead letter saying {reason:?}");
     }
     let (status, log) = server.terminate();
@@ -496,18 +499,9 @@ async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
 
 #[tokio::test]
 async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
-    let (ok, _, err) = common::run(common::stocksvr().args(["topics", "apply"]));
-    assert!(ok, "{err}");
     let shop = shop(10).await;
     let token = "replay-token";
-    let server = Server::start(&[
-        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
-        (
-            "STOCKSVR__KAFKA__GROUP_PREFIX",
-            &common::unique("it-replay"),
-        ),
-        ("STOCKSVR__HTTP__ADMIN_TOKEN", token),
-    ]);
+    let server = shop.server(&[("STOCKSVR__HTTP__ADMIN_TOKEN", token)]);
     wait_for_api(&server).await;
     let pool = stocksvr_store::mysql_pool(&shop.db_url, 1, Duration::from_secs(5)).expect("pool");
     let order_id = 6_600_000 + shop.merchant_id % 100_000;
@@ -516,6 +510,7 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
     // The OrderCreated overtakes its reservation (say, written to another region first): the
     // reservation is unknown, so the record is invalid now and parked.
     produce_order_event(
+        &shop,
         "OrderCreated",
         json!({"order_id": order_id, "merchant_id": shop.merchant_id,
         "order_type": "INSTANT", "processing_time": null, "inventory_reservation_ids": [reservation_id]}),
@@ -523,8 +518,9 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let parked: u64 = loop {
         let row: Option<(u64,)> = sqlx::query_as(
-            "SELECT id FROM inventory_dead_letter WHERE original_topic = 'order.lifecycle.v1' AND error_message LIKE ?",
+            "SELECT id FROM inventory_dead_letter WHERE original_topic = ? AND error_message LIKE ?",
         )
+        .bind(shop.env.topic(ORDER_LIFECYCLE))
         .bind(format!("%reservation {reservation_id} does not belong%"))
         .fetch_optional(&pool)
         .await

@@ -24,8 +24,7 @@ use stocksvr_failpoint::{is_injected, scenario, Action};
 use stocksvr_outbox_relay::{status, OutboxRelay, RelayConfig};
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::consumer::{self, Applied, Failure, Handler, LoopConfig, Record};
-use stocksvr_pipeline::deadletter::dead_letter_topic;
+use stocksvr_pipeline::consumer::{self, Applied, Failure, Handler, Record};
 use stocksvr_projector::{loop_config, Projector};
 use stocksvr_reservation::{
     IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest,
@@ -33,7 +32,8 @@ use stocksvr_reservation::{
 use stocksvr_store::lua::{BucketKeys, LuaExecutor};
 use tokio::sync::watch;
 
-const PARTITIONS: i32 = 3;
+/// Partitions of the test namespace's topics (see `common::TestEnv`).
+const PARTITIONS: i32 = 2;
 
 /// The projector, tallying what it answered for each record handed to it.
 struct Tally {
@@ -172,24 +172,14 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
         cancel_operation_id(b),
     ];
 
-    // Topics of this test alone: the stock-change events for the projector, the lifecycle
-    // events beside them (the relay publishes those too), and the loop's dead-letter topic.
-    let stock_topic = common::unique("it-outbox-stock").replace('_', "-");
-    let lifecycle_topic = common::unique("it-outbox-lifecycle").replace('_', "-");
-    for topic in [&stock_topic, &lifecycle_topic] {
-        common::create_topic(topic, PARTITIONS).await;
-    }
-    common::create_topic(&dead_letter_topic(&stock_topic), 1).await;
-    sqlx::query("UPDATE inventory_outbox SET topic = IF(topic = ?, ?, ?)")
-        .bind(topics::STOCK_CHANGE)
-        .bind(&stock_topic)
-        .bind(&lifecycle_topic)
-        .execute(&pool)
-        .await
-        .expect("route to the test topics");
+    // Topics of this test alone (its namespace): the stock-change events for the
+    // projector and the lifecycle events beside them (the relay publishes those too).
+    let stock_topic = shop.env.topic(topics::STOCK_CHANGE);
+    let lifecycle_topic = shop.env.topic(topics::INVENTORY_LIFECYCLE);
+    let kafka = shop.env.kafka();
     let (stock_rows,): (i64,) =
         sqlx::query_as("SELECT COUNT(*) FROM inventory_outbox WHERE topic = ?")
-            .bind(&stock_topic)
+            .bind(topics::STOCK_CHANGE)
             .fetch_one(&pool)
             .await
             .expect("count");
@@ -202,12 +192,12 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
 
     let codec = AvroCodec::new(
         &settings.registry,
-        Arc::new(Catalog::embedded().expect("catalog")),
+        Arc::new(Catalog::for_deployment(&kafka).expect("catalog")),
     )
     .expect("codec");
     let relay = || {
-        let producer = stocksvr_pipeline::kafka::producer(&settings.kafka, "it-outbox-windows")
-            .expect("producer");
+        let producer =
+            stocksvr_pipeline::kafka::producer(&kafka, "it-outbox-windows").expect("producer");
         OutboxRelay::new(
             pool.clone(),
             producer,
@@ -215,6 +205,7 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
             RelayConfig::default(),
         )
         .expect("relay")
+        .in_namespace(kafka.namespace())
     };
 
     // Window 5: the relay claims every row and dies before publishing.
@@ -262,17 +253,13 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
     drop(fp);
 
     // The projector consumes every copy: each event applies once, its copy is a duplicate.
-    let mut kafka = settings.kafka.clone();
-    kafka.group_prefix = common::unique("it-outbox-windows");
     let tally = Arc::new(Tally {
         inner: Projector::new(pool.clone(), format!("{}.projector", kafka.group_prefix))
             .expect("projector"),
         answers: Mutex::new(Vec::new()),
     });
-    let loop_config = LoopConfig {
-        topics: vec![stock_topic.clone()],
-        ..loop_config()
-    };
+    let loop_config = loop_config(&kafka);
+    assert_eq!(loop_config.topics, std::slice::from_ref(&stock_topic));
     let (stop, stopped) = watch::channel(false);
     let running = {
         let (codec, tally) = (codec.clone(), tally.clone());

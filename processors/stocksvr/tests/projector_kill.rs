@@ -5,9 +5,9 @@
 mod common;
 
 use common::api::shop;
+use common::server::Server;
 use rdkafka::producer::FutureRecord;
 use serde_json::json;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stocksvr_pipeline::catalog::Catalog;
@@ -16,21 +16,17 @@ use stocksvr_pipeline::json::json_to_avro;
 
 const EVENTS: i64 = 400;
 
-fn projector(db_url: &str, group: &str) -> std::process::Child {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    common::stocksvr()
-        .arg("projector")
-        .env("STOCKSVR__MYSQL__URL", db_url)
-        .env("STOCKSVR__KAFKA__GROUP_PREFIX", group)
-        .env("STOCKSVR__HTTP__LISTEN", format!("127.0.0.1:{port}"))
-        .env("STOCKSVR__KAFKA__PROPERTIES__SESSION_TIMEOUT_MS", "6000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("stocksvr projector starts")
+fn projector(env: &common::TestEnv) -> Server {
+    let mut vars: Vec<(String, String)> = env
+        .env()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    vars.push((
+        "STOCKSVR__KAFKA__PROPERTIES__SESSION_TIMEOUT_MS".into(),
+        "6000".into(),
+    ));
+    Server::start_with(&vars, "projector")
 }
 
 async fn booked(pool: &sqlx::MySqlPool, bucket: &str) -> i64 {
@@ -45,22 +41,21 @@ async fn booked(pool: &sqlx::MySqlPool, bucket: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn projector_killed_mid_stream_books_every_event_once() {
-    let (ok, _, err) = common::run(common::stocksvr().args(["topics", "apply"]));
-    assert!(ok, "{err}");
     let shop = shop(1).await;
-    let pool = stocksvr_store::mysql_pool(&shop.db_url, 2, Duration::from_secs(5)).expect("pool");
-    let group = common::unique("it-projector-kill");
+    let pool = shop.env.db.pool.clone();
     let bucket = format!("bucket_{}_{}_20261129", shop.merchant_id, shop.dish_id);
 
     let settings = common::settings();
-    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
+    let kafka = shop.env.kafka();
+    let catalog = Arc::new(Catalog::for_deployment(&kafka).expect("catalog"));
     let entry = catalog
         .by_name("io.stocksvr.inventory.InventoryRedisReserved")
         .expect("declared")
         .clone();
     let codec = AvroCodec::new(&settings.registry, catalog).expect("codec");
     let producer =
-        stocksvr_pipeline::kafka::producer(&settings.kafka, "it-projector-kill").expect("producer");
+        stocksvr_pipeline::kafka::producer(&kafka, "it-projector-kill").expect("producer");
+    let mut last = (0, 0);
     // All events are on the topic before the projector starts, so it meets a backlog and
     // the kill lands between batch commits.
     for version in 1..=EVENTS {
@@ -80,7 +75,7 @@ async fn projector_killed_mid_stream_books_every_event_once() {
             )
             .await
             .expect("encode");
-        producer
+        let delivery = producer
             .send(
                 FutureRecord::to(&entry.topic).key(&bucket).payload(&bytes),
                 Duration::from_secs(10),
@@ -88,10 +83,11 @@ async fn projector_killed_mid_stream_books_every_event_once() {
             .await
             .map_err(|(e, _)| e)
             .expect("produced");
+        last = (delivery.partition, delivery.offset);
     }
 
     // Kill it once it has booked some but not all of them.
-    let mut first = projector(&shop.db_url, &group);
+    let first = projector(&shop.env);
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let n = booked(&pool, &bucket).await;
@@ -101,8 +97,7 @@ async fn projector_killed_mid_stream_books_every_event_once() {
         assert!(Instant::now() < deadline, "the projector booked nothing");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    first.kill().expect("SIGKILL");
-    let _ = first.wait();
+    first.kill9();
     let at_kill = booked(&pool, &bucket).await;
     eprintln!("killed with {at_kill} of {EVENTS} events booked");
     assert!(
@@ -110,15 +105,10 @@ async fn projector_killed_mid_stream_books_every_event_once() {
         "the kill must land mid-stream to prove anything"
     );
 
-    let mut second = projector(&shop.db_url, &group);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while booked(&pool, &bucket).await < EVENTS && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // Let any redelivered tail arrive before counting duplicates.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let _ = second.kill();
-    let _ = second.wait();
+    let second = projector(&shop.env);
+    // Once the group committed past the last event, every redelivered record was handled.
+    common::wait_for_commit(&shop.env.group("projector"), &entry.topic, last.0, last.1).await;
+    drop(second);
 
     let total = booked(&pool, &bucket).await;
     assert_eq!(

@@ -36,8 +36,8 @@ fn example(name: &str) -> serde_json::Value {
 #[tokio::test]
 async fn python_avro_serializer_output_is_decoded_by_our_codec() {
     let settings = common::settings();
-    let topic = common::unique("it.interop.order").replace('_', "-");
-    common::create_topic(&topic, 1).await;
+    let test_topic = common::TestTopic::new("it.interop.order", 1).await;
+    let topic = test_topic.name.clone();
     let root = common::repo_root();
     let out = common::output_within(
         Command::new(python())
@@ -84,8 +84,8 @@ async fn python_avro_serializer_output_is_decoded_by_our_codec() {
 #[tokio::test]
 async fn our_records_are_decoded_by_the_python_avro_deserializer() {
     let settings = common::settings();
-    let topic = common::unique("it.interop.inventory").replace('_', "-");
-    common::create_topic(&topic, 1).await;
+    let test_topic = common::TestTopic::new("it.interop.inventory", 1).await;
+    let topic = test_topic.name.clone();
     let catalog = Arc::new(Catalog::embedded().expect("catalog"));
     let event = catalog
         .by_name("io.stocksvr.inventory.InventoryRedisReserved")

@@ -13,14 +13,9 @@ mod common;
 use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 use common::api::{get, post, shop, wait_for_api, Shop};
 use common::server::Server;
-use rdkafka::producer::FutureRecord;
 use serde_json::{json, Value};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stocksvr_core::bucket::BucketKey;
-use stocksvr_pipeline::catalog::Catalog;
-use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::json::json_to_avro;
 use stocksvr_schedule::TimeWheel;
 use stocksvr_store::reservations::{self as repo, Baseline};
 
@@ -35,22 +30,25 @@ impl Scheduled {
     /// A shop with `total` units and the configuration of a server for it; `scan` is the
     /// (interval, grace) of the schedule scan in seconds.
     async fn new(total: i64, test: &str, scan: (u64, u64)) -> Self {
-        let (ok, _, err) = common::run(common::stocksvr().args(["topics", "apply"]));
-        assert!(ok, "{err}");
         let shop = shop(total).await;
         let pool =
             stocksvr_store::mysql_pool(&shop.db_url, 2, Duration::from_secs(5)).expect("pool");
-        let namespace = common::unique(test).replace('_', "-");
+        let _ = test;
+        let namespace = shop.env.wheel.clone();
         let settings = common::settings();
         let conn =
             stocksvr_store::connect_redis(settings.redis.url.expose(), Duration::from_secs(2))
                 .await
                 .expect("redis");
-        let wheel = TimeWheel::new(conn, &namespace, settings.schedule.shards).expect("wheel");
-        let env = vec![
-            ("STOCKSVR__MYSQL__URL".into(), shop.db_url.clone()),
-            ("STOCKSVR__KAFKA__GROUP_PREFIX".into(), common::unique(test)),
-            ("STOCKSVR__SCHEDULE__WHEEL_NAMESPACE".into(), namespace),
+        let shards = stocksvr_schedule::ScheduleSettings::default().shards;
+        let wheel = TimeWheel::new(conn, &namespace, shards).expect("wheel");
+        let mut env: Vec<(String, String)> = shop
+            .env
+            .env()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        env.extend([
             (
                 "STOCKSVR__SCHEDULE__SCAN_INTERVAL_SECS".into(),
                 scan.0.to_string(),
@@ -68,7 +66,7 @@ impl Scheduled {
                 "STOCKSVR__KAFKA__PROPERTIES__HEARTBEAT_INTERVAL_MS".into(),
                 "1000".into(),
             ),
-        ];
+        ]);
         Self {
             shop,
             pool,
@@ -86,12 +84,7 @@ impl Scheduled {
     }
 
     fn start(&self) -> Server {
-        let env: Vec<(&str, &str)> = self
-            .env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        Server::start(&env)
+        Server::start_with(&self.env, "all")
     }
 
     /// A bucket of `dish_id` for `date` (the day of a processing_time; `shop` made today's
@@ -116,10 +109,10 @@ impl Scheduled {
         .expect("baseline");
     }
 
-    /// Returns once order-lifecycle applies events as they come. A new consumer group reads
-    /// order.lifecycle.v1 from the earliest offset, and other tests' events before ours take
-    /// a while to go by; a due time chosen before that could pass before our OrderCreated
-    /// is applied. One instant order of another dish is confirmed first.
+    /// Returns once order-lifecycle applies events as they come (its consumer has joined
+    /// the group and been assigned the partitions); a due time chosen before that could pass
+    /// before our OrderCreated is applied. One instant order of another dish is confirmed
+    /// first.
     async fn caught_up(&self, server: &Server, order_id: u64) {
         let dish_id = self.shop.dish_id + 1;
         self.bucket(dish_id, Utc::now().date_naive(), 1).await;
@@ -132,7 +125,7 @@ impl Scheduled {
             .expect("id")
             .parse()
             .expect("number");
-        order_event(
+        self.shop.env.order_event(
             "OrderCreated",
             order_id,
             json!({"order_id": order_id, "merchant_id": self.shop.merchant_id, "order_type": "INSTANT",
@@ -200,77 +193,8 @@ fn in_secs(secs: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(Utc::now().timestamp_millis() + secs * 1000).expect("time")
 }
 
-/// Produces `data` as a `kind` event on its catalog topic, as another service would;
-/// returns where it landed (partition, offset).
-async fn produce(kind: &str, namespace: &str, key: &str, data: Value) -> (i32, i64) {
-    let settings = common::settings();
-    let catalog = Arc::new(Catalog::embedded().expect("catalog"));
-    let entry = catalog
-        .by_name(&format!("{namespace}.{kind}"))
-        .expect("declared")
-        .clone();
-    let codec = AvroCodec::new(&settings.registry, catalog).expect("codec");
-    let producer =
-        stocksvr_pipeline::kafka::producer(&settings.kafka, "it-scheduled").expect("producer");
-    let event = json!({"event_id": common::unique(kind), "event_type": kind, "schema_version": 1,
-        "occurred_at": Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true), "producer": "it-scheduled",
-        "trace_id": null, "partition_key": key, "data": data});
-    let bytes = codec
-        .encode_value(
-            &entry.full_name,
-            json_to_avro(&event, &entry.parsed).expect("valid event"),
-        )
-        .await
-        .expect("encode");
-    let delivery = producer
-        .send(
-            FutureRecord::to(&entry.topic).key(key).payload(&bytes),
-            Duration::from_secs(10),
-        )
-        .await
-        .map_err(|(e, _)| e)
-        .expect("produced");
-    (delivery.partition, delivery.offset)
-}
-
-async fn order_event(kind: &str, order_id: u64, data: Value) -> (i32, i64) {
-    produce(kind, "io.stocksvr.order", &order_id.to_string(), data).await
-}
-
-/// Polls until `group` committed past `offset` of `topic`/`partition`: a restart of the
-/// group's processor will not see that record again.
-async fn wait_for_commit(group: &str, topic: &str, partition: i32, offset: i64) {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer =
-        stocksvr_pipeline::kafka::client_config(&common::settings().kafka, "it-committed")
-            .set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .create()
-            .expect("consumer");
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    tpl.add_partition(topic, partition);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let committed = consumer
-            .committed_offsets(tpl.clone(), Duration::from_secs(5))
-            .ok()
-            .and_then(|c| {
-                c.find_partition(topic, partition)
-                    .and_then(|p| p.offset().to_raw())
-            });
-        if committed.is_some_and(|c| c > offset) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{group} never committed past {topic}/{partition}@{offset}: {committed:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// A trigger for `reservation` as the wheel would emit it (under a new event id).
-async fn confirm_due(reservation: &Value) {
+async fn confirm_due(env: &common::TestEnv, reservation: &Value) {
     let order_id = reservation["order_id"].as_u64().expect("order id");
     let data = json!({
         "reservation_id": reservation["reservation_id"].as_str().expect("id").parse::<i64>().expect("number"),
@@ -278,7 +202,7 @@ async fn confirm_due(reservation: &Value) {
         "stock_bucket_id": reservation["stock_bucket_id"],
         "processing_time": reservation["processing_time"],
     });
-    produce(
+    env.produce(
         "InventoryConfirmDue",
         "io.stocksvr.schedule",
         &order_id.to_string(),
@@ -352,13 +276,15 @@ async fn the_wheel_confirms_once_at_the_due_time_and_a_cancel_before_it_refunds_
     let r1 = t.try_scheduled(&server, o1, 3, due1).await;
     let r2 = t.try_scheduled(&server, o2, 2, due2).await;
     for (order, id, due) in [(o1, r1, due1), (o2, r2, due2)] {
-        order_event(
-            "OrderCreated",
-            order,
-            json!({"order_id": order, "merchant_id": m, "order_type": "SCHEDULED",
+        t.shop
+            .env
+            .order_event(
+                "OrderCreated",
+                order,
+                json!({"order_id": order, "merchant_id": m, "order_type": "SCHEDULED",
                 "processing_time": due.to_rfc3339(), "inventory_reservation_ids": [id]}),
-        )
-        .await;
+            )
+            .await;
     }
     let parked1 = wait_for_status(&server, r1, "CREATED_RESERVED", Duration::from_secs(60)).await;
     wait_for_status(&server, r2, "CREATED_RESERVED", Duration::from_secs(60)).await;
@@ -380,7 +306,7 @@ async fn the_wheel_confirms_once_at_the_due_time_and_a_cancel_before_it_refunds_
     }
 
     // OrderCanceled before the due time: a refund from the reserved pool, never a confirm.
-    order_event(
+    t.shop.env.order_event(
         "OrderCanceled",
         o2,
         json!({"order_id": o2, "merchant_id": m, "inventory_reservation_ids": [r2], "reason": "customer canceled"}),
@@ -438,7 +364,7 @@ async fn the_wheel_confirms_once_at_the_due_time_and_a_cancel_before_it_refunds_
     assert_eq!(t.numbers(&server, day1).await.2, 3, "r1 sold once");
 
     // A duplicated trigger (a producer retry, a replay) finds the work done.
-    confirm_due(&confirmed).await;
+    confirm_due(&t.shop.env, &confirmed).await;
     wait_for_metric(
         &server,
         "stocksvr_schedule_triggers_total{outcome=\"already_confirmed\"}",
@@ -486,18 +412,29 @@ async fn a_timer_lost_while_the_process_was_down_is_confirmed_by_the_scan_once()
     let due = in_secs(8);
     t.bucket(t.shop.dish_id, due.date_naive(), 10).await;
     let id = t.try_scheduled(&server, order, 2, due).await;
-    let (partition, offset) = order_event(
-        "OrderCreated",
-        order,
-        json!({"order_id": order, "merchant_id": m, "order_type": "SCHEDULED",
+    let (partition, offset) = t
+        .shop
+        .env
+        .order_event(
+            "OrderCreated",
+            order,
+            json!({"order_id": order, "merchant_id": m, "order_type": "SCHEDULED",
             "processing_time": due.to_rfc3339(), "inventory_reservation_ids": [id]}),
-    )
-    .await;
+        )
+        .await;
     wait_for_status(&server, id, "CREATED_RESERVED", Duration::from_secs(60)).await;
     // Committed, so the restarted order-lifecycle does not apply it again (a redelivered
     // OrderCreated re-arms the timer, which is the point of re-arming, but not this test's).
     let group = format!("{}.order-lifecycle", t.env("STOCKSVR__KAFKA__GROUP_PREFIX"));
-    wait_for_commit(&group, "order.lifecycle.v1", partition, offset).await;
+    common::wait_for_commit(
+        &group,
+        &t.shop
+            .env
+            .topic(stocksvr_core::events::topics::ORDER_LIFECYCLE),
+        partition,
+        offset,
+    )
+    .await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while t.wheel.score(id).await.expect("score").is_none() {
         assert!(
@@ -530,7 +467,7 @@ async fn a_timer_lost_while_the_process_was_down_is_confirmed_by_the_scan_once()
     assert_eq!(t.wheel.score(id).await.expect("score"), None);
 
     // The lost trigger turns up late (say, a replay): confirmed already, nothing changes.
-    confirm_due(&confirmed).await;
+    confirm_due(&t.shop.env, &confirmed).await;
     wait_for_metric(
         &server,
         "stocksvr_schedule_triggers_total{outcome=\"already_confirmed\"}",

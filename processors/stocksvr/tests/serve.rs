@@ -3,7 +3,6 @@
 
 mod common;
 
-use common::server::Server;
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::FutureRecord;
 use std::time::Duration;
@@ -12,17 +11,14 @@ use stocksvr_pipeline::kafka;
 
 #[tokio::test]
 async fn all_serves_health_and_dead_letters_garbage() {
-    let (ok, _, err) = common::run(common::stocksvr().args(["topics", "apply"]));
-    assert!(ok, "{err}");
-    let group_prefix = common::unique("it-all");
     let token = "it-admin-token";
-    // A migrated database of its own: the processor reads the shared topic from the start.
+    // A migrated database and topics of its own.
     let shop = common::api::shop(1).await;
-    let server = Server::start(&[
-        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
-        ("STOCKSVR__KAFKA__GROUP_PREFIX", group_prefix.as_str()),
-        ("STOCKSVR__HTTP__ADMIN_TOKEN", token),
-    ]);
+    let group_prefix = shop.env.ns.name.clone();
+    let topic = shop
+        .env
+        .topic(stocksvr_core::events::topics::ORDER_LIFECYCLE);
+    let server = shop.server(&[("STOCKSVR__HTTP__ADMIN_TOKEN", token)]);
     let ready = server.wait_for_readyz(200, Duration::from_secs(60)).await;
     for dep in ["kafka", "schema_registry", "mysql", "redis"] {
         assert_eq!(ready["dependencies"][dep]["ok"], true, "{ready}");
@@ -72,12 +68,11 @@ async fn all_serves_health_and_dead_letters_garbage() {
     );
 
     // A garbage record lands in the dead-letter topic with its origin.
-    let settings = common::settings();
-    let producer = kafka::producer(&settings.kafka, "it-all").expect("producer");
+    let producer = kafka::producer(&shop.env.kafka(), "it-all").expect("producer");
     let garbage_key = common::unique("garbage");
     let garbage = producer
         .send(
-            FutureRecord::to("order.lifecycle.v1")
+            FutureRecord::to(&topic)
                 .key(&garbage_key)
                 .payload("not avro at all"),
             Duration::from_secs(10),
@@ -85,7 +80,7 @@ async fn all_serves_health_and_dead_letters_garbage() {
         .await
         .map_err(|(e, _)| e)
         .expect("garbage produced");
-    let dead = common::find_record("order.lifecycle.v1.dlt", Duration::from_secs(60), |m| {
+    let dead = common::find_record(&format!("{topic}.dlt"), Duration::from_secs(60), |m| {
         m.key() == Some(garbage_key.as_bytes())
     })
     .expect("garbage dead-lettered");
@@ -107,7 +102,7 @@ async fn all_serves_health_and_dead_letters_garbage() {
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .unwrap_or_else(|| panic!("header {name} missing"))
     };
-    assert_eq!(header(headers::ORIGINAL_TOPIC), "order.lifecycle.v1");
+    assert_eq!(header(headers::ORIGINAL_TOPIC), topic);
     assert_eq!(
         header(headers::ORIGINAL_PARTITION),
         garbage.partition.to_string()
@@ -131,14 +126,13 @@ async fn all_serves_health_and_dead_letters_garbage() {
     );
 
     // The dead-letter processor parks it in MySQL; operators see it through the admin API.
-    // (The dead-letter topic is shared with earlier runs: find ours by its origin.)
     let pool = stocksvr_store::mysql_pool(&shop.db_url, 1, Duration::from_secs(5)).expect("pool");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let id: u64 = loop {
         let row: Option<(u64,)> = sqlx::query_as(
             "SELECT id FROM inventory_dead_letter WHERE original_topic = ? AND original_partition = ? AND original_offset = ?",
         )
-        .bind("order.lifecycle.v1")
+        .bind(&topic)
         .bind(garbage.partition)
         .bind(garbage.offset)
         .fetch_optional(&pool)
@@ -200,10 +194,10 @@ async fn all_serves_health_and_dead_letters_garbage() {
 
 #[tokio::test]
 async fn an_unmigrated_database_is_refused_at_start_with_the_fix() {
-    let url = common::fresh_database().await;
+    let db = common::TestDb::empty().await;
     let mut cmd = common::stocksvr();
     cmd.arg("all")
-        .env("STOCKSVR__MYSQL__URL", &url)
+        .env("STOCKSVR__MYSQL__URL", &db.url)
         .env("STOCKSVR__HTTP__LISTEN", "127.0.0.1:0");
     let (ok, _, err) = common::run(&mut cmd);
     assert!(!ok, "must exit non-zero");
@@ -213,14 +207,7 @@ async fn an_unmigrated_database_is_refused_at_start_with_the_fix() {
 #[tokio::test]
 async fn readyz_names_an_unreachable_dependency() {
     let shop = common::api::shop(1).await;
-    let server = Server::start(&[
-        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
-        ("STOCKSVR__REDIS__URL", "redis://127.0.0.1:1/"),
-        (
-            "STOCKSVR__KAFKA__GROUP_PREFIX",
-            &common::unique("it-unready"),
-        ),
-    ]);
+    let server = shop.server(&[("STOCKSVR__REDIS__URL", "redis://127.0.0.1:1/")]);
     let body = server.wait_for_readyz(503, Duration::from_secs(60)).await;
     assert_eq!(body["ready"], false);
     assert_eq!(body["dependencies"]["redis"]["ok"], false, "{body}");

@@ -5,9 +5,10 @@
 
 mod common;
 
+use common::server::Server;
+
 use chrono::Utc;
 use common::api::{post, shop, wait_for_api};
-use common::server::Server;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use stocksvr_core::bucket::BucketKey;
@@ -35,11 +36,7 @@ async fn admin(server: &Server, method: &str, path: &str, body: Option<Value>) -
 #[tokio::test]
 async fn operators_init_adjust_close_and_inspect_a_bucket() {
     let shop = shop(5).await;
-    let server = Server::start(&[
-        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
-        ("STOCKSVR__KAFKA__GROUP_PREFIX", &common::unique("it-ops")),
-        ("STOCKSVR__HTTP__ADMIN_TOKEN", TOKEN),
-    ]);
+    let server = shop.server(&[("STOCKSVR__HTTP__ADMIN_TOKEN", TOKEN)]);
     wait_for_api(&server).await;
     let dish = 41;
     let bucket = BucketKey::new(shop.merchant_id, dish, Utc::now().date_naive()).stock_bucket_id();

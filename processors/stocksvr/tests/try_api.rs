@@ -6,7 +6,6 @@ mod common;
 
 use chrono::Utc;
 use common::api::{get, post, shop, wait_for_api};
-use common::server::Server;
 use serde_json::{json, Value};
 use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
@@ -14,10 +13,7 @@ use stocksvr_core::bucket::BucketKey;
 #[tokio::test]
 async fn try_api_reserves_repeats_and_reads() {
     let shop = shop(10).await;
-    let server = Server::start(&[
-        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
-        ("STOCKSVR__KAFKA__GROUP_PREFIX", &common::unique("it-api")),
-    ]);
+    let server = shop.server(&[]);
     wait_for_api(&server).await;
     let body = json!({"order_id": 501, "order_item_id": 9001, "merchant_id": shop.merchant_id,
                       "dish_id": shop.dish_id, "quantity": 3, "order_type": "INSTANT"})
@@ -97,13 +93,7 @@ async fn try_api_reserves_repeats_and_reads() {
 #[tokio::test]
 async fn bad_input_gets_a_4xx_naming_the_field() {
     let shop = shop(5).await;
-    let server = Server::start(&[
-        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
-        (
-            "STOCKSVR__KAFKA__GROUP_PREFIX",
-            &common::unique("it-api-bad"),
-        ),
-    ]);
+    let server = shop.server(&[]);
     wait_for_api(&server).await;
     let valid = json!({"order_id": 1, "order_item_id": 1, "merchant_id": shop.merchant_id,
                        "dish_id": shop.dish_id, "quantity": 1, "order_type": "INSTANT"});
@@ -194,14 +184,7 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
 async fn an_unreachable_store_fails_closed_with_503() {
     // Redis down: the service never comes up, every Try is refused.
     let shop = shop(1).await;
-    let server = Server::start(&[
-        ("STOCKSVR__MYSQL__URL", shop.db_url.as_str()),
-        ("STOCKSVR__REDIS__URL", "redis://127.0.0.1:1/"),
-        (
-            "STOCKSVR__KAFKA__GROUP_PREFIX",
-            &common::unique("it-api-noredis"),
-        ),
-    ]);
+    let server = shop.server(&[("STOCKSVR__REDIS__URL", "redis://127.0.0.1:1/")]);
     let body = json!({"order_id": 1, "order_item_id": 1, "merchant_id": 1, "dish_id": 1, "quantity": 1, "order_type": "INSTANT"}).to_string();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let reply = loop {
@@ -237,19 +220,15 @@ async fn an_unreachable_store_fails_closed_with_503() {
     assert!(status.success(), "{log}");
 
     // MySQL down (worker id configured, so the service starts without it): 503 as well.
-    let server = Server::start(&[
+    let server = shop.server(&[
         (
             "STOCKSVR__MYSQL__URL",
             "mysql://stocksvr:stocksvr@127.0.0.1:1/stocksvr",
         ),
         ("STOCKSVR__MYSQL__ACQUIRE_TIMEOUT_MS", "1000"),
         ("STOCKSVR__RESERVATION__WORKER_ID", "1023"),
-        (
-            "STOCKSVR__KAFKA__GROUP_PREFIX",
-            &common::unique("it-api-nomysql"),
-        ),
     ]);
-    server.wait_for_log("the reservation service", Duration::from_secs(30), |log| {
+    server.wait_for_log("the reservation service", Duration::from_secs(60), |log| {
         log.contains("reservation service ready")
     });
     let (status, reply) = post(&server, "/v1/reservations", &body).await;

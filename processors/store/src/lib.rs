@@ -5,6 +5,7 @@ pub mod buckets;
 pub mod lua;
 pub mod reservations;
 pub mod wal;
+pub mod wheel;
 pub mod worker_lease;
 
 use redis::aio::ConnectionManager;

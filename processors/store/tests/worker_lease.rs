@@ -5,28 +5,8 @@ use chrono::TimeDelta;
 use std::time::Duration;
 use stocksvr_store::worker_lease::{LeaseError, WorkerLease};
 
-async fn fresh_pool() -> sqlx::MySqlPool {
-    let base = std::env::var("STOCKSVR__MYSQL__URL")
-        .unwrap_or_else(|_| "mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr".into());
-    let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_nanos();
-    let db = format!(
-        "stocksvr_lease_{}_{}",
-        std::process::id(),
-        nanos % 1_000_000_000
-    );
-    sqlx::query(&format!("CREATE DATABASE `{db}`"))
-        .execute(&admin)
-        .await
-        .expect("create");
-    let (prefix, _) = base.rsplit_once('/').expect("db path");
-    let pool = stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 8, Duration::from_secs(10))
-        .expect("pool");
-    stocksvr_store::migrate(&pool).await.expect("migrate");
-    pool
+async fn fresh_pool() -> stocksvr_test_support::TestDb {
+    stocksvr_test_support::TestDb::migrated().await
 }
 
 #[tokio::test]

@@ -6,87 +6,54 @@
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{OwnedMessage, Timestamp};
 use rdkafka::producer::FutureProducer;
-use rdkafka::{Message, TopicPartitionList};
 use sqlx::MySqlPool;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use stocksvr_dead_letter::Parker;
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::config::Settings;
+use stocksvr_pipeline::config::InfraSettings;
 use stocksvr_pipeline::consumer::{self, Applied, Failure, Handler, Record};
 use stocksvr_pipeline::deadletter::{self, ErrorClass};
 use stocksvr_pipeline::kafka;
 use stocksvr_pipeline::topics::TopicSpec;
 use tokio::sync::watch;
 
-pub fn settings() -> Settings {
-    Settings::load(None).expect("configuration loads")
+pub use stocksvr_test_support::{unique, TestDb, TestTopic};
+
+pub fn settings() -> InfraSettings {
+    stocksvr_test_support::infra()
 }
 
-/// A name no other test or run uses.
-pub fn unique(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos();
-    format!(
-        "{prefix}_{}_{}_{}",
-        std::process::id(),
-        nanos % 1_000_000_000,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// A new database with every migration applied.
-pub async fn fresh_database() -> MySqlPool {
-    fresh_database_with_url().await.1
+/// A new database with every migration applied, dropped with the guard.
+pub async fn fresh_database() -> TestDb {
+    TestDb::migrated().await
 }
 
 /// As [`fresh_database`], with the database's URL.
-pub async fn fresh_database_with_url() -> (String, MySqlPool) {
-    let base = settings().mysql.url.expose().to_string();
-    let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
-    let name = unique("stocksvr_dlq_test");
-    sqlx::query(&format!("CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
-        .execute(&admin)
-        .await
-        .expect("create test database (the stack's user has CREATE)");
-    let (prefix, _) = base.rsplit_once('/').expect("url has a database path");
-    let url = format!("{prefix}/{name}");
-    let pool = stocksvr_store::mysql_pool(&url, 4, Duration::from_secs(10)).expect("pool");
-    stocksvr_store::migrate(&pool)
-        .await
-        .expect("migrations apply");
-    (url, pool)
+pub async fn fresh_database_with_url() -> (String, TestDb) {
+    let db = TestDb::migrated().await;
+    (db.url.clone(), db)
 }
 
-/// A source topic `<t>` and its dead-letter topic `<t>.dlt`, 2 partitions each.
-pub async fn topic_pair() -> (String, String) {
-    let topic = unique("dlq-test");
-    let dlt = deadletter::dead_letter_topic(&topic);
-    let admin = kafka::admin_client(&settings().kafka).expect("admin client");
-    let new: Vec<NewTopic> = [&topic, &dlt]
-        .iter()
-        .map(|n| NewTopic::new(n, 2, TopicReplication::Fixed(1)))
-        .collect();
-    for r in admin
-        .create_topics(
-            new.iter(),
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .expect("create_topics answers")
-    {
-        r.expect("topic created");
+/// A source topic `<t>` and its dead-letter topic `<t>.dlt`, 2 partitions each, deleted
+/// with the guard.
+pub struct TopicPair {
+    pub topic: String,
+    pub dlt: String,
+    _guards: (TestTopic, TestTopic),
+}
+
+pub async fn topic_pair() -> TopicPair {
+    let source = TestTopic::new("dlq-test", 2).await;
+    let dlt = TestTopic::named(&deadletter::dead_letter_topic(&source.name), 2).await;
+    TopicPair {
+        topic: source.name.clone(),
+        dlt: dlt.name.clone(),
+        _guards: (source, dlt),
     }
-    (topic, dlt)
 }
 
 pub fn producer() -> FutureProducer {
@@ -202,29 +169,12 @@ pub async fn run_processor(pool: &MySqlPool, source: &str, expected: usize) -> V
 
 /// Reads the record at `partition`/`offset` of `topic`.
 pub fn read_at(topic: &str, partition: i32, offset: i64) -> OwnedMessage {
-    let consumer: BaseConsumer = kafka::client_config(&settings().kafka, "dlq-test-reader")
-        .set("group.id", unique("dlq-test-reader"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))
-        .expect("valid offset");
-    consumer.assign(&tpl).expect("assign");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        match consumer.poll(Duration::from_millis(500)) {
-            Some(Ok(m)) if m.offset() == offset => return m.detach(),
-            Some(Ok(_)) | None => continue,
-            Some(Err(e)) => panic!("reading {topic}/{partition}@{offset}: {e}"),
-        }
-    }
-    panic!("no record at {topic}/{partition}@{offset}");
+    stocksvr_test_support::read_at(topic, partition, offset, Duration::from_secs(20))
 }
 
 /// The value of header `name` of `message`, as text.
 pub fn header(message: &OwnedMessage, name: &str) -> Option<String> {
-    use rdkafka::message::Headers;
+    use rdkafka::message::{Headers, Message};
     message
         .headers()?
         .iter()

@@ -5,70 +5,53 @@
 
 use anyhow::{bail, Context, Result};
 use chrono::NaiveDateTime;
-use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value as Json;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use stocksvr_outbox_relay::{OutboxRelay, RelayConfig, EVENT_ID_HEADER};
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::config::Settings;
+use stocksvr_pipeline::config::InfraSettings;
 use stocksvr_store::reservations::{insert_outbox, NewOutbox};
+use stocksvr_test_support::{TestDb, TestTopic};
 
 pub const PARTITIONS: i32 = 3;
 
 /// Unique per call within and across test processes.
 pub fn unique() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!(
-        "{}_{}_{}",
-        std::process::id(),
-        nanos % 1_000_000_000_000,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    stocksvr_test_support::unique("relay")
 }
 
 pub struct Stack {
-    pub settings: Settings,
+    pub settings: InfraSettings,
     pub pool: sqlx::MySqlPool,
     pub topic: String,
     pub codec: AvroCodec,
+    _db: TestDb,
+    _topic: TestTopic,
 }
 
 impl Stack {
     /// A fresh database (migrated) and a fresh topic.
     pub async fn new() -> Result<Self> {
-        let settings = Settings::load(None).context("settings")?;
-        let base = settings.mysql.url.expose().to_string();
-        let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10))?;
-        let db = format!("stocksvr_relay_{}", unique());
-        sqlx::query(&format!("CREATE DATABASE `{db}`"))
-            .execute(&admin)
-            .await
-            .context("create database (is the stack up? scripts/stack up)")?;
-        admin.close().await;
-        let (prefix, _) = base.rsplit_once('/').context("database path in the url")?;
-        let pool =
-            stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 16, Duration::from_secs(30))?;
-        stocksvr_store::migrate(&pool).await?;
-        let topic = format!("outbox-relay-test-{}", unique().replace('_', "-"));
-        create_topic(&settings, &topic).await?;
+        let settings = stocksvr_test_support::infra();
+        let db = TestDb::migrated().await;
+        let pool = db.pool.clone();
+        let test_topic = TestTopic::new("outbox-relay-test", PARTITIONS).await;
+        let topic = test_topic.name.clone();
         let codec = AvroCodec::new(&settings.registry, Arc::new(Catalog::embedded()?))?;
         Ok(Self {
             settings,
             pool,
             topic,
             codec,
+            _db: db,
+            _topic: test_topic,
         })
     }
 
@@ -179,30 +162,10 @@ pub struct Record {
 }
 
 pub fn example_json(stem: &str) -> Result<Json> {
-    let dir =
-        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
-    let path = format!("{dir}/../../schemas/examples/{stem}.json");
-    let text = std::fs::read_to_string(&path).with_context(|| path.clone())?;
-    Ok(serde_json::from_str(&text)?)
+    Ok(stocksvr_test_support::example(stem))
 }
 
-async fn create_topic(settings: &Settings, topic: &str) -> Result<()> {
-    let admin = stocksvr_pipeline::kafka::admin_client(&settings.kafka)?;
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await?;
-    for r in results {
-        if let Err((name, code)) = r {
-            bail!("creating topic {name}: {code}");
-        }
-    }
-    Ok(())
-}
-
-async fn read_topic(settings: &Settings, topic: &str) -> Result<Vec<Record>> {
+async fn read_topic(settings: &InfraSettings, topic: &str) -> Result<Vec<Record>> {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &settings.kafka.brokers)
         .set("group.id", format!("outbox-relay-test-{}", unique()))
@@ -252,24 +215,6 @@ async fn read_topic(settings: &Settings, topic: &str) -> Result<Vec<Record>> {
         }
     }
     Ok(records)
-}
-
-/// Polls `check` every 50 ms until it holds or `within` passes.
-pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> Result<bool>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<bool>>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if check().await? {
-            return Ok(true);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Ok(false);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Timings for tests: quick polls, a short publish timeout and lease.

@@ -1,7 +1,7 @@
 //! Shared fixtures: a fresh database per test, example payloads encoded through the real
 //! registry on a topic of the test's own, and readers of the projected tables.
 
-#![allow(dead_code)] // each test binary uses its own subset
+#![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 use anyhow::{Context, Result};
 use rdkafka::message::{OwnedMessage, Timestamp};
@@ -9,74 +9,35 @@ use serde_json::{json, Value as Json};
 use sqlx::MySqlPool;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::config::Settings;
+use stocksvr_pipeline::config::InfraSettings;
 use stocksvr_pipeline::consumer::Record;
 use stocksvr_pipeline::json::json_to_avro;
 
-/// The crate's directory, read when the test runs: a test binary reused from a shared target
-/// dir may have been compiled in a checkout at another path, so `env!` could point elsewhere.
-fn manifest_dir() -> String {
-    std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string())
-}
-
 pub const NAMESPACE: &str = "io.stocksvr.inventory";
 
-/// Unique enough per test run: process id plus the clock, as rust-rdkafka's test utils do.
-pub fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!(
-        "{prefix}_{}_{}",
-        std::process::id(),
-        nanos % 1_000_000_000_000
-    )
+pub use stocksvr_test_support::{example, unique, TestDb};
+
+pub fn settings() -> Result<InfraSettings> {
+    Ok(stocksvr_test_support::infra())
 }
 
-pub fn settings() -> Result<Settings> {
-    Settings::load(None).context("settings")
+/// A database of its own, migrated, dropped with the returned guard.
+pub async fn fresh_pool(_settings: &InfraSettings) -> Result<TestDb> {
+    Ok(TestDb::migrated().await)
 }
 
-/// A database of its own, migrated.
-pub async fn fresh_pool(settings: &Settings) -> Result<MySqlPool> {
-    let db = fresh_database(settings).await?;
-    stocksvr_store::migrate(&db).await.context("migrate")?;
-    Ok(db)
+/// A database of its own, empty (no migrations), dropped with the returned guard.
+pub async fn fresh_database(_settings: &InfraSettings) -> Result<TestDb> {
+    Ok(TestDb::empty().await)
 }
 
-/// A database of its own, empty (no migrations).
-pub async fn fresh_database(settings: &Settings) -> Result<MySqlPool> {
-    let base = settings.mysql.url.expose();
-    let admin = stocksvr_store::mysql_pool(base, 1, Duration::from_secs(10))?;
-    let db = unique("stocksvr_projector");
-    sqlx::query(&format!("CREATE DATABASE `{db}`"))
-        .execute(&admin)
-        .await
-        .context("create database")?;
-    admin.close().await;
-    let (prefix, _) = base.rsplit_once('/').context("database url has a path")?;
-    Ok(stocksvr_store::mysql_pool(
-        &format!("{prefix}/{db}"),
-        4,
-        Duration::from_secs(10),
-    )?)
-}
-
-pub fn codec(settings: &Settings) -> Result<AvroCodec> {
+pub fn codec(settings: &InfraSettings) -> Result<AvroCodec> {
     Ok(AvroCodec::new(
         &settings.registry,
         Arc::new(Catalog::embedded()?),
     )?)
-}
-
-pub fn example(file: &str) -> Json {
-    let path = format!("{}/../../schemas/examples/{file}.json", manifest_dir());
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// A stock-change event from an example with the fields a test varies.

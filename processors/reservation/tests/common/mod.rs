@@ -14,6 +14,7 @@ use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_reservation::{ReservationService, ServiceConfig, TryRequest};
 use stocksvr_store::lua::{BucketKeys, LuaExecutor};
 use stocksvr_store::reservations::{self as repo, Baseline, InsertOutcome, NewReservation};
+use stocksvr_test_support::TestDb;
 
 fn env_or(key: &str, default: &str) -> String {
     std::env::var(key).unwrap_or_else(|_| default.to_string())
@@ -43,6 +44,8 @@ pub fn seed() -> u64 {
 /// executor, a snowflake generator and a merchant (so Redis keys) no other test uses, with
 /// its time zone set to UTC.
 pub struct Stores {
+    /// Dropped with the fixture: the database goes when the test ends.
+    pub db: TestDb,
     pub pool: sqlx::MySqlPool,
     pub lua: Arc<LuaExecutor>,
     pub ids: SnowflakeGenerator,
@@ -50,21 +53,9 @@ pub struct Stores {
 }
 
 pub async fn stores(config: &ServiceConfig) -> Stores {
-    let base = env_or(
-        "STOCKSVR__MYSQL__URL",
-        "mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr",
-    );
-    let admin = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
     let s = seed();
-    let db = format!("stocksvr_rsv_{}", s % 1_000_000_000_000);
-    sqlx::query(&format!("CREATE DATABASE `{db}`"))
-        .execute(&admin)
-        .await
-        .expect("create db");
-    let (prefix, _) = base.rsplit_once('/').expect("db path");
-    let pool = stocksvr_store::mysql_pool(&format!("{prefix}/{db}"), 32, Duration::from_secs(30))
-        .expect("pool");
-    stocksvr_store::migrate(&pool).await.expect("migrate");
+    let db = TestDb::migrated().await;
+    let pool = db.pool.clone();
     let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
     let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
         .await
@@ -74,6 +65,7 @@ pub async fn stores(config: &ServiceConfig) -> Stores {
         .await
         .expect("tz");
     Stores {
+        db,
         pool,
         lua: Arc::new(LuaExecutor::new(conn, config.op_ttl)),
         ids: SnowflakeGenerator::new((s % 1024) as u16).expect("worker id"),
@@ -82,6 +74,7 @@ pub async fn stores(config: &ServiceConfig) -> Stores {
 }
 
 pub struct Fixture {
+    pub _db: TestDb,
     pub service: Arc<ReservationService>,
     pub lua: Arc<LuaExecutor>,
     pub pool: sqlx::MySqlPool,
@@ -97,6 +90,7 @@ impl Fixture {
 
     pub async fn with_config(total: i64, config: ServiceConfig) -> Self {
         let Stores {
+            db,
             pool,
             lua,
             ids,
@@ -105,6 +99,7 @@ impl Fixture {
         let dish_id = 77;
         let today = Utc::now().date_naive();
         let fixture = Self {
+            _db: db,
             service: Arc::new(ReservationService::new(
                 pool.clone(),
                 lua.clone(),

@@ -14,6 +14,7 @@ use stocksvr_store::reservations::Baseline;
 use stocksvr_store::wal;
 
 pub struct Ops {
+    pub _db: stocksvr_test_support::TestDb,
     pub service: Arc<ReservationService>,
     pub lua: Arc<LuaExecutor>,
     pub pool: sqlx::MySqlPool,
@@ -26,12 +27,14 @@ impl Ops {
     pub async fn new(ops: OpsConfig) -> Self {
         let config = ServiceConfig::default();
         let Stores {
+            db,
             pool,
             lua,
             ids,
             merchant_id,
         } = stores(&config).await;
         Self {
+            _db: db,
             service: Arc::new(
                 ReservationService::new(pool.clone(), lua.clone(), ids, config)
                     .with_ops_config(ops),

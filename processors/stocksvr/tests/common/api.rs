@@ -8,29 +8,29 @@ use stocksvr_core::bucket::BucketKey;
 use stocksvr_store::reservations::{self as repo, Baseline};
 
 pub struct Shop {
+    /// The test's database, topics and groups.
+    pub env: super::TestEnv,
     pub db_url: String,
     pub merchant_id: u64,
     pub dish_id: u64,
 }
 
-/// A fresh database with a merchant (UTC) and today's bucket of `total` for one dish.
+impl Shop {
+    /// `stocksvr all` in this shop's environment, plus `extra` variables.
+    pub fn server(&self, extra: &[(&str, &str)]) -> Server {
+        self.env.server(extra)
+    }
+}
+
+/// A test environment (database, topics, groups) with a merchant (UTC) and today's bucket
+/// of `total` for one dish.
 pub async fn shop(total: i64) -> Shop {
-    let db_url = super::fresh_database().await;
-    let (ok, _, err) = super::run(
-        super::stocksvr()
-            .arg("migrate")
-            .env("STOCKSVR__MYSQL__URL", &db_url),
-    );
-    assert!(ok, "{err}");
-    let pool = stocksvr_store::mysql_pool(&db_url, 2, Duration::from_secs(5)).expect("pool");
+    let env = super::TestEnv::new().await;
+    let db_url = env.db.url.clone();
+    let pool = env.db.pool.clone();
     // Redis keys are per merchant and shared by every test database: the merchant id must
     // be unique per test, not just per microsecond (parallel tests start together).
-    let merchant_id = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        super::unique("shop").hash(&mut h);
-        2_000_000 + h.finish() % 1_000_000_000_000
-    };
+    let merchant_id = stocksvr_test_support::unique_id(2_000_000);
     let dish_id = 31;
     repo::set_merchant_timezone(&pool, merchant_id, "UTC")
         .await
@@ -53,6 +53,7 @@ pub async fn shop(total: i64) -> Shop {
     .await
     .expect("baseline");
     Shop {
+        env,
         db_url,
         merchant_id,
         dish_id,

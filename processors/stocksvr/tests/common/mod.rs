@@ -1,47 +1,21 @@
-//! Shared helpers of the integration tests. They talk to the real stack started by
-//! `scripts/stack up` (Kafka, the schema registry, MariaDB, Redis on 127.0.0.1), configured
-//! the same way as the binary: defaults overridden by `STOCKSVR__...` variables.
+//! Shared helpers of the binary's integration tests. They talk to the real stack started by
+//! `scripts/stack up` (Kafka, the schema registry, MariaDB, Redis on 127.0.0.1). Each test
+//! gets a [`TestEnv`]: a migrated database, a topic namespace and consumer groups of its own,
+//! all released when the test ends (see `stocksvr-test-support`).
 #![allow(dead_code)]
 
 pub mod api;
 pub mod server;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
-use rdkafka::{Message, TopicPartitionList};
-use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use stocksvr_pipeline::config::Settings;
-use stocksvr_pipeline::kafka;
+use std::time::{Duration, Instant};
+use stocksvr_pipeline::config::InfraSettings;
+#[allow(unused_imports)]
+pub use stocksvr_test_support::{repo_root, unique, TestDb, TestNamespace, TestTopic};
 
-pub fn settings() -> Settings {
-    Settings::load(None).expect("configuration loads")
-}
-
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(
-        std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into()),
-    )
-    .join("../..")
-    .canonicalize()
-    .expect("repo root")
-}
-
-/// A name no other test or run uses: tests get their own topics, groups and databases.
-pub fn unique(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos();
-    format!(
-        "{prefix}_{}_{}_{}",
-        std::process::id(),
-        nanos % 1_000_000_000,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+pub fn settings() -> InfraSettings {
+    stocksvr_test_support::infra()
 }
 
 /// The stocksvr binary, run from the repo root so `topics.yaml` resolves.
@@ -51,58 +25,9 @@ pub fn stocksvr() -> Command {
     cmd
 }
 
-/// Runs `cmd` to completion but kills it after `limit`, so a hung client (a Python
-/// interop script, say) fails its test instead of stalling the whole suite. Both pipes are
-/// drained while it runs: a child that fills a pipe buffer would otherwise block for ever.
+/// See [`stocksvr_test_support::output_within`].
 pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
-    use std::io::Read;
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("command starts");
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let err = stderr.join().unwrap_or_default();
-            panic!(
-                "{cmd:?} did not finish within {limit:?}; its stderr:\n{}",
-                String::from_utf8_lossy(&err)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    Output {
-        status,
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
-    }
+    stocksvr_test_support::output_within(cmd, limit)
 }
 
 /// Runs the binary (bounded, see [`output_within`]) and returns (exit success, stdout, stderr).
@@ -119,79 +44,186 @@ pub fn run(cmd: &mut Command) -> (bool, String, String) {
     )
 }
 
-/// Creates an empty database and returns its URL (same server and user as the config).
-pub async fn fresh_database() -> String {
-    let base = settings().mysql.url.expose().to_string();
-    let pool = stocksvr_store::mysql_pool(&base, 1, Duration::from_secs(10)).expect("pool");
-    let name = unique("stocksvr_test");
-    sqlx::query(&format!("CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
-        .execute(&pool)
-        .await
-        .expect("create test database (the stack's user has CREATE)");
-    let (prefix, _) = base.rsplit_once('/').expect("url has a database path");
-    format!("{prefix}/{name}")
+/// What one test owns: a migrated database, every topic of `topics.yaml` in a namespace of
+/// its own (2 partitions each), consumer groups and a time-wheel namespace of its own.
+pub struct TestEnv {
+    pub db: TestDb,
+    pub ns: TestNamespace,
+    /// Redis time-wheel namespace (`schedule.wheel_namespace`).
+    pub wheel: String,
 }
 
-/// Creates one topic with `partitions` partitions for a test.
-pub async fn create_topic(name: &str, partitions: i32) {
-    use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
-    let admin = kafka::admin_client(&settings().kafka).expect("admin client");
-    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    let results = admin
-        .create_topics(
-            [&topic],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .expect("create_topics answers");
-    for r in results {
-        r.expect("topic created");
+impl TestEnv {
+    pub async fn new() -> Self {
+        Self::with_partitions(2).await
+    }
+
+    pub async fn with_partitions(partitions: i32) -> Self {
+        let (db, ns) = tokio::join!(
+            TestDb::migrated(),
+            TestNamespace::with_partitions(Some(partitions))
+        );
+        let wheel = ns.name.replace('_', "-");
+        Self { db, ns, wheel }
+    }
+
+    /// This test's name of the declared topic `logical`.
+    pub fn topic(&self, logical: &str) -> String {
+        self.ns.topic(logical)
+    }
+
+    /// Consumer group of `processor` in this test.
+    pub fn group(&self, processor: &str) -> String {
+        format!("{}.{processor}", self.ns.name)
+    }
+
+    /// The variables that point a child `stocksvr` at this test's database, topics, groups
+    /// and wheel.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = self.ns.env();
+        env.push(self.db.env());
+        env.push(("STOCKSVR__SCHEDULE__WHEEL_NAMESPACE", self.wheel.clone()));
+        env
+    }
+
+    /// The binary with [`TestEnv::env`] applied.
+    pub fn stocksvr(&self) -> Command {
+        let mut cmd = stocksvr();
+        cmd.envs(self.env());
+        cmd
+    }
+
+    /// `stocksvr all` on a free port in this environment, plus `extra` variables.
+    pub fn server(&self, extra: &[(&str, &str)]) -> server::Server {
+        let mut env: Vec<(String, String)> = self
+            .env()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        server::Server::start_with(&env, "all")
+    }
+
+    /// A Kafka settings value for producers and consumers of this test's topics.
+    pub fn kafka(&self) -> stocksvr_pipeline::config::KafkaSettings {
+        self.ns.kafka.clone()
     }
 }
 
 /// Reads the record at `partition`/`offset` of `topic`, waiting up to `timeout`.
 pub fn read_at(topic: &str, partition: i32, offset: i64, timeout: Duration) -> OwnedMessage {
-    let consumer: BaseConsumer = kafka::client_config(&settings().kafka, "test-reader")
-        .set("group.id", unique("test-reader"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))
-        .expect("valid offset");
-    consumer.assign(&tpl).expect("assign");
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        match consumer.poll(Duration::from_millis(500)) {
-            Some(Ok(m)) if m.offset() == offset => return m.detach(),
-            Some(Ok(_)) | None => continue,
-            Some(Err(e)) => panic!("reading {topic}/{partition}@{offset}: {e}"),
-        }
-    }
-    panic!("no record at {topic}/{partition}@{offset} within {timeout:?}");
+    stocksvr_test_support::read_at(topic, partition, offset, timeout)
 }
 
-/// Every record of every partition of `topic` that arrives within `timeout` and matches.
+/// The first record of `topic` that arrives within `timeout` and matches.
 pub fn find_record(
     topic: &str,
     timeout: Duration,
     matches: impl Fn(&OwnedMessage) -> bool,
 ) -> Option<OwnedMessage> {
-    let consumer: BaseConsumer = kafka::client_config(&settings().kafka, "test-finder")
-        .set("group.id", unique("test-finder"))
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .expect("consumer");
-    consumer.subscribe(&[topic]).expect("subscribe");
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(500)) {
-            let m = m.detach();
-            if matches(&m) {
-                return Some(m);
-            }
+        let found = stocksvr_test_support::records_of(
+            topic,
+            Duration::from_millis(500),
+            Duration::from_secs(5),
+        )
+        .into_iter()
+        .find(|m| matches(m));
+        if found.is_some() {
+            return found;
         }
+        std::thread::sleep(Duration::from_millis(200));
     }
     None
+}
+
+impl TestEnv {
+    /// Produces `data` as a `kind` event of record namespace `record_ns` (e.g.
+    /// `io.stocksvr.order`) on its catalog topic in this test's namespace, with the codec a
+    /// Java or Python service would use; returns where it landed (partition, offset).
+    pub async fn produce(
+        &self,
+        kind: &str,
+        record_ns: &str,
+        key: &str,
+        data: serde_json::Value,
+    ) -> (i32, i64) {
+        use chrono::{SecondsFormat, Utc};
+        use rdkafka::producer::FutureRecord;
+        use std::sync::Arc;
+        use stocksvr_pipeline::catalog::Catalog;
+        use stocksvr_pipeline::codec::AvroCodec;
+        let settings = settings();
+        let kafka = self.kafka();
+        let catalog = Arc::new(Catalog::for_deployment(&kafka).expect("catalog"));
+        let entry = catalog
+            .by_name(&format!("{record_ns}.{kind}"))
+            .expect("declared")
+            .clone();
+        let codec = AvroCodec::new(&settings.registry, catalog).expect("codec");
+        let producer = stocksvr_pipeline::kafka::producer(&kafka, "it-producer").expect("producer");
+        let event = serde_json::json!({"event_id": unique(kind), "event_type": kind, "schema_version": 1,
+            "occurred_at": Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true), "producer": "it-tests",
+            "trace_id": null, "partition_key": key, "data": data});
+        let bytes = codec
+            .encode_value(
+                &entry.full_name,
+                stocksvr_pipeline::json::json_to_avro(&event, &entry.parsed).expect("valid event"),
+            )
+            .await
+            .expect("encode");
+        let delivery = producer
+            .send(
+                FutureRecord::to(&entry.topic).key(key).payload(&bytes),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .expect("produced");
+        (delivery.partition, delivery.offset)
+    }
+
+    /// An order event (`io.stocksvr.order.<kind>`) keyed by its order id.
+    pub async fn order_event(
+        &self,
+        kind: &str,
+        order_id: u64,
+        data: serde_json::Value,
+    ) -> (i32, i64) {
+        self.produce(kind, "io.stocksvr.order", &order_id.to_string(), data)
+            .await
+    }
+}
+
+/// Polls until `group` committed past `offset` of `topic`/`partition`: a restart of the
+/// group's processor will not see that record again.
+pub async fn wait_for_commit(group: &str, topic: &str, partition: i32, offset: i64) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer =
+        stocksvr_pipeline::kafka::client_config(&settings().kafka, "it-committed")
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let committed = consumer
+            .committed_offsets(tpl.clone(), Duration::from_secs(5))
+            .ok()
+            .and_then(|c| {
+                c.find_partition(topic, partition)
+                    .and_then(|p| p.offset().to_raw())
+            });
+        if committed.is_some_and(|c| c > offset) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{group} never committed past {topic}/{partition}@{offset}: {committed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -1,38 +1,56 @@
-//! `stocksvr all` as a child process on a free port, with its log in a file.
+//! A `stocksvr` role as a child process on a free port, with its log in a file; killed when
+//! the test ends, pass or fail.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
+use stocksvr_test_support::ChildGuard;
 
 pub struct Server {
-    child: Child,
+    child: ChildGuard,
     pub base: String,
+    pub port: u16,
     log: PathBuf,
 }
 
 impl Server {
-    /// Starts `stocksvr all` on a free port with its stderr in a file.
+    /// `stocksvr all` on a free port with `extra_env`; prefer [`super::TestEnv::server`],
+    /// which puts it in the test's own database and topics.
     pub fn start(extra_env: &[(&str, &str)]) -> Self {
+        let env: Vec<(String, String)> = extra_env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::start_with(&env, "all")
+    }
+
+    /// `stocksvr <role>` on a free port with `env`.
+    pub fn start_with(env: &[(String, String)], role: &str) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("free port")
             .port();
-        let log = std::env::temp_dir().join(format!("{}.log", super::unique("stocksvr-all")));
+        let log = std::env::temp_dir().join(format!("{}.log", super::unique("stocksvr")));
         let mut cmd = super::stocksvr();
-        cmd.arg("all")
+        cmd.arg(role)
             .env("STOCKSVR__HTTP__LISTEN", format!("127.0.0.1:{port}"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"));
-        for (k, v) in extra_env {
+        for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().expect("stocksvr all starts");
+        let child = ChildGuard::spawn(&mut cmd, &format!("stocksvr {role}"));
         Self {
             child,
             base: format!("http://127.0.0.1:{port}"),
+            port,
             log,
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn log(&self) -> String {
@@ -72,38 +90,20 @@ impl Server {
         );
     }
 
+    /// Sends a signal ("-STOP", "-CONT", ...) to the process.
+    pub fn signal(&self, signal: &str) {
+        self.child.signal(signal);
+    }
+
     /// SIGKILL: no drain, no commit, no leave-group; the broker notices only after the
     /// session timeout.
     pub fn kill9(mut self) -> String {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill9();
         self.log()
     }
 
     pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
-        Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        let deadline = Instant::now() + Duration::from_secs(25);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return (status, self.log());
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!(
-                    "stocksvr did not stop within 25 s of SIGTERM; log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
+        let status = self.child.terminate(Duration::from_secs(25));
+        (status, self.log())
     }
 }

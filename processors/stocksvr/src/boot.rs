@@ -7,6 +7,8 @@
 //! which dependency is missing. A lost worker-id lease stops the process: minting ids
 //! another instance may also mint would break reservation-id uniqueness.
 
+use crate::roles::Roles;
+use crate::settings::Settings;
 use anyhow::Context;
 use backon::{ExponentialBuilder, Retryable};
 use chrono::TimeDelta;
@@ -15,40 +17,13 @@ use std::time::Duration;
 use stocksvr_api::ApiState;
 use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::config::Settings;
-use stocksvr_reservation::{ReservationService, ServiceConfig};
+use stocksvr_reservation::ReservationService;
 use stocksvr_schedule::{ScheduleConfig, TimeWheel};
 use stocksvr_store::lua::LuaExecutor;
 use stocksvr_store::worker_lease::WorkerLease;
 use tokio::sync::watch;
 
 const LEASE_TTL: TimeDelta = TimeDelta::seconds(30);
-
-fn service_config(settings: &Settings) -> anyhow::Result<ServiceConfig> {
-    let r = &settings.reservation;
-    let tz: chrono_tz::Tz = r.default_timezone.parse().map_err(|e| {
-        anyhow::anyhow!("reservation.default_timezone {:?}: {e}", r.default_timezone)
-    })?;
-    Ok(ServiceConfig {
-        default_timezone: tz,
-        hold_ttl: TimeDelta::seconds(r.hold_ttl_secs as i64),
-        scheduled_grace: TimeDelta::seconds(r.scheduled_grace_secs as i64),
-        max_quantity: r.max_quantity,
-        op_ttl: Duration::from_secs(r.op_ttl_days * 24 * 3600),
-        ..ServiceConfig::default()
-    })
-}
-
-/// The stock-operation settings (WAL lease and retries, archive TTL) from configuration.
-pub fn ops_config(settings: &Settings) -> stocksvr_reservation::OpsConfig {
-    let o = &settings.stock_ops;
-    stocksvr_reservation::OpsConfig {
-        lease: TimeDelta::seconds(o.wal_lease_secs.max(1) as i64),
-        max_attempts: o.wal_max_attempts.max(1),
-        archive_ttl: Duration::from_secs(o.archive_ttl_hours * 3600),
-        ..stocksvr_reservation::OpsConfig::default()
-    }
-}
 
 /// Resolves once shutdown was asked; the watch guard is dropped inside so the future is Send.
 async fn stopped(stop: &mut watch::Receiver<bool>) {
@@ -72,10 +47,13 @@ pub async fn run(
     api: ApiState,
     codec: AvroCodec,
     outbox_waker: Option<Arc<tokio::sync::Notify>>,
-    processors: crate::serve::Processors,
+    roles: Roles,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let config = service_config(&settings)?;
+    let config = settings
+        .reservation
+        .service_config(&settings.recovery)
+        .map_err(anyhow::Error::msg)?;
     let schedule = ScheduleConfig::from_settings(&settings.schedule)?;
     let backoff = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(500))
@@ -115,12 +93,12 @@ pub async fn run(
     .map_err(anyhow::Error::msg)?;
     let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
     let mut service = ReservationService::new(pool.clone(), lua, ids, config)
-        .with_ops_config(ops_config(&settings));
+        .with_ops_config(settings.stock_ops.ops_config());
     if let Some(waker) = outbox_waker.clone() {
         service = service.with_outbox_waker(waker);
     }
     let service = Arc::new(service);
-    if processors.reservations {
+    if roles.reservations {
         api.install(service.clone());
     }
     tracing::info!(
@@ -131,7 +109,7 @@ pub async fn run(
 
     // The processors that need the reservation service start once it exists.
     let lifecycle = async {
-        if !processors.reservations {
+        if !roles.reservations {
             return Ok(());
         }
         let handler = Arc::new(
@@ -141,7 +119,7 @@ pub async fn run(
         stocksvr_pipeline::consumer::run(
             &settings.kafka,
             codec.clone(),
-            stocksvr_order_lifecycle::loop_config(),
+            stocksvr_order_lifecycle::loop_config(&settings.kafka),
             handler,
             stop.clone(),
         )
@@ -151,19 +129,23 @@ pub async fn run(
     let recovery = async {
         stocksvr_reservation::recovery::run(
             service.clone(),
-            stocksvr_reservation::recovery::RecoveryConfig::default(),
+            settings.recovery.recovery_config(),
             stop.clone(),
         )
         .await
         .context("recovery worker")
     };
     let stale = async {
-        if !processors.reservations {
+        if !roles.reservations {
             return Ok(());
         }
-        stocksvr_reservation::stale::run(service.clone(), Duration::from_secs(30), stop.clone())
-            .await
-            .context("stale-reservation watcher")
+        stocksvr_reservation::stale::run(
+            service.clone(),
+            settings.recovery.stale_interval(),
+            stop.clone(),
+        )
+        .await
+        .context("stale-reservation watcher")
     };
     let wal_worker = async {
         stocksvr_reservation::operations::run_worker(
@@ -176,21 +158,16 @@ pub async fn run(
         .context("operation WAL worker")
     };
     let daily = async {
-        let o = &settings.stock_ops;
         stocksvr_reservation::operations::run_daily(
             service.clone(),
-            stocksvr_reservation::operations::DailyConfig {
-                interval: Duration::from_secs(o.daily_interval_secs.max(1)),
-                lead: TimeDelta::minutes(o.daily_lead_minutes as i64),
-                lookback_days: i64::from(o.daily_lookback_days),
-            },
+            settings.stock_ops.daily_config(),
             stop.clone(),
         )
         .await
         .context("daily bucket job")
     };
     let scheduled = async {
-        if !processors.schedule {
+        if !roles.schedule {
             return Ok(());
         }
         stocksvr_schedule::run(

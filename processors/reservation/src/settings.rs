@@ -1,0 +1,165 @@
+//! The reservation crate's configuration sections (`[reservation]`, `[recovery]`,
+//! `[stock_ops]`): what the binary reads from the file and the environment, turned into the
+//! service's typed configs by [`ReservationSettings::service_config`] and friends.
+
+use crate::operations::{DailyConfig, OpsConfig};
+use crate::recovery::RecoveryConfig;
+use crate::service::ServiceConfig;
+use chrono::TimeDelta;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReservationSettings {
+    /// Snowflake worker id (0-1023) of this instance. Unset: leased from MySQL
+    /// (`snowflake_worker_lease`), which guarantees two running instances never share one.
+    pub worker_id: Option<u16>,
+    /// IANA time zone of merchants without a `merchant_settings` row.
+    pub default_timezone: String,
+    /// A RESERVED reservation is alerted after this many seconds (never cancelled).
+    pub hold_ttl_secs: u64,
+    /// How many seconds in the past a scheduled order's processing_time may lie.
+    pub scheduled_grace_secs: u64,
+    /// Largest quantity of one Try.
+    pub max_quantity: u32,
+    /// Days Redis keeps each operation's first result (the idempotency window).
+    pub op_ttl_days: u64,
+}
+
+impl Default for ReservationSettings {
+    fn default() -> Self {
+        Self {
+            worker_id: None,
+            default_timezone: "UTC".into(),
+            hold_ttl_secs: 1800,
+            scheduled_grace_secs: 300,
+            max_quantity: 999,
+            op_ttl_days: 30,
+        }
+    }
+}
+
+/// Stock operations without a reservation (bucket init, adjust, close, archive) and the
+/// daily bucket job.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StockOpsSettings {
+    /// Seconds a worker owns a WAL row it executes; after that another worker takes it over.
+    pub wal_lease_secs: u64,
+    /// Failed attempts after which a WAL row is marked dead and alerted.
+    pub wal_max_attempts: u32,
+    /// Hours an archived bucket's Redis key lives on. A refund after that cannot return stock
+    /// to its day and is left to an operator: keep it at least the refund window.
+    pub archive_ttl_hours: u64,
+    /// Seconds between two rounds of the daily bucket job.
+    pub daily_interval_secs: u64,
+    /// Minutes before the merchant's local midnight the next day's buckets are prepared.
+    pub daily_lead_minutes: u64,
+    /// A dish without a baseline in this many days is not carried forward.
+    pub daily_lookback_days: u32,
+}
+
+impl Default for StockOpsSettings {
+    fn default() -> Self {
+        Self {
+            wal_lease_secs: 30,
+            wal_max_attempts: 20,
+            archive_ttl_hours: 720,
+            daily_interval_secs: 300,
+            daily_lead_minutes: 120,
+            daily_lookback_days: 7,
+        }
+    }
+}
+
+/// The reservation recovery worker and the stale-reservation watcher.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecoverySettings {
+    /// Intermediate reservations resumed per round.
+    pub batch: u32,
+    /// Seconds a claimed row belongs to the worker that claimed it.
+    pub lease_secs: u64,
+    /// Pause between rounds that found nothing due, in milliseconds.
+    pub idle_poll_ms: u64,
+    /// First delay before a failed step is retried, in milliseconds; doubles per attempt.
+    pub retry_delay_ms: u64,
+    /// Longest delay between two recovery attempts, in seconds.
+    pub max_retry_delay_secs: u64,
+    /// Failed attempts after which a reservation is marked dead and alerted (never moved).
+    pub max_attempts: u32,
+    /// Seconds between two rounds of the stale-reservation watcher.
+    pub stale_interval_secs: u64,
+}
+
+impl Default for RecoverySettings {
+    fn default() -> Self {
+        Self {
+            batch: 50,
+            lease_secs: 60,
+            idle_poll_ms: 1_000,
+            retry_delay_ms: 1_000,
+            max_retry_delay_secs: 300,
+            max_attempts: 20,
+            stale_interval_secs: 30,
+        }
+    }
+}
+
+impl RecoverySettings {
+    pub fn recovery_config(&self) -> RecoveryConfig {
+        RecoveryConfig {
+            batch: self.batch.max(1),
+            lease: TimeDelta::seconds(self.lease_secs.max(1) as i64),
+            idle_poll: Duration::from_millis(self.idle_poll_ms.max(1)),
+        }
+    }
+
+    pub fn stale_interval(&self) -> Duration {
+        Duration::from_secs(self.stale_interval_secs.max(1))
+    }
+}
+
+impl ReservationSettings {
+    /// The service configuration: this section plus the recovery bounds.
+    pub fn service_config(&self, recovery: &RecoverySettings) -> Result<ServiceConfig, String> {
+        let tz: chrono_tz::Tz = self.default_timezone.parse().map_err(|e| {
+            format!(
+                "reservation.default_timezone {:?}: {e}",
+                self.default_timezone
+            )
+        })?;
+        Ok(ServiceConfig {
+            default_timezone: tz,
+            hold_ttl: TimeDelta::seconds(self.hold_ttl_secs as i64),
+            scheduled_grace: TimeDelta::seconds(self.scheduled_grace_secs as i64),
+            max_quantity: self.max_quantity,
+            op_ttl: Duration::from_secs(self.op_ttl_days * 24 * 3600),
+            recovery_delay: TimeDelta::milliseconds(recovery.retry_delay_ms.max(1) as i64),
+            recovery_max_delay: TimeDelta::seconds(recovery.max_retry_delay_secs.max(1) as i64),
+            recovery_max_attempts: recovery.max_attempts.max(1),
+            ..ServiceConfig::default()
+        })
+    }
+}
+
+impl StockOpsSettings {
+    /// WAL lease and retries, archive TTL.
+    pub fn ops_config(&self) -> OpsConfig {
+        OpsConfig {
+            lease: TimeDelta::seconds(self.wal_lease_secs.max(1) as i64),
+            max_attempts: self.wal_max_attempts.max(1),
+            archive_ttl: Duration::from_secs(self.archive_ttl_hours * 3600),
+            ..OpsConfig::default()
+        }
+    }
+
+    pub fn daily_config(&self) -> DailyConfig {
+        DailyConfig {
+            interval: Duration::from_secs(self.daily_interval_secs.max(1)),
+            lead: TimeDelta::minutes(self.daily_lead_minutes as i64),
+            lookback_days: i64::from(self.daily_lookback_days),
+        }
+    }
+}

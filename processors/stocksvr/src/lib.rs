@@ -1,0 +1,12 @@
+//! `stocksvr`: the library behind the single binary. [`serve::run`] starts the HTTP listener
+//! and the selected [`roles::Roles`] and stops them together on one shutdown signal, so tests
+//! run the whole service in-process on port 0; `main.rs` parses the command line and calls in.
+
+mod boot;
+mod probes;
+pub mod roles;
+pub mod serve;
+pub mod settings;
+
+pub use roles::Roles;
+pub use settings::Settings;

@@ -1,0 +1,189 @@
+//! The whole configuration of the binary: the server connections every part shares
+//! ([`InfraSettings`]' sections) plus each domain crate's own section, declared where the code
+//! that reads it lives.
+//!
+//! Layers, later wins: built-in defaults, an optional TOML file, then
+//! `STOCKSVR__SECTION__FIELD` environment variables (double underscore between levels). Every
+//! field is documented at its declaration and in `config/stocksvr.example.toml`. Unknown keys
+//! are rejected, so a typo in a variable name fails at start instead of being ignored.
+//! Credentials are held in `Secret`, so neither `Debug` output nor `stocksvr config` shows
+//! them.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use stocksvr_pipeline::config::{
+    load_layered, ConfigError, ConsumerSettings, HttpSettings, InfraSettings, KafkaSettings,
+    LogSettings, MysqlSettings, RedisSettings, RegistrySettings,
+};
+use stocksvr_reservation::settings::{RecoverySettings, ReservationSettings, StockOpsSettings};
+use stocksvr_schedule::ScheduleSettings;
+
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    pub kafka: KafkaSettings,
+    pub registry: RegistrySettings,
+    pub mysql: MysqlSettings,
+    pub redis: RedisSettings,
+    pub http: HttpSettings,
+    pub log: LogSettings,
+    pub consumer: ConsumerSettings,
+    pub reservation: ReservationSettings,
+    pub recovery: RecoverySettings,
+    pub stock_ops: StockOpsSettings,
+    pub schedule: ScheduleSettings,
+    pub relay: stocksvr_outbox_relay::RelaySettings,
+}
+
+impl Settings {
+    /// Defaults, then `file` (if given; a missing file is an error), then the environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_from(file, None)
+    }
+
+    /// As [`Settings::load`], with the environment replaced by `env` (for tests).
+    pub fn load_from(
+        file: Option<&Path>,
+        env: Option<std::collections::HashMap<String, String>>,
+    ) -> Result<Self, ConfigError> {
+        let settings: Self = load_layered(file, env)?;
+        settings.kafka.validate().map_err(ConfigError::Invalid)?;
+        Ok(settings)
+    }
+
+    /// The server connections alone, for the parts that need nothing else.
+    pub fn infra(&self) -> InfraSettings {
+        InfraSettings {
+            kafka: self.kafka.clone(),
+            registry: self.registry.clone(),
+            mysql: self.mysql.clone(),
+            redis: self.redis.clone(),
+            http: self.http.clone(),
+            log: self.log.clone(),
+            consumer: self.consumer.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use stocksvr_pipeline::config::{LogFormat, Secret};
+
+    #[test]
+    fn defaults_point_at_the_local_stack() {
+        let s = Settings::load_from(None, Some(HashMap::new())).expect("defaults load");
+        assert_eq!(s.kafka.brokers, "127.0.0.1:9092");
+        assert_eq!(s.redis.url.expose(), "redis://127.0.0.1:6380/");
+        assert_eq!(s.log.format, LogFormat::Text);
+        assert_eq!(s.kafka.topic("order.lifecycle.v1"), "order.lifecycle.v1");
+    }
+
+    #[test]
+    fn environment_overrides_nested_fields() {
+        let env = HashMap::from([
+            (
+                "STOCKSVR__KAFKA__BROKERS".to_string(),
+                "k1:9092,k2:9092".to_string(),
+            ),
+            (
+                "STOCKSVR__MYSQL__MAX_CONNECTIONS".to_string(),
+                "3".to_string(),
+            ),
+            ("STOCKSVR__LOG__FORMAT".to_string(), "json".to_string()),
+            (
+                "STOCKSVR__HTTP__ADMIN_TOKEN".to_string(),
+                "t0ken".to_string(),
+            ),
+            (
+                "STOCKSVR__KAFKA__TOPIC_NAMESPACE".to_string(),
+                "staging".to_string(),
+            ),
+            ("STOCKSVR__RELAY__BATCH_SIZE".to_string(), "50".to_string()),
+        ]);
+        let s = Settings::load_from(None, Some(env)).expect("env loads");
+        assert_eq!(s.kafka.brokers, "k1:9092,k2:9092");
+        assert_eq!(s.mysql.max_connections, 3);
+        assert_eq!(s.log.format, LogFormat::Json);
+        assert_eq!(s.relay.batch_size, 50);
+        assert_eq!(
+            s.http.admin_token.as_ref().map(Secret::expose),
+            Some("t0ken")
+        );
+        assert_eq!(
+            s.kafka.topic("order.lifecycle.v1"),
+            "staging.order.lifecycle.v1"
+        );
+        assert_eq!(
+            s.kafka.logical_topic("staging.order.lifecycle.v1"),
+            Some("order.lifecycle.v1")
+        );
+        assert_eq!(s.kafka.logical_topic("order.lifecycle.v1"), None);
+    }
+
+    #[test]
+    fn a_namespace_kafka_would_refuse_is_rejected() {
+        let env = HashMap::from([(
+            "STOCKSVR__KAFKA__TOPIC_NAMESPACE".to_string(),
+            "a/b".to_string(),
+        )]);
+        let err = Settings::load_from(None, Some(env)).expect_err("must fail");
+        assert!(err.to_string().contains("topic_namespace"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let env = HashMap::from([("STOCKSVR__MYSQL__URLL".to_string(), "x".to_string())]);
+        let err = Settings::load_from(None, Some(env)).expect_err("typo must fail");
+        assert!(err.to_string().contains("urll"), "{err}");
+        let env = HashMap::from([("STOCKSVR__NOPE__X".to_string(), "x".to_string())]);
+        assert!(Settings::load_from(None, Some(env)).is_err());
+    }
+
+    #[test]
+    fn secrets_never_reach_debug_or_serialized_output() {
+        let env = HashMap::from([
+            (
+                "STOCKSVR__MYSQL__URL".to_string(),
+                "mysql://u:hunter2@db/x".to_string(),
+            ),
+            (
+                "STOCKSVR__HTTP__ADMIN_TOKEN".to_string(),
+                "hunter3".to_string(),
+            ),
+        ]);
+        let s = Settings::load_from(None, Some(env)).expect("loads");
+        let debug = format!("{s:?}");
+        let json = serde_json::to_string(&s).expect("serializes");
+        for shown in [debug, json] {
+            assert!(
+                !shown.contains("hunter2") && !shown.contains("hunter3"),
+                "{shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_example_file_loads_and_equals_the_defaults() {
+        let dir = std::env::var("CARGO_MANIFEST_DIR")
+            .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+        let file = format!("{dir}/../../config/stocksvr.example.toml");
+        let path = Path::new(&file);
+        let from_file =
+            Settings::load_from(Some(path), Some(HashMap::new())).expect("example loads");
+        let defaults = Settings::load_from(None, Some(HashMap::new())).expect("defaults");
+        assert_eq!(
+            serde_json::to_value(&from_file).expect("json"),
+            serde_json::to_value(&defaults).expect("json")
+        );
+        assert_eq!(from_file.mysql.url.expose(), defaults.mysql.url.expose());
+    }
+
+    #[test]
+    fn missing_config_file_is_an_error() {
+        let err = Settings::load_from(Some(Path::new("/nonexistent/x.toml")), Some(HashMap::new()))
+            .expect_err("must fail");
+        assert!(matches!(err, ConfigError::MissingFile(_)));
+    }
+}

@@ -1,0 +1,86 @@
+//! A database of the test's own on the stack's MariaDB, dropped when the test ends.
+
+use crate::{block_on_cleanup, infra, unique};
+use sqlx::MySqlPool;
+use std::time::Duration;
+
+pub struct TestDb {
+    pub name: String,
+    /// `mysql://…/<name>`: hand it to a child process as `STOCKSVR__MYSQL__URL`.
+    pub url: String,
+    pub pool: MySqlPool,
+    server_url: String,
+}
+
+impl TestDb {
+    /// An empty database (no tables).
+    pub async fn empty() -> Self {
+        let server_url = infra().mysql.url.expose().to_string();
+        let admin = stocksvr_store::mysql_pool(&server_url, 1, Duration::from_secs(10))
+            .expect("pool on the stack's MariaDB");
+        let name = unique("stocksvr_test");
+        sqlx::query(&format!("CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+            .execute(&admin)
+            .await
+            .expect("create test database (the stack's user has CREATE)");
+        admin.close().await;
+        let (prefix, _) = server_url
+            .rsplit_once('/')
+            .expect("the mysql url names a database");
+        let url = format!("{prefix}/{name}");
+        let pool = stocksvr_store::mysql_pool(&url, 8, Duration::from_secs(10)).expect("pool");
+        Self {
+            name,
+            url,
+            pool,
+            server_url,
+        }
+    }
+
+    /// A database with every migration applied.
+    pub async fn migrated() -> Self {
+        let db = Self::empty().await;
+        stocksvr_store::migrate(&db.pool).await.expect("migrate");
+        db
+    }
+
+    /// The `STOCKSVR__MYSQL__URL` entry for a child process.
+    pub fn env(&self) -> (&'static str, String) {
+        ("STOCKSVR__MYSQL__URL", self.url.clone())
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let (pool, name, server_url) = (
+            self.pool.clone(),
+            self.name.clone(),
+            self.server_url.clone(),
+        );
+        block_on_cleanup(format!("database {name}"), async move {
+            pool.close().await;
+            let admin = stocksvr_store::mysql_pool(&server_url, 1, Duration::from_secs(10))
+                .map_err(|e| e.to_string())?;
+            let mut conn = admin.acquire().await.map_err(|e| e.to_string())?;
+            // A child process killed mid-transaction may still hold a metadata lock for a
+            // moment; do not wait the server's default (a year) for it.
+            sqlx::query("SET SESSION lock_wait_timeout = 20")
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            sqlx::query(&format!("DROP DATABASE IF EXISTS `{name}`"))
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        });
+    }
+}
+
+/// A test database stands in for its pool (`&db` where a `&MySqlPool` is wanted).
+impl std::ops::Deref for TestDb {
+    type Target = MySqlPool;
+    fn deref(&self) -> &MySqlPool {
+        &self.pool
+    }
+}
