@@ -18,35 +18,44 @@ use stocksvr_pipeline::telemetry;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on SIGTERM or SIGINT. The handlers are installed here, before anything is
+/// served: a SIGTERM that arrives while the process is still starting must drain it, not
+/// kill it with the default disposition.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {},
-                    _ = term.recv() => {},
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {},
+                        _ = int.recv() => {},
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
 /// Binds `settings.http.listen` and serves until SIGTERM or Ctrl-C.
 pub async fn run_until_signal(settings: Settings, roles: Roles) -> anyhow::Result<()> {
+    let signal = shutdown_signal();
     let listener = tokio::net::TcpListener::bind(&settings.http.listen)
         .await
         .with_context(|| format!("binding the HTTP listener to {}", settings.http.listen))?;
-    run(settings, roles, listener, shutdown_signal()).await
+    run(settings, roles, listener, signal).await
 }
 
 /// Runs the HTTP listener on `listener` and the `roles` until `shutdown` resolves or a part

@@ -17,6 +17,7 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, TimeDelta, Utc};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::MySqlPool;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -172,6 +173,10 @@ pub struct StockOps {
     instance: String,
     seq: AtomicU64,
     outbox_written: Option<Arc<tokio::sync::Notify>>,
+    /// Lazy inits in flight in this process, by bucket: the first Try that finds a bucket
+    /// missing does the work, the others wait for its answer instead of polling the WAL row
+    /// together (two thousand concurrent first Trys would otherwise take the pool).
+    init_flights: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<bool>>>>,
 }
 
 fn instance_name() -> String {
@@ -193,6 +198,7 @@ impl StockOps {
             config,
             instance: instance_name(),
             seq: AtomicU64::new(0),
+            init_flights: std::sync::Mutex::new(HashMap::new()),
             outbox_written: None,
         }
     }
@@ -270,6 +276,34 @@ impl StockOps {
     /// would sell what is already reserved or sold, so the Try fails closed and an operator
     /// rebuilds it from baseline and ledger (seed §13.3).
     pub async fn ensure_bucket(&self, b: &Baseline) -> Result<(), OpsError> {
+        let flight = {
+            let mut flights = self
+                .init_flights
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            flights
+                .entry(b.stock_bucket_id.clone())
+                .or_default()
+                .clone()
+        };
+        let mut done = flight.lock().await;
+        if *done {
+            return Ok(());
+        }
+        let result = self.ensure_bucket_once(b).await;
+        if result.is_ok() {
+            *done = true;
+            // Later Trys find the bucket in Redis and never come here; the waiters still
+            // hold the flight and read `done`.
+            self.init_flights
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&b.stock_bucket_id);
+        }
+        result
+    }
+
+    async fn ensure_bucket_once(&self, b: &Baseline) -> Result<(), OpsError> {
         let op = init_operation_id(&b.stock_bucket_id, b.baseline_version);
         if let Some(earlier) = wal::succeeded_init(&self.pool, &b.stock_bucket_id).await? {
             let keys = BucketKeys::new(b.merchant_id, b.dish_id, &b.stock_date.to_string())
