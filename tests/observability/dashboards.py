@@ -384,10 +384,12 @@ def pipeline():
             "paused {{processor}}"),
           q(f"sum by (processor, dependency) (increase(stocksvr_consumer_pauses_total{{{INST}}}"
             "[15m]))", "pauses {{processor}} {{dependency}}")], min=0)
-    b.ts("Dead letters", "Records dead-lettered per second by processor, topic and class.",
-         "ops",
+    b.ts("Dead letters", "Records dead-lettered per second by processor, topic and class; "
+         "dead letters parked per second by the dead-letter processor.", "ops",
          [q(f"sum by (processor, topic, class) (rate(stocksvr_events_dead_lettered_total"
-            f"{{{INST}}}[$__rate_interval]))", "{{processor}} {{topic}} {{class}}")], min=0)
+            f"{{{INST}}}[$__rate_interval]))", "{{processor}} {{topic}} {{class}}"),
+          q(f"sum by (topic, class) (rate(stocksvr_dead_letters_parked_total{{{INST}}}"
+            "[$__rate_interval]))", "parked {{topic}} {{class}}")], min=0)
 
     b.row("Outbox and projection")
     b.ts("Outbox backlog and growth", "Unsent rows and their growth per minute (seed 003: "

@@ -4,7 +4,8 @@
 Every alert: a unique name, severity critical or warning, the annotations summary, description
 and runbook, a runbook link to an existing section of docs/runbook.md, only metrics from
 prometheus/metrics-catalog.json (or Prometheus' own `up`), and in prometheus/tests/*.yml at
-least one case where it fires and one where it stays quiet.
+least one case where it fires and one where it stays quiet. Every catalog metric is shown on a
+dashboard or used by a rule.
 
     tests/observability/lint_rules.py      (needs PyYAML: run with the observability venv)
 """
@@ -69,6 +70,24 @@ def main():
             problems.append(f"{where}: no promtool case in which it fires")
         if not quiet:
             problems.append(f"{where}: no promtool case in which it stays quiet")
+    # Every catalog metric is shown somewhere: on a dashboard or in an alert.
+    shown = set()
+    for file, _, rule in obslib.load_rules():
+        shown |= {catalog_series[m] for m in obslib.metric_names(rule.get("expr", ""))
+                  if m in catalog_series}
+    for _, dash in obslib.load_dashboards():
+        for var in obslib.variables_of(dash).values():
+            query = var.get("query")
+            text = query.get("query", "") if isinstance(query, dict) else (query or "")
+            inner = text.replace("label_values(", "").split(",")[0]
+            shown |= {catalog_series[m] for m in obslib.metric_names(inner)
+                      if m in catalog_series}
+        for panel in obslib.all_panels(dash):
+            for target in panel.get("targets", []) or []:
+                shown |= {catalog_series[m] for m in obslib.metric_names(target.get("expr", ""))
+                          if m in catalog_series}
+    for name in sorted(set(catalog_series.values()) - shown):
+        problems.append(f"metrics-catalog.json: {name} is on no dashboard and in no rule")
     for name in sorted(set(tests) - set(seen)):
         problems.append(f"prometheus/tests: cases for {name}, which no rule defines")
     for p in problems:
