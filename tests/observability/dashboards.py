@@ -1,0 +1,642 @@
+#!/usr/bin/env python3
+"""The stocksvr Grafana dashboards as code: writes grafana/dashboards/*.json and
+docs/observability/queries.md (every query as a link to the Prometheus graph page).
+
+    python3 tests/observability/dashboards.py          # rewrite the JSON files
+    python3 tests/observability/dashboards.py --check  # exit 1 if a file differs (run.sh)
+
+Standard library only. Conventions every panel follows (lint_dashboards.py checks them on the
+JSON, so a hand edit of a JSON file is caught too):
+
+- datasource: the provisioned Prometheus with the fixed uid `prometheus`
+  (grafana/provisioning/datasources/prometheus.yml);
+- every panel has a unit and a description; every target an expression and a legend;
+- several stocksvr instances may run the lag exporter and read the same MySQL gauges: they all
+  export identical values, so panels take `max by (<the series' own labels>)` first and only
+  then sum, never a plain `sum` that would count each instance again;
+- template variables: `instance` (per-process figures: HTTP, service latency, processors) and
+  `group` (consumer groups, from the lag exporter). Both multi-value with All = `.*`, used only
+  in `=~` matchers so check_queries.py can substitute `.*`.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "grafana" / "dashboards"
+DATASOURCE = {"type": "prometheus", "uid": "prometheus"}
+
+# Aggregations reused by several panels (see the module doc for why `max by` comes first).
+LAG = 'max by (group, topic, partition) (stocksvr_consumer_group_lag{group=~"$group"})'
+LAG_SECONDS = 'max by (group, topic, partition) (stocksvr_consumer_group_lag_seconds{group=~"$group"})'
+COMMIT_RATE = (
+    'max by (group, topic, partition) '
+    '(rate(stocksvr_consumer_group_committed_offset{group=~"$group"}[5m]))'
+)
+INST = 'instance=~"$instance"'
+# Reservation service outcomes that are failures of stocksvr itself (a REJECTED Try or an
+# invalid request is an answer, not a failure).
+FAILED_OUTCOMES = 'outcome=~"unknown|inconsistent|.*error.*"'
+
+
+def q(expr, legend, ref=None):
+    return {"expr": expr, "legend": legend, "ref": ref}
+
+
+def hist(metric, by, quantile, matchers=""):
+    """histogram_quantile over a catalog histogram, per `by` label(s)."""
+    labels = f"{by}, le" if by else "le"
+    sel = f"{metric}_bucket{{{matchers}}}" if matchers else f"{metric}_bucket"
+    return (
+        f"histogram_quantile({quantile}, sum by ({labels}) "
+        f"(rate({sel}[$__rate_interval])))"
+    )
+
+
+class Board:
+    """Lays panels out left to right in rows of 24 grid units."""
+
+    def __init__(self, uid, title, description, variables):
+        self.uid, self.title, self.description = uid, title, description
+        self.variables = variables
+        self.panels = []
+        self.next_id = 1
+        self.x = 0
+        self.y = 0
+        self.row_h = 0
+
+    def _id(self):
+        i = self.next_id
+        self.next_id += 1
+        return i
+
+    def row(self, title):
+        if self.x:
+            self.y += self.row_h
+        self.x, self.row_h = 0, 0
+        self.panels.append({
+            "id": self._id(), "type": "row", "title": title, "collapsed": False,
+            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}, "panels": [],
+        })
+        self.y += 1
+
+    def panel(self, kind, title, description, unit, queries, w=8, h=8, **extra):
+        if self.x + w > 24:
+            self.y += self.row_h
+            self.x, self.row_h = 0, 0
+        targets = []
+        for i, query in enumerate(queries):
+            targets.append({
+                "refId": query["ref"] or chr(ord("A") + i),
+                "datasource": DATASOURCE,
+                "expr": query["expr"],
+                "legendFormat": query["legend"],
+                "range": True,
+                "instant": False,
+            })
+        defaults = {"unit": unit}
+        if "min" in extra:
+            defaults["min"] = extra.pop("min")
+        if "max" in extra:
+            defaults["max"] = extra.pop("max")
+        thresholds = extra.pop("thresholds", None)
+        if thresholds is not None:
+            steps = [{"color": "green", "value": None}]
+            steps += [{"color": c, "value": v} for v, c in thresholds]
+            defaults["thresholds"] = {"mode": "absolute", "steps": steps}
+        p = {
+            "id": self._id(),
+            "type": kind,
+            "title": title,
+            "description": description,
+            "datasource": DATASOURCE,
+            "gridPos": {"h": h, "w": w, "x": self.x, "y": self.y},
+            "fieldConfig": {"defaults": defaults, "overrides": []},
+            "targets": targets,
+        }
+        if kind == "timeseries":
+            defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10,
+                                  "showPoints": "never", "spanNulls": False}
+            p["options"] = {
+                "legend": {"displayMode": "table", "placement": "bottom",
+                           "calcs": ["lastNotNull", "max"]},
+                "tooltip": {"mode": "multi", "sort": "desc"},
+            }
+        elif kind == "stat":
+            defaults.setdefault("thresholds", {"mode": "absolute",
+                                               "steps": [{"color": "green", "value": None}]})
+            p["options"] = {
+                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                "colorMode": "background", "graphMode": "area", "textMode": "auto",
+                "justifyMode": "auto", "orientation": "auto",
+            }
+        p.update(extra)
+        self.panels.append(p)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+    def ts(self, title, description, unit, queries, **kw):
+        self.panel("timeseries", title, description, unit, queries, **kw)
+
+    def stat(self, title, description, unit, queries, **kw):
+        kw.setdefault("w", 4)
+        kw.setdefault("h", 5)
+        self.panel("stat", title, description, unit, queries, **kw)
+
+    def json(self):
+        return {
+            "uid": self.uid,
+            "title": self.title,
+            "description": self.description,
+            "tags": ["stocksvr"],
+            "timezone": "browser",
+            "schemaVersion": 39,
+            "version": 1,
+            "editable": False,
+            "graphTooltip": 1,
+            "refresh": "10s",
+            "time": {"from": "now-1h", "to": "now"},
+            "links": [{"type": "dashboards", "tags": ["stocksvr"], "asDropdown": False,
+                       "includeVars": True, "keepTime": True, "title": "stocksvr"}],
+            "templating": {"list": [VARIABLES[v] for v in self.variables]},
+            "annotations": {"list": [{
+                "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+                "name": "Annotations & Alerts", "type": "dashboard"}]},
+            "panels": self.panels,
+        }
+
+
+def variable(name, label, query):
+    return {
+        "name": name, "label": label, "type": "query", "datasource": DATASOURCE,
+        "query": {"query": query, "refId": f"{name}-values"},
+        "definition": query, "refresh": 2, "sort": 1,
+        "multi": True, "includeAll": True, "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [], "hide": 0,
+    }
+
+
+VARIABLES = {
+    "instance": variable("instance", "Instance", "label_values(stocksvr_build_info, instance)"),
+    "group": variable("group", "Consumer group",
+                      "label_values(stocksvr_consumer_group_lag, group)"),
+}
+
+
+# ------------------------------------------------------------------------------------------
+# Overview: one screen an on-call reads top to bottom.
+
+def overview():
+    b = Board("stocksvr-overview", "stocksvr / Overview",
+              "Traffic, errors, latency, lag, backlogs, stuck work, dead letters and "
+              "consistency of stocksvr. Details: the Pipeline, Reservations and Consistency "
+              "dashboards.", ["instance", "group"])
+
+    b.row("Health")
+    b.stat("Dependencies not ready", "Dependencies (Kafka, registry, MySQL, Redis) whose "
+           "readiness probe fails on some instance. Alert: StocksvrDependencyNotReady.", "short",
+           [q(f'count(stocksvr_dependency_ready{{{INST}}} == 0) or vector(0)', "not ready")],
+           thresholds=[(1, "red")])
+    b.stat("Oversell alarms (1h)", "Lua invariant refusals in the last hour: stored numbers "
+           "broke an invariant. Alert: StocksvrLuaInvariantRefusal.", "short",
+           [q("sum(increase(stocksvr_lua_invariant_refusals_total[1h]))", "refusals")],
+           thresholds=[(1, "red")])
+    b.stat("Reconcile differences", "Unresolved differences between Redis and MySQL, all "
+           "kinds. Alert: StocksvrReconcileDifferences / StocksvrReconcileOversell.", "short",
+           [q("sum(max by (kind) (stocksvr_reconcile_differences))", "differences")],
+           thresholds=[(1, "orange")])
+    b.stat("Max lag", "The largest consumer lag in seconds of any stocksvr group, measured "
+           "at the broker. Alert: StocksvrConsumerLagHigh (> 60 s).", "s",
+           [q(f"max({LAG_SECONDS})", "lag")], thresholds=[(30, "orange"), (60, "red")])
+    b.stat("Outbox backlog", "Outbox rows not yet sent to Kafka. Alert: "
+           "StocksvrOutboxBacklogGrowing (> 300 and > 100/min).", "short",
+           [q("max(stocksvr_outbox_backlog)", "rows")],
+           thresholds=[(100, "orange"), (300, "red")])
+    b.stat("Dead letters (1h)", "Records sent to a dead-letter topic in the last hour. "
+           "Alert: StocksvrDeadLettersGrowing.", "short",
+           [q("sum(increase(stocksvr_events_dead_lettered_total[1h]))", "dead letters")],
+           thresholds=[(1, "orange")])
+
+    b.row("Traffic and errors")
+    b.ts("HTTP requests", "Requests answered per second, by route.", "reqps",
+         [q(f"sum by (route) (rate(stocksvr_http_requests_total{{{INST}}}[$__rate_interval]))",
+            "{{route}}")])
+    b.ts("HTTP errors", "Share of requests answered 5xx, and requests shed with 503 under "
+         "overload.", "percentunit",
+         [q(f'(sum(rate(stocksvr_http_requests_total{{{INST},status=~"5.."}}[$__rate_interval])) '
+            f"or vector(0)) / clamp_min(sum(rate(stocksvr_http_requests_total{{{INST}}}"
+            "[$__rate_interval])), 1e-9)", "5xx share")], min=0)
+    b.ts("Reservation operations", "Try, Confirm, Cancel, Refund and MarkCreated per second, "
+         "by outcome.", "ops",
+         [q(f"sum by (operation, outcome) (rate(stocksvr_reservation_operations_total{{{INST}}}"
+            "[$__rate_interval]))", "{{operation}} {{outcome}}")])
+    b.ts("Reservation failures", "Share of service operations that failed in stocksvr "
+         "(unknown outcome, MySQL error, inconsistent), by operation.", "percentunit",
+         # `or ... * 0`: an operation without failures has no failure series at all; it
+         # shows 0, not "no data".
+         [q(f"(sum by (operation) (rate(stocksvr_reservation_operations_total{{{INST},"
+            f"{FAILED_OUTCOMES}}}[$__rate_interval])) or sum by (operation) (rate("
+            f"stocksvr_reservation_operations_total{{{INST}}}[$__rate_interval])) * 0) / "
+            f"clamp_min(sum by (operation) (rate(stocksvr_reservation_operations_total"
+            f"{{{INST}}}[$__rate_interval])), 1e-9)", "{{operation}}")], min=0)
+    b.ts("Service latency p50 / p99", "Latency of Try, Confirm, Cancel, Refund (histogram, "
+         "1 ms to 10 s buckets).", "s",
+         [q(hist("stocksvr_reservation_operation_seconds", "operation", 0.5, INST),
+            "p50 {{operation}}"),
+          q(hist("stocksvr_reservation_operation_seconds", "operation", 0.99, INST),
+            "p99 {{operation}}")])
+    b.ts("HTTP latency p50 / p99", "Latency per route.", "s",
+         [q(hist("stocksvr_http_request_seconds", "route", 0.5, INST), "p50 {{route}}"),
+          q(hist("stocksvr_http_request_seconds", "route", 0.99, INST), "p99 {{route}}")])
+
+    b.row("Lag (measured at the broker)")
+    b.ts("Lag per group (records)", "High watermark minus committed offset, summed over the "
+         "group's partitions.", "short",
+         [q(f"sum by (group) ({LAG})", "{{group}}")], min=0)
+    b.ts("Lag per group (seconds)", "Age of the oldest record the group has not yet "
+         "consumed (0 when caught up); grows while the group has no members.", "s",
+         [q(f"max by (group) ({LAG_SECONDS})", "{{group}}")], min=0)
+    b.ts("Time to drain", "Lag divided by the group's commit rate over 5 min: how long the "
+         "group needs to catch up at its current pace (capped at one day: not draining).",
+         "s",
+         [q(f"clamp_max(sum by (group) ({LAG}) / clamp_min(sum by (group) ({COMMIT_RATE}), "
+            "1e-9), 86400)", "{{group}}")], min=0)
+
+    b.row("Backlogs")
+    b.ts("Outbox backlog", "Unsent outbox rows, and their growth per minute (alert: above "
+         "300 rows and growing more than 100/min).", "short",
+         [q("max(stocksvr_outbox_backlog)", "rows"),
+          q("max(deriv(stocksvr_outbox_backlog[2m])) * 60", "growth per min")])
+    b.ts("WAL backlog", "Unfinished operation WAL rows by action.", "short",
+         [q("max by (action) (stocksvr_wal_backlog)", "{{action}}")], min=0)
+    b.ts("Oldest waiting work", "Age of the oldest unsent outbox row and of the oldest "
+         "unfinished WAL row.", "s",
+         [q("max(stocksvr_outbox_oldest_pending_seconds)", "outbox"),
+          q("max by (action) (stocksvr_wal_oldest_seconds)", "wal {{action}}")], min=0)
+
+    b.row("Stuck work and dead letters")
+    b.ts("Intermediate reservations", "Reservations in an intermediate status; a stuck "
+         "recovery shows as a line that does not return to 0.", "short",
+         [q("max by (status) (stocksvr_reservations_intermediate)", "{{status}}"),
+          q("max(stocksvr_reservations_stale)", "stale (RESERVED past expiry)")], min=0)
+    b.ts("Oldest intermediate reservation", "Age of the oldest reservation per intermediate "
+         "status (alert: StocksvrReservationStuck > 10 min).", "s",
+         [q("max by (status) (stocksvr_reservations_intermediate_oldest_seconds)",
+            "{{status}}")], min=0)
+    b.ts("Dead work", "Reservations and WAL rows marked dead, per 15 min.", "short",
+         [q("sum(increase(stocksvr_reservations_dead_total[15m]))", "reservations"),
+          q("sum by (action) (increase(stocksvr_wal_dead_total[15m]))", "wal {{action}}")],
+         min=0)
+    b.ts("Dead letters", "Records dead-lettered per 15 min by origin topic and class, and "
+         "parked dead letters not yet replayed or discarded.", "short",
+         [q("sum by (topic, class) (increase(stocksvr_events_dead_lettered_total[15m]))",
+            "{{topic}} {{class}}"),
+          q("max(stocksvr_dead_letters_parked)", "parked")], min=0)
+    b.ts("Paused partitions", "Partitions paused because a dependency is down, per "
+         "instance and processor.", "short",
+         [q(f"sum by (instance, processor) (stocksvr_consumer_paused_partitions{{{INST}}})",
+            "{{instance}} {{processor}}")], min=0)
+
+    b.row("Consistency")
+    b.ts("Consistent buckets", "Consistent / checked buckets in the reconciler's last pass.",
+         "percentunit", [q("min(stocksvr_reconcile_consistent_ratio)", "consistent")],
+         min=0, max=1)
+    b.ts("Reconcile differences", "Unresolved differences by kind.", "short",
+         [q("max by (kind) (stocksvr_reconcile_differences)", "{{kind}}")], min=0)
+    b.ts("Lost buckets and oversell alarms", "Buckets whose Redis key is lost (they fail "
+         "closed) and Lua invariant refusals per 15 min.", "short",
+         [q("max(stocksvr_buckets_lost)", "lost buckets"),
+          q("sum by (script) (increase(stocksvr_lua_invariant_refusals_total[15m]))",
+            "refusals {{script}}")], min=0)
+    return b
+
+
+# ------------------------------------------------------------------------------------------
+# Pipeline: Kafka lag in detail, processors, outbox and projection.
+
+def pipeline():
+    b = Board("stocksvr-pipeline", "stocksvr / Pipeline and lag",
+              "Consumer lag read from the broker (every stocksvr group, with or without "
+              "members), processors, the outbox relay and the projector.",
+              ["instance", "group"])
+
+    b.row("Consumer groups")
+    b.stat("Groups without members", "stocksvr groups with committed offsets but no "
+           "member: nobody consumes them.", "short",
+           [q('count(max by (group) (stocksvr_consumer_group_members{group=~"$group"}) == 0) '
+              "or vector(0)", "groups")], thresholds=[(1, "red")])
+    b.stat("Stalled partitions", "Partitions with lag above 0 for 10 min while the committed "
+           "offset never moved (alert StocksvrConsumerStalled).", "short",
+           [q(f"count(max by (group, topic, partition) (min_over_time(stocksvr_consumer_group_lag"
+              f'{{group=~"$group"}}[10m])) > 0 and on (group, topic, partition) max by (group, '
+              "topic, partition) (changes(stocksvr_consumer_group_committed_offset"
+              '{group=~"$group"}[10m])) == 0) or vector(0)', "partitions")],
+           thresholds=[(1, "red")])
+    b.stat("Exporter rounds failing", "Lag exporter rounds that failed in the last 5 min.",
+           "short",
+           [q('sum(increase(stocksvr_lag_exporter_scrapes_total{outcome="error"}[5m]))',
+              "errors")], thresholds=[(1, "orange")])
+    b.ts("Members", "Members per consumer group, as the broker reports them.", "short",
+         [q('max by (group) (stocksvr_consumer_group_members{group=~"$group"})', "{{group}}")],
+         w=12, h=5, min=0)
+
+    b.row("Lag")
+    b.ts("Backlog per group and topic", "Records behind, summed over partitions.", "short",
+         [q(f"sum by (group, topic) ({LAG})", "{{group}} {{topic}}")], min=0)
+    b.ts("Lag in seconds per group", "Age of the oldest unconsumed record.", "s",
+         [q(f"max by (group) ({LAG_SECONDS})", "{{group}}")], min=0)
+    b.ts("Lag velocity", "Change of the lag in records per second over 5 min; above 0 the "
+         "group falls behind.", "short",
+         [q('sum by (group) (max by (group, topic, partition) (deriv(stocksvr_consumer_group_lag'
+            '{group=~"$group"}[5m])))', "{{group}}")])
+    b.ts("Top partitions", "The 25 partitions with the most lag.", "short",
+         [q(f"topk(25, {LAG})", "{{group}} {{topic}}/{{partition}}")], min=0)
+    b.ts("In vs consumed", "Records written per second to the topics the groups read, "
+         "against records committed per second by each group.", "ops",
+         [q('sum by (topic) (max by (topic, partition) (rate(stocksvr_topic_high_watermark'
+            '[5m])))', "in {{topic}}"),
+          q(f"sum by (group, topic) ({COMMIT_RATE})", "consumed {{group}} {{topic}}")],
+         min=0)
+    b.ts("Time to drain", "Lag divided by the commit rate (capped at one day).", "s",
+         [q(f"clamp_max(sum by (group) ({LAG}) / clamp_min(sum by (group) ({COMMIT_RATE}), "
+            "1e-9), 86400)", "{{group}}")], min=0)
+
+    b.row("Processors")
+    b.ts("Records consumed", "Records read per second by processor and topic.", "ops",
+         [q(f"sum by (processor, topic) (rate(stocksvr_events_consumed_total{{{INST}}}"
+            "[$__rate_interval]))", "{{processor}} {{topic}}")], min=0)
+    b.ts("Records settled", "Records settled per second by processor and outcome.", "ops",
+         [q(f"sum by (processor, outcome) (rate(stocksvr_events_applied_total{{{INST}}}"
+            "[$__rate_interval]))", "{{processor}} {{outcome}}")], min=0)
+    b.ts("Batch time p50 / p99", "Time to settle one batch, by processor.", "s",
+         [q(hist("stocksvr_processing_seconds", "processor", 0.5, INST), "p50 {{processor}}"),
+          q(hist("stocksvr_processing_seconds", "processor", 0.99, INST), "p99 {{processor}}")])
+    b.ts("Retries", "Retry attempts per second, by processor.", "ops",
+         [q(f"sum by (processor) (rate(stocksvr_processing_retries_total{{{INST}}}"
+            "[$__rate_interval]))", "{{processor}}")], min=0)
+    b.ts("Paused partitions and pauses", "Partitions paused for a dependency, and pause "
+         "episodes per 15 min by dependency.", "short",
+         [q(f"sum by (processor) (stocksvr_consumer_paused_partitions{{{INST}}})",
+            "paused {{processor}}"),
+          q(f"sum by (processor, dependency) (increase(stocksvr_consumer_pauses_total{{{INST}}}"
+            "[15m]))", "pauses {{processor}} {{dependency}}")], min=0)
+    b.ts("Dead letters", "Records dead-lettered per second by processor, topic and class; "
+         "dead letters parked per second by the dead-letter processor.", "ops",
+         [q(f"sum by (processor, topic, class) (rate(stocksvr_events_dead_lettered_total"
+            f"{{{INST}}}[$__rate_interval]))", "{{processor}} {{topic}} {{class}}"),
+          q(f"sum by (topic, class) (rate(stocksvr_dead_letters_parked_total{{{INST}}}"
+            "[$__rate_interval]))", "parked {{topic}} {{class}}")], min=0)
+
+    b.row("Outbox and projection")
+    b.ts("Outbox backlog and growth", "Unsent rows and their growth per minute (seed 003: "
+         "alert above 300 rows and 100 rows/min).", "short",
+         [q("max(stocksvr_outbox_backlog)", "rows"),
+          q("max(deriv(stocksvr_outbox_backlog[2m])) * 60", "growth per min"),
+          q("max(predict_linear(stocksvr_outbox_backlog[15m], 1800))", "predicted in 30 min")])
+    b.ts("Outbox published", "Rows published per second, and failed publish rounds.", "ops",
+         [q(f"sum(rate(stocksvr_outbox_published_total{{{INST}}}[$__rate_interval]))",
+            "published"),
+          q(f"sum(rate(stocksvr_outbox_publish_failures_total{{{INST}}}[$__rate_interval]))",
+            "failed rounds")], min=0)
+    b.ts("Outbox time to drain", "Backlog divided by the publish rate (capped at one day).",
+         "s",
+         [q("clamp_max(max(stocksvr_outbox_backlog) / clamp_min(sum(rate("
+            "stocksvr_outbox_published_total[5m])), 1e-9), 86400)", "outbox")], min=0)
+    b.ts("Publish and projection delay p50 / p99", "Outbox row created to sent; event time "
+         "to booked by the projector.", "s",
+         [q(hist("stocksvr_outbox_publish_delay_seconds", "", 0.5), "publish p50"),
+          q(hist("stocksvr_outbox_publish_delay_seconds", "", 0.99), "publish p99"),
+          q(hist("stocksvr_projection_delay_seconds", "", 0.5), "projection p50"),
+          q(hist("stocksvr_projection_delay_seconds", "", 0.99), "projection p99")])
+    b.ts("Projected events", "Events booked per second by the projector, by event.", "ops",
+         [q(f"sum by (event) (rate(stocksvr_projector_events_projected_total{{{INST}}}"
+            "[$__rate_interval]))", "{{event}}")], min=0)
+    b.ts("Produced and deferred", "Records produced per second by topic; order events "
+         "parked waiting for their predecessor.", "short",
+         [q(f"sum by (topic) (rate(stocksvr_events_produced_total{{{INST}}}"
+            "[$__rate_interval]))", "produced {{topic}}"),
+          q("max(stocksvr_order_events_deferred)", "deferred")], min=0)
+    return b
+
+
+# ------------------------------------------------------------------------------------------
+# Reservations: the service, recovery, stale and dead rows, fences.
+
+def reservations():
+    b = Board("stocksvr-reservations", "stocksvr / Reservations",
+              "The reservation service (Try, Confirm, Cancel, Refund), its recovery, stale "
+              "and dead reservations, fences and the operation WAL.", ["instance"])
+
+    b.row("Service")
+    b.ts("Operations", "Service operations per second by operation and outcome.", "ops",
+         [q(f"sum by (operation, outcome) (rate(stocksvr_reservation_operations_total{{{INST}}}"
+            "[$__rate_interval]))", "{{operation}} {{outcome}}")], min=0)
+    b.ts("Success ratio", "Share of operations that did not fail in stocksvr (REJECTED and "
+         "invalid requests are answers, not failures).", "percentunit",
+         [q(f"1 - (sum by (operation) (rate(stocksvr_reservation_operations_total{{{INST},"
+            f"{FAILED_OUTCOMES}}}[$__rate_interval])) or sum by (operation) (rate("
+            f"stocksvr_reservation_operations_total{{{INST}}}[$__rate_interval])) * 0) / "
+            f"clamp_min(sum by (operation) (rate(stocksvr_reservation_operations_total"
+            f"{{{INST}}}[$__rate_interval])), 1e-9)", "{{operation}}")], min=0, max=1)
+    b.ts("Latency p50", "Median latency by operation.", "s",
+         [q(hist("stocksvr_reservation_operation_seconds", "operation", 0.5, INST),
+            "{{operation}}")])
+    b.ts("Latency p99", "99th percentile latency by operation.", "s",
+         [q(hist("stocksvr_reservation_operation_seconds", "operation", 0.99, INST),
+            "{{operation}}")])
+    b.ts("In flight and shed", "HTTP requests in flight, and requests refused with 503 per "
+         "second by reason.", "short",
+         [q(f"sum(stocksvr_http_in_flight{{{INST}}})", "in flight"),
+          q(f"sum by (reason) (rate(stocksvr_http_shed_total{{{INST}}}[$__rate_interval]))",
+            "shed {{reason}}")], min=0)
+    b.ts("Unknown outcomes and conflicts", "Redis calls with an unknown outcome (resumed with "
+         "the same operation id) and conflicting order events, per second.", "ops",
+         [q(f"sum by (operation) (rate(stocksvr_redis_unknown_outcomes_total{{{INST}}}"
+            "[$__rate_interval]))", "unknown {{operation}}"),
+          q(f"sum by (reason) (rate(stocksvr_reservation_conflicts_total{{{INST}}}"
+            "[$__rate_interval]))", "conflict {{reason}}")], min=0)
+
+    b.row("Intermediate, stale and dead")
+    b.ts("Intermediate reservations", "Rows per intermediate status.", "short",
+         [q("max by (status) (stocksvr_reservations_intermediate)", "{{status}}")], min=0)
+    b.ts("Oldest per status", "Age of the oldest row per intermediate status.", "s",
+         [q("max by (status) (stocksvr_reservations_intermediate_oldest_seconds)",
+            "{{status}}")], min=0)
+    b.ts("Stale and dead", "RESERVED past expiry, and reservations marked dead per 15 min.",
+         "short",
+         [q("max(stocksvr_reservations_stale)", "stale"),
+          q("sum(increase(stocksvr_reservations_dead_total[15m]))", "dead per 15 min")], min=0)
+    b.ts("Recovery attempts", "Recovery worker attempts per second by outcome.", "ops",
+         [q(f"sum by (outcome) (rate(stocksvr_recovery_attempts_total{{{INST}}}"
+            "[$__rate_interval]))", "{{outcome}}")], min=0)
+    b.ts("Fence decisions", "Hanging Trys prevented, empty rollbacks and fenced orders per "
+         "second.", "ops",
+         [q(f"sum by (kind) (rate(stocksvr_fence_hits_total{{{INST}}}[$__rate_interval]))",
+            "{{kind}}")], min=0)
+    b.ts("Oversell alarms", "Lua invariant refusals per 15 min by script.", "short",
+         [q("sum by (script) (increase(stocksvr_lua_invariant_refusals_total[15m]))",
+            "{{script}}")], min=0)
+
+    b.row("Operation WAL (bucket init, adjust, repair, rebuild)")
+    b.ts("WAL backlog", "Unfinished rows by action.", "short",
+         [q("max by (action) (stocksvr_wal_backlog)", "{{action}}")], min=0)
+    b.ts("Oldest unfinished WAL row", "Age by action.", "s",
+         [q("max by (action) (stocksvr_wal_oldest_seconds)", "{{action}}")], min=0)
+    b.ts("WAL outcomes", "Finished WAL operations per 15 min by action and outcome; dead rows; "
+         "adjusts that left a deficit.", "short",
+         [q("sum by (action, outcome) (increase(stocksvr_wal_operations_total[15m]))",
+            "{{action}} {{outcome}}"),
+          q("sum by (action) (increase(stocksvr_wal_dead_total[15m]))", "dead {{action}}"),
+          q("sum(increase(stocksvr_bucket_deficit_total[15m]))", "deficits")], min=0)
+    return b
+
+
+# ------------------------------------------------------------------------------------------
+# Consistency: the reconciler and the seed's consistency figures (seed 000 §15).
+
+def consistency():
+    b = Board("stocksvr-consistency", "stocksvr / Consistency",
+              "Reconciliation of Redis against MySQL, repairs, lost buckets and the delays "
+              "between the stores.", [])
+
+    b.row("Reconciler")
+    b.stat("Consistent ratio", "Consistent / checked buckets in the last pass.",
+           "percentunit", [q("min(stocksvr_reconcile_consistent_ratio)", "ratio")],
+           thresholds=[], w=6)
+    b.stat("Last pass", "Time since the last finished reconcile pass (alert: "
+           "StocksvrReconcileNotRunning after 30 min).", "s",
+           [q("time() - max(stocksvr_reconcile_last_pass_timestamp_seconds)", "age")],
+           thresholds=[(1800, "orange")], w=6)
+    b.stat("Lost buckets", "Buckets whose Redis key is lost and not yet rebuilt.", "short",
+           [q("max(stocksvr_buckets_lost)", "lost")], thresholds=[(1, "red")], w=6)
+    b.stat("Oldest difference", "Age of the oldest unresolved difference.", "s",
+           [q("max(stocksvr_reconcile_oldest_difference_seconds)", "age")],
+           thresholds=[(900, "orange")], w=6)
+    b.ts("Differences by kind", "Unresolved differences (oversell pages at once).", "short",
+         [q("max by (kind) (stocksvr_reconcile_differences)", "{{kind}}")], min=0)
+    b.ts("Buckets checked", "Buckets compared per second.", "ops",
+         [q("sum(rate(stocksvr_reconcile_buckets_checked_total[$__rate_interval]))",
+            "checked")], min=0)
+    b.ts("Repairs", "Versioned repairs per 15 min by outcome.", "short",
+         [q("sum by (outcome) (increase(stocksvr_reconcile_repairs_total[15m]))",
+            "{{outcome}}")], min=0)
+    b.ts("Repair time p95 / p99", "Detection to repaired (seed §15).", "s",
+         [q(hist("stocksvr_reconcile_repair_seconds", "", 0.95), "p95"),
+          q(hist("stocksvr_reconcile_repair_seconds", "", 0.99), "p99")])
+    b.ts("Oversell alarms", "Lua invariant refusals per 15 min.", "short",
+         [q("sum by (script) (increase(stocksvr_lua_invariant_refusals_total[15m]))",
+            "{{script}}")], min=0)
+
+    b.row("Between the stores")
+    b.ts("Publish delay p50 / p99", "Outbox row created to sent.", "s",
+         [q(hist("stocksvr_outbox_publish_delay_seconds", "", 0.5), "p50"),
+          q(hist("stocksvr_outbox_publish_delay_seconds", "", 0.99), "p99")])
+    b.ts("Projection delay p50 / p99", "Event time to booked in the snapshot and ledger.",
+         "s",
+         [q(hist("stocksvr_projection_delay_seconds", "", 0.5), "p50"),
+          q(hist("stocksvr_projection_delay_seconds", "", 0.99), "p99")])
+    b.ts("Backlogs", "Outbox rows unsent and WAL rows unfinished (seed §15).", "short",
+         [q("max(stocksvr_outbox_backlog)", "outbox"),
+          q("sum(max by (action) (stocksvr_wal_backlog))", "wal")], min=0)
+    b.ts("Oldest intermediate age", "Oldest reservation per intermediate status and oldest "
+         "unfinished WAL row.", "s",
+         [q("max by (status) (stocksvr_reservations_intermediate_oldest_seconds)",
+            "{{status}}"),
+          q("max(stocksvr_wal_oldest_seconds)", "wal")], min=0)
+    b.ts("Deficits", "Merchant adjusts that left a deficit, per 15 min.", "short",
+         [q("sum(increase(stocksvr_bucket_deficit_total[15m]))", "deficits")], min=0)
+    return b
+
+
+BOARDS = {
+    "stocksvr-overview.json": overview,
+    "stocksvr-pipeline.json": pipeline,
+    "stocksvr-reservations.json": reservations,
+    "stocksvr-consistency.json": consistency,
+}
+
+
+def render(build):
+    return json.dumps(build().json(), indent=2) + "\n"
+
+
+def queries_doc():
+    """docs/observability/queries.md: every panel's queries as links to the local stack's
+    Prometheus graph page (variables substituted with All), for a person without Grafana."""
+    from urllib.parse import quote
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import obslib
+
+    lines = [
+        "# Dashboard queries on the Prometheus graph page",
+        "",
+        "Generated by `tests/observability/dashboards.py` from `grafana/dashboards/`; do not edit.",
+        "Each link opens the local stack's Prometheus (`scripts/stack up`, port 9090) with the",
+        "panel's query filled in and template variables set to All. Pictures of the key panels",
+        "from a real run: [key-panels.png](key-panels.png) (`tests/observability/live.sh --render`).",
+        "",
+    ]
+    for build in BOARDS.values():
+        board = build().json()
+        variables = obslib.variables_of(board)
+        lines += [f"## {board['title']}", "", board["description"], "",
+                  "| panel | unit | query |", "|---|---|---|"]
+        for panel in board["panels"]:
+            if panel["type"] == "row":
+                continue
+            unit = panel["fieldConfig"]["defaults"]["unit"]
+            links = []
+            for t in panel["targets"]:
+                expr = obslib.substitute(t["expr"], variables)
+                url = ("http://127.0.0.1:9090/graph?g0.expr=" + quote(expr, safe="")
+                       + "&g0.tab=0&g0.range_input=1h")
+                label = t["legendFormat"].replace("{{", "").replace("}}", "") or t["refId"]
+                links.append(f"[{label}]({url})")
+            lines.append(f"| {panel['title']} | {unit} | {'<br>'.join(links)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="compare instead of writing; exit 1 when a file is stale")
+    args = parser.parse_args()
+    stale = []
+    for name, build in BOARDS.items():
+        path = OUT / name
+        text = render(build)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(REPO)}")
+    doc = REPO / "docs" / "observability" / "queries.md"
+    text = queries_doc()
+    if args.check:
+        if not doc.exists() or doc.read_text() != text:
+            stale.append(str(doc.relative_to(REPO)))
+    else:
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        doc.write_text(text)
+        print(f"wrote {doc.relative_to(REPO)}")
+    extra = sorted(p.name for p in OUT.glob("*.json") if p.name not in BOARDS)
+    if extra:
+        print(f"dashboards not generated by {Path(__file__).name}: {', '.join(extra)}",
+              file=sys.stderr)
+        return 1
+    if stale:
+        print(f"stale dashboards (run {Path(__file__).name}): {', '.join(stale)}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
