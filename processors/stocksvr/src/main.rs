@@ -56,6 +56,9 @@ enum Command {
     Projector,
     /// Run only the dead-letter processor: parks every dead letter in MySQL.
     DeadLetter,
+    /// Run only the lag exporter: committed offsets, high watermarks and lag (records and
+    /// seconds) of every consumer group of this deployment, read from the broker, on /metrics.
+    LagExporter,
     /// Parked dead letters: list, show, replay to the original topic, discard.
     Dlq {
         #[command(subcommand)]
@@ -154,6 +157,15 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
             settings,
             Roles {
                 dead_letter: true,
+                ..Roles::NONE
+            },
+        )
+        .await
+        .map(|_| ExitCode::SUCCESS),
+        Command::LagExporter => serve::run_until_signal(
+            settings,
+            Roles {
+                lag_exporter: true,
                 ..Roles::NONE
             },
         )

@@ -17,6 +17,8 @@ pub struct Roles {
     /// Scheduled confirms: the time wheel poller, the due scan and the schedule processor
     /// (they need the reservation service too).
     pub schedule: bool,
+    /// Consumer lag measured at the broker for every group of this deployment.
+    pub lag_exporter: bool,
 }
 
 impl Roles {
@@ -26,6 +28,7 @@ impl Roles {
         projector: true,
         dead_letter: true,
         schedule: true,
+        lag_exporter: true,
     };
     pub const NONE: Roles = Roles {
         reservations: false,
@@ -33,6 +36,7 @@ impl Roles {
         projector: false,
         dead_letter: false,
         schedule: false,
+        lag_exporter: false,
     };
 
     /// Whether the reservation service (Redis connection, worker id) is needed.

@@ -160,6 +160,17 @@ pub async fn run(
             )
         });
     }
+    if roles.lag_exporter {
+        let (kafka, config, stop) = (
+            settings.kafka.clone(),
+            settings.lag_exporter.clone(),
+            stop_rx.clone(),
+        );
+        tasks.spawn(async move {
+            let result = stocksvr_lag_exporter::run(&kafka, config, stop).await;
+            ("lag exporter", result.map_err(anyhow::Error::from))
+        });
+    }
     if roles.projector {
         let group = stocksvr_projector::group_name(&settings.kafka);
         let handler = Arc::new(stocksvr_projector::Projector::new(pool.clone(), group)?);

@@ -33,6 +33,7 @@ pub struct Settings {
     pub stock_ops: StockOpsSettings,
     pub schedule: ScheduleSettings,
     pub relay: stocksvr_outbox_relay::RelaySettings,
+    pub lag_exporter: stocksvr_lag_exporter::LagExporterConfig,
 }
 
 impl Settings {
