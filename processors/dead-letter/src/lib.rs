@@ -45,16 +45,6 @@ use stocksvr_pipeline::topics::{self, TopicSpec, TopicsError};
 /// Processor name: metrics label, client id and consumer group suffix.
 pub const NAME: &str = "dead-letter";
 
-/// Metric names of this processor, stable for dashboards and alerts.
-pub mod names {
-    /// Dead letters parked for the first time (redeliveries are not counted), by DLT topic.
-    pub const PARKED: &str = "stocksvr_dead_letters_parked_total";
-    /// Dead letters put back on their original topic, by original topic.
-    pub const REPLAYED: &str = "stocksvr_dead_letters_replayed_total";
-    /// Dead letters an operator discarded.
-    pub const DISCARDED: &str = "stocksvr_dead_letters_discarded_total";
-}
-
 /// The loop over every dead-letter topic among `topics`.
 pub fn loop_config(topics: &[TopicSpec]) -> LoopConfig {
     let dead_letter_topics = topics

@@ -1,5 +1,6 @@
 //! Parking: one transaction per batch, one `INSERT IGNORE` per dead letter.
 
+use stocksvr_telemetry::names;
 use crate::origin::parse_dead_letter;
 use crate::store::Status;
 use chrono::Utc;
@@ -97,7 +98,7 @@ pub async fn park_batch<M: Message + Sync>(
     tx.commit().await?;
     // Counted once durable, so a rolled-back batch that is parked again counts once.
     for row in parked {
-        metrics::counter!(crate::names::PARKED, "topic" => row.dlt_topic.clone()).increment(1);
+        metrics::counter!(names::DEAD_LETTERS_PARKED_TOTAL, "topic" => row.dlt_topic.clone(), "class" => row.error_class.clone()).increment(1);
         tracing::info!(
             dlt_topic = row.dlt_topic,
             dlt_partition = row.dlt_partition,

@@ -1,5 +1,6 @@
 //! Replay: the parked key and bytes go back to the original topic and partition.
 
+use stocksvr_telemetry::names;
 use crate::origin::NOT_STORED_MARKER;
 use crate::store::{full_select, DlqError, FullRow, Parked, Status};
 use chrono::Utc;
@@ -121,7 +122,7 @@ pub async fn replay(
     }
     tx.commit().await.map_err(not_marked)?;
 
-    metrics::counter!(crate::names::REPLAYED, "topic" => s.original_topic.clone()).increment(1);
+    metrics::counter!(names::DEAD_LETTERS_REPLAYED, "topic" => s.original_topic.clone()).increment(1);
     tracing::info!(
         id,
         topic = s.original_topic,

@@ -1,6 +1,7 @@
 //! Reading and resolving parked dead letters: list, show, discard. (Replay, which also
 //! talks to Kafka, is in `replay.rs`.)
 
+use stocksvr_telemetry::names;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{MySql, MySqlPool, QueryBuilder};
@@ -268,7 +269,7 @@ pub async fn discard(pool: &MySqlPool, id: u64, reason: &str) -> Result<DiscardO
     .execute(pool)
     .await?;
     if updated.rows_affected() == 1 {
-        metrics::counter!(crate::names::DISCARDED).increment(1);
+        metrics::counter!(names::DEAD_LETTERS_DISCARDED).increment(1);
         // The table has no column for the reason yet: the log is its record.
         tracing::info!(id, reason, "dead letter discarded");
         return Ok(DiscardOutcome { id, changed: true });

@@ -1,29 +1,20 @@
 //! Turns rounds into the catalog's metrics (prometheus/metrics-catalog.json).
 
+use stocksvr_telemetry::names;
 use crate::lag::Scrape;
 use std::collections::BTreeSet;
-
-/// Metric names of the catalog this crate exports.
-pub mod names {
-    pub const GROUP_LAG: &str = "stocksvr_consumer_group_lag";
-    pub const GROUP_LAG_SECONDS: &str = "stocksvr_consumer_group_lag_seconds";
-    pub const GROUP_COMMITTED_OFFSET: &str = "stocksvr_consumer_group_committed_offset";
-    pub const TOPIC_HIGH_WATERMARK: &str = "stocksvr_topic_high_watermark";
-    pub const GROUP_MEMBERS: &str = "stocksvr_consumer_group_members";
-    pub const SCRAPES: &str = "stocksvr_lag_exporter_scrapes_total";
-}
 
 /// Creates the round counters at 0, so `increase()` sees a round that never succeeded.
 pub fn register() {
     for outcome in ["ok", "error"] {
-        metrics::counter!(names::SCRAPES, "outcome" => outcome).increment(0);
+        metrics::counter!(names::LAG_EXPORTER_SCRAPES, "outcome" => outcome).increment(0);
     }
 }
 
 /// Counts one round.
 pub fn record_round(ok: bool) {
     let outcome = if ok { "ok" } else { "error" };
-    metrics::counter!(names::SCRAPES, "outcome" => outcome).increment(1);
+    metrics::counter!(names::LAG_EXPORTER_SCRAPES, "outcome" => outcome).increment(1);
 }
 
 type PartitionKey = (String, String, i32);
@@ -50,12 +41,12 @@ impl Publisher {
                 ("topic", p.topic.clone()),
                 ("partition", p.partition.to_string()),
             ];
-            metrics::gauge!(names::GROUP_LAG, &labels).set(p.lag as f64);
+            metrics::gauge!(names::CONSUMER_GROUP_LAG, &labels).set(p.lag as f64);
             if let Some(seconds) = p.lag_seconds {
-                metrics::gauge!(names::GROUP_LAG_SECONDS, &labels).set(seconds);
+                metrics::gauge!(names::CONSUMER_GROUP_LAG_SECONDS, &labels).set(seconds);
             }
             if let Some(offset) = p.committed {
-                metrics::gauge!(names::GROUP_COMMITTED_OFFSET, &labels).set(offset as f64);
+                metrics::gauge!(names::CONSUMER_GROUP_COMMITTED_OFFSET, &labels).set(offset as f64);
             }
             if watermarks.insert((p.topic.clone(), p.partition)) {
                 metrics::gauge!(names::TOPIC_HIGH_WATERMARK, "topic" => p.topic.clone(), "partition" => p.partition.to_string())
@@ -74,17 +65,17 @@ impl Publisher {
                 ("topic", gone.1.clone()),
                 ("partition", gone.2.to_string()),
             ];
-            metrics::gauge!(names::GROUP_LAG, &labels).set(0.0);
-            metrics::gauge!(names::GROUP_LAG_SECONDS, &labels).set(0.0);
+            metrics::gauge!(names::CONSUMER_GROUP_LAG, &labels).set(0.0);
+            metrics::gauge!(names::CONSUMER_GROUP_LAG_SECONDS, &labels).set(0.0);
         }
         self.partitions = partitions;
 
         let groups: BTreeSet<String> = scrape.groups.iter().map(|g| g.group.clone()).collect();
         for g in &scrape.groups {
-            metrics::gauge!(names::GROUP_MEMBERS, "group" => g.group.clone()).set(g.members as f64);
+            metrics::gauge!(names::CONSUMER_GROUP_MEMBERS, "group" => g.group.clone()).set(g.members as f64);
         }
         for gone in self.groups.difference(&groups) {
-            metrics::gauge!(names::GROUP_MEMBERS, "group" => gone.clone()).set(0.0);
+            metrics::gauge!(names::CONSUMER_GROUP_MEMBERS, "group" => gone.clone()).set(0.0);
         }
         self.groups = groups;
     }

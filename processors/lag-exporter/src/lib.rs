@@ -31,7 +31,7 @@ pub mod export;
 pub mod lag;
 
 pub use config::LagExporterConfig;
-pub use export::{names, Publisher};
+pub use export::Publisher;
 pub use lag::{GroupSummary, PartitionLag, Scrape};
 
 use rdkafka::error::KafkaError;
@@ -107,7 +107,6 @@ pub async fn run(
         interval_secs = config.interval().as_secs(),
         "lag exporter started"
     );
-    export::register();
     let mut publisher = Publisher::default();
     let mut ticks = tokio::time::interval(config.interval());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -180,8 +180,6 @@ impl OrderLifecycle {
     }
 }
 
-/// Entries put on the time wheel; labels `source` and `outcome` (added, present, failed).
-const ARMED: &str = "stocksvr_schedule_armed_total";
 
 /// Puts a reservation that OrderCreated just parked (or found parked, on a redelivery) on
 /// the wheel. Failures are logged and counted, never returned: the OrderCreated is applied
@@ -212,7 +210,7 @@ pub async fn arm_created(wheel: &TimeWheel, reservation: &ReservationView) {
             "failed"
         }
     };
-    metrics::counter!(ARMED, "source" => "order_created", "outcome" => outcome).increment(1);
+    metrics::counter!(stocksvr_telemetry::names::SCHEDULE_ARMED, "source" => "order_created", "outcome" => outcome).increment(1);
 }
 
 /// Service errors into the loop's three classes.

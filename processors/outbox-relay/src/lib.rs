@@ -34,7 +34,6 @@ mod publish;
 mod relay;
 mod schedule;
 mod store;
-pub mod telemetry;
 
 pub use config::{RelayConfig, RelaySettings};
 pub use error::RelayError;

@@ -5,7 +5,7 @@ use crate::error::{sqlx_is_retryable, RelayError};
 use crate::publish::{publish_batch, RowFailure};
 use crate::schedule::{jitter, retry_delay, Poller, Round};
 use crate::store::{self, Backlog, Failure};
-use crate::telemetry as names;
+use stocksvr_telemetry::names;
 use backon::{ExponentialBuilder, Retryable};
 use rdkafka::producer::FutureProducer;
 use sqlx::MySqlPool;
@@ -47,7 +47,6 @@ impl OutboxRelay {
         config: RelayConfig,
     ) -> Result<Self, RelayError> {
         config.validate()?;
-        names::describe();
         Ok(Self {
             pool,
             producer,
@@ -105,11 +104,11 @@ impl OutboxRelay {
             match outcome {
                 Ok(()) => {
                     sent.push(row.id);
-                    metrics::counter!(names::PUBLISHED, "topic" => row.topic.clone(), "event_type" => row.event_type.clone())
+                    metrics::counter!(names::OUTBOX_PUBLISHED, "topic" => row.topic.clone(), "event_type" => row.event_type.clone())
                         .increment(1);
                 }
                 Err(failure) => {
-                    metrics::counter!(names::PUBLISH_FAILURES, "topic" => row.topic.clone(), "event_type" => row.event_type.clone(), "reason" => failure.label())
+                    metrics::counter!(names::OUTBOX_PUBLISH_FAILURES, "topic" => row.topic.clone(), "event_type" => row.event_type.clone(), "reason" => failure.label())
                         .increment(1);
                     let reason = failure.reason();
                     match &failure {
@@ -164,7 +163,7 @@ impl OutboxRelay {
                 "lease lost on outbox rows before their outcome was written; they may be published twice"
             );
         }
-        metrics::histogram!(names::BATCH_PUBLISH_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(names::OUTBOX_BATCH_PUBLISH_SECONDS).record(started.elapsed().as_secs_f64());
         Ok(RelayReport {
             claimed: claim.rows.len(),
             sent: marked.sent as usize,
@@ -182,7 +181,7 @@ impl OutboxRelay {
                 store::purge_batch(&self.pool, self.config.retention, self.config.purge_batch)
                     .await?;
             total += deleted;
-            metrics::counter!(names::PURGED).increment(deleted);
+            metrics::counter!(names::OUTBOX_PURGED).increment(deleted);
             if found < self.config.purge_batch as usize {
                 break;
             }
@@ -196,8 +195,8 @@ impl OutboxRelay {
     /// Reads the backlog and sets the backlog gauges.
     pub async fn refresh_backlog(&self) -> Result<Backlog, RelayError> {
         let backlog = store::backlog(&self.pool).await?;
-        metrics::gauge!(names::BACKLOG).set(backlog.rows as f64);
-        metrics::gauge!(names::OLDEST_PENDING_SECONDS).set(backlog.oldest_age.as_secs_f64());
+        metrics::gauge!(names::OUTBOX_BACKLOG).set(backlog.rows as f64);
+        metrics::gauge!(names::OUTBOX_OLDEST_PENDING_SECONDS).set(backlog.oldest_age.as_secs_f64());
         Ok(backlog)
     }
 

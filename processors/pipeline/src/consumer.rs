@@ -26,7 +26,6 @@ use rdkafka::consumer::{
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
-use rdkafka::statistics::Statistics;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -142,24 +141,14 @@ pub enum LoopError {
     },
 }
 
-/// Commits finished work before partitions move to another instance, and turns librdkafka
-/// statistics into the per-partition lag gauge.
+/// Commits finished work before partitions move to another instance. (Consumer lag is
+/// measured at the broker by the lag exporter, which keeps reporting while this process is
+/// dead or stuck.)
 struct LoopContext {
     name: &'static str,
 }
 
-impl ClientContext for LoopContext {
-    fn stats(&self, statistics: Statistics) {
-        for (topic, t) in &statistics.topics {
-            for (partition, p) in &t.partitions {
-                if *partition >= 0 && p.consumer_lag >= 0 {
-                    metrics::gauge!(names::CONSUMER_LAG, "processor" => self.name, "topic" => topic.clone(), "partition" => partition.to_string())
-                        .set(p.consumer_lag as f64);
-                }
-            }
-        }
-    }
-}
+impl ClientContext for LoopContext {}
 
 impl ConsumerContext for LoopContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -205,7 +194,6 @@ pub async fn run(
         .set("auto.commit.interval.ms", "1000")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("statistics.interval.ms", "5000")
         .create_with_context(LoopContext { name: config.name })?;
     let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
@@ -321,7 +309,7 @@ impl Worker {
             .retry(self.config.backoff())
             .when(DecodeError::is_retryable)
             .notify(|e, after| {
-                metrics::counter!(names::RETRIES, "processor" => self.config.name).increment(1);
+                metrics::counter!(names::PROCESSING_RETRIES, "processor" => self.config.name).increment(1);
                 tracing::warn!(processor = self.config.name, error = %e, ?after, "schema registry unavailable; retrying");
             })
             .await
@@ -341,7 +329,7 @@ impl Worker {
             .retry(self.config.backoff())
             .when(|f: &Failure| matches!(f, Failure::Retryable(_)))
             .notify(|f, after| {
-                metrics::counter!(names::RETRIES, "processor" => self.config.name).increment(1);
+                metrics::counter!(names::PROCESSING_RETRIES, "processor" => self.config.name).increment(1);
                 tracing::warn!(processor = self.config.name, failure = ?f, ?after, "retrying");
             })
             .await

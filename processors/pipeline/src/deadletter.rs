@@ -2,6 +2,7 @@
 //! source topic, partition, offset, timestamp, consumer group, error class and message,
 //! so an operator can see why and a replay can put the record back where it came from.
 
+use stocksvr_telemetry::names;
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::Duration;
@@ -99,7 +100,7 @@ pub async fn send<M: Message>(
         .send(record, Duration::from_secs(30))
         .await
         .map_err(|(e, _)| e)?;
-    metrics::counter!(crate::telemetry::names::EVENTS_DEAD_LETTERED,
+    metrics::counter!(names::EVENTS_DEAD_LETTERED,
         "topic" => message.topic().to_string(), "class" => class.as_str())
     .increment(1);
     Ok((topic, delivery.partition, delivery.offset))

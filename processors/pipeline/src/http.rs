@@ -51,7 +51,7 @@ impl HealthState {
                     Ok(Err(e)) => Err(e),
                     Err(_) => Err(format!("no answer within {} ms", self.timeout.as_millis())),
                 };
-                metrics::gauge!(names::READINESS, "dependency" => p.name())
+                metrics::gauge!(names::DEPENDENCY_READY, "dependency" => p.name())
                     .set(if outcome.is_ok() { 1.0 } else { 0.0 });
                 (p.name(), outcome, started.elapsed())
             });

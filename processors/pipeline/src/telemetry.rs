@@ -4,19 +4,7 @@ use crate::config::{LogFormat, LogSettings};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-/// Metric names: stable, so dashboards and alerts do not break.
-pub mod names {
-    pub const HTTP_REQUESTS: &str = "stocksvr_http_requests_total";
-    pub const EVENTS_CONSUMED: &str = "stocksvr_events_consumed_total";
-    pub const EVENTS_DEAD_LETTERED: &str = "stocksvr_events_dead_lettered_total";
-    pub const EVENTS_PRODUCED: &str = "stocksvr_events_produced_total";
-    pub const EVENTS_APPLIED: &str = "stocksvr_events_applied_total";
-    pub const RETRIES: &str = "stocksvr_processing_retries_total";
-    pub const PROCESSING_SECONDS: &str = "stocksvr_processing_seconds";
-    pub const CONSUMER_LAG: &str = "stocksvr_consumer_lag";
-    pub const READINESS: &str = "stocksvr_dependency_ready";
-    pub const BUILD_INFO: &str = "stocksvr_build_info";
-}
+pub use stocksvr_telemetry::names;
 
 /// Installs the global tracing subscriber. `RUST_LOG` wins over the configured filter.
 pub fn init_tracing(settings: &LogSettings) {
@@ -40,11 +28,19 @@ pub fn init_metrics() -> PrometheusHandle {
     static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            // Every histogram is a latency in seconds: real buckets, so p50/p99 come from
+            // histogram_quantile() over any window and across instances.
+            let builder = PrometheusBuilder::new();
+            let builder = builder
+                .set_buckets(stocksvr_telemetry::LATENCY_BUCKETS)
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            let recorder = builder.build_recorder();
             let handle = recorder.handle();
             // Fails only if another recorder is installed; then this handle renders ours
             // without being global, which keeps tests in one process working.
             let _ = metrics::set_global_recorder(recorder);
+            // Help text for everything, and every series with known labels at zero.
+            stocksvr_telemetry::register();
             metrics::gauge!(names::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
             handle
         })

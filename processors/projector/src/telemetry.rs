@@ -3,22 +3,8 @@
 //! did with them. Counted only after the batch committed, so a retried batch is not
 //! counted twice.
 
+use stocksvr_telemetry::names;
 use stocksvr_core::events::EventKind;
-
-/// Metric names: stable, so dashboards and alerts do not break.
-pub mod names {
-    /// Events newly applied (inbox claimed), by `event_type`.
-    pub const EVENTS_PROJECTED: &str = "stocksvr_projector_events_projected_total";
-    /// Events this consumer group had already applied (inbox hit).
-    pub const DUPLICATES: &str = "stocksvr_projector_duplicates_total";
-    /// Events whose redis_version was not newer than the snapshot's: ledger booked,
-    /// snapshot left at the newer state.
-    pub const STALE: &str = "stocksvr_projector_stale_total";
-    /// New events whose operation_id was already in the ledger (re-published operation).
-    pub const LEDGER_ALREADY_BOOKED: &str = "stocksvr_projector_ledger_already_booked_total";
-    /// Records per committed batch.
-    pub const BATCH_SIZE: &str = "stocksvr_projector_batch_size";
-}
 
 /// What one batch did, emitted once it is durable.
 #[derive(Debug, Default)]
@@ -45,11 +31,11 @@ impl Tally {
 
     pub fn emit(self, batch_size: usize) {
         for kind in self.projected {
-            metrics::counter!(names::EVENTS_PROJECTED, "event_type" => kind.name()).increment(1);
+            metrics::counter!(names::PROJECTOR_EVENTS_PROJECTED, "event" => kind.name()).increment(1);
         }
-        metrics::counter!(names::DUPLICATES).increment(self.duplicates);
-        metrics::counter!(names::STALE).increment(self.stale);
-        metrics::counter!(names::LEDGER_ALREADY_BOOKED).increment(self.already_booked);
-        metrics::histogram!(names::BATCH_SIZE).record(batch_size as f64);
+        metrics::counter!(names::PROJECTOR_DUPLICATES).increment(self.duplicates);
+        metrics::counter!(names::PROJECTOR_STALE).increment(self.stale);
+        metrics::counter!(names::PROJECTOR_LEDGER_ALREADY_BOOKED).increment(self.already_booked);
+        metrics::histogram!(names::PROJECTOR_BATCH_SIZE).record(batch_size as f64);
     }
 }

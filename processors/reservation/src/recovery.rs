@@ -7,7 +7,7 @@
 //! never moved backwards. Several workers may run: claims use FOR UPDATE SKIP LOCKED.
 
 use crate::outbox;
-use crate::service::names;
+use stocksvr_telemetry::names;
 use crate::{ReservationService, ServiceError};
 use chrono::TimeDelta;
 use std::time::Duration;
@@ -52,13 +52,13 @@ pub async fn recover_once(
         match service.resume(id).await {
             Ok(view) => {
                 report.resumed += 1;
-                metrics::counter!(names::RECOVERED, "outcome" => "resumed").increment(1);
+                metrics::counter!(names::RECOVERY_ATTEMPTS, "outcome" => "resumed").increment(1);
                 tracing::info!(reservation_id = id, status = %view.status, "recovered");
             }
             Err(ServiceError::Mysql(e)) => return Err(ServiceError::Mysql(e)),
             Err(e) => {
                 report.failed += 1;
-                metrics::counter!(names::RECOVERED, "outcome" => "failed").increment(1);
+                metrics::counter!(names::RECOVERY_ATTEMPTS, "outcome" => "failed").increment(1);
                 tracing::warn!(reservation_id = id, error = %e, "recovery attempt failed");
                 if give_up_if_exhausted(service, id).await? {
                     report.dead += 1;
@@ -85,7 +85,7 @@ async fn give_up_if_exhausted(service: &ReservationService, id: u64) -> Result<b
     let alert = outbox::operation_dead(&row, status.name(), &action);
     let marked = repo::mark_dead(service.pool(), id, &alert).await?;
     if marked {
-        metrics::counter!(names::DEAD, "status" => status.name()).increment(1);
+        metrics::counter!(names::RESERVATIONS_DEAD, "status" => status.name()).increment(1);
         tracing::error!(
             reservation_id = id,
             status = status.name(),

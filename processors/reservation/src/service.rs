@@ -1,5 +1,6 @@
 //! The operations. See the crate docs for the shape every one of them follows.
 
+use stocksvr_telemetry::names;
 use crate::error::ServiceError;
 use crate::failpoint::{self, Place};
 use crate::operations::{OpsConfig, OpsError, StockOps};
@@ -22,18 +23,6 @@ use stocksvr_store::lua::{BucketKeys, ExecError, LuaExecutor, OpResult, Outcome}
 use stocksvr_store::reservations::{
     self as repo, Completion, InsertOutcome, NewReservation, Reservation, Step,
 };
-
-/// Metric names of the reservation service.
-pub mod names {
-    pub const OPERATIONS: &str = "stocksvr_reservation_operations_total";
-    pub const LATENCY: &str = "stocksvr_reservation_operation_seconds";
-    pub const UNKNOWN: &str = "stocksvr_redis_unknown_outcomes_total";
-    pub const FENCE_HITS: &str = "stocksvr_fence_hits_total";
-    pub const CONFLICTS: &str = "stocksvr_reservation_conflicts_total";
-    pub const RECOVERED: &str = "stocksvr_recovery_attempts_total";
-    pub const DEAD: &str = "stocksvr_reservations_dead_total";
-    pub const STALE: &str = "stocksvr_reservations_stale";
-}
 
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
@@ -299,8 +288,8 @@ impl ReservationService {
             Ok(reply) => reply.reservation.status.as_str(),
             Err(e) => error_label(e),
         };
-        metrics::counter!(names::OPERATIONS, "operation" => "try", "outcome" => outcome.to_string()).increment(1);
-        metrics::histogram!(names::LATENCY, "operation" => "try")
+        metrics::counter!(names::RESERVATION_OPERATIONS, "operation" => "try", "outcome" => outcome.to_string()).increment(1);
+        metrics::histogram!(names::RESERVATION_OPERATION_SECONDS, "operation" => "try")
             .record(started.elapsed().as_secs_f64());
         result
     }
@@ -456,9 +445,9 @@ impl ReservationService {
             Err(e) => error_label(e),
         };
         let op = format!("{intent:?}").to_lowercase();
-        metrics::counter!(names::OPERATIONS, "operation" => op.clone(), "outcome" => outcome)
+        metrics::counter!(names::RESERVATION_OPERATIONS, "operation" => op.clone(), "outcome" => outcome)
             .increment(1);
-        metrics::histogram!(names::LATENCY, "operation" => op)
+        metrics::histogram!(names::RESERVATION_OPERATION_SECONDS, "operation" => op)
             .record(started.elapsed().as_secs_f64());
         result
     }
@@ -613,7 +602,7 @@ impl ReservationService {
             | ReservationStatus::CreatedReserved => outbox::reserved(&row, &op),
         };
         event.payload["data"]["reason_code"] = serde_json::Value::String(reason_code.to_string());
-        metrics::counter!(names::CONFLICTS, "reason" => reason_code.to_string()).increment(1);
+        metrics::counter!(names::RESERVATION_CONFLICTS, "reason" => reason_code.to_string()).increment(1);
         let enqueued = repo::enqueue_once(&self.pool, &event).await?;
         if enqueued {
             self.outbox_committed();
@@ -704,7 +693,7 @@ impl ReservationService {
         call.retry(backoff)
             .when(|e: &ExecError| e.is_unknown())
             .notify(|e, after| {
-                metrics::counter!(names::UNKNOWN, "operation" => action_name(status)).increment(1);
+                metrics::counter!(names::REDIS_UNKNOWN_OUTCOMES, "operation" => action_name(status)).increment(1);
                 tracing::warn!(reservation_id = row.id, error = %e, ?after, "redis outcome unknown; retrying with the same operation id");
             })
             .await

@@ -5,7 +5,7 @@
 //! stock of an order that was in fact created would oversell.
 
 use crate::outbox;
-use crate::service::names;
+use stocksvr_telemetry::names;
 use crate::{ReservationService, ServiceError};
 use std::time::Duration;
 use stocksvr_store::reservations as repo;
@@ -20,7 +20,7 @@ pub async fn alert_stale_once(
     limit: u32,
 ) -> Result<usize, ServiceError> {
     let pool = service.pool();
-    metrics::gauge!(names::STALE).set(repo::count_stale(pool).await? as f64);
+    metrics::gauge!(names::RESERVATIONS_STALE).set(repo::count_stale(pool).await? as f64);
     let mut alerted = 0;
     for row in repo::find_stale(pool, limit).await? {
         let mut event = outbox::reserved(&row, &format!("stale_{}", row.id));

@@ -5,7 +5,8 @@
 //! crash (or a MySQL error) in between leaves it claimed, and it falls due again after the
 //! claim timeout. The row's event id is deterministic, so a re-fire enqueues nothing new.
 
-use crate::{event, names, ScheduleConfig, ScheduleError, TimeWheel};
+use crate::{event, ScheduleConfig, ScheduleError, TimeWheel};
+use stocksvr_telemetry::names;
 use chrono::Utc;
 use sqlx::MySqlPool;
 use std::sync::Arc;
@@ -111,7 +112,7 @@ impl Poller {
             );
             self.wheel.discard(key, member).await?;
             report.dropped += 1;
-            metrics::counter!(names::FIRED, "outcome" => "dropped", "reason" => "not_an_id")
+            metrics::counter!(names::SCHEDULE_FIRED, "outcome" => "dropped", "reason" => "not_an_id")
                 .increment(1);
             return Ok(());
         };
@@ -131,7 +132,7 @@ impl Poller {
             }
             (Fire::Later, _) => {
                 report.later += 1;
-                metrics::counter!(names::FIRED, "outcome" => "later", "reason" => "").increment(1);
+                metrics::counter!(names::SCHEDULE_FIRED, "outcome" => "later", "reason" => "").increment(1);
                 return Ok(());
             }
         };
@@ -144,7 +145,7 @@ impl Poller {
             report.emitted += 1;
             if let Some(due) = row.as_ref().and_then(|r| r.processing_time) {
                 let late = (Utc::now().naive_utc() - due).num_milliseconds().max(0);
-                metrics::histogram!(names::FIRE_LATENESS).record(late as f64 / 1000.0);
+                metrics::histogram!(names::SCHEDULE_FIRE_LATENESS_SECONDS).record(late as f64 / 1000.0);
             }
             tracing::info!(
                 reservation_id = id,
@@ -156,7 +157,7 @@ impl Poller {
             report.already_emitted += 1;
             "already_emitted"
         };
-        metrics::counter!(names::FIRED, "outcome" => outcome, "reason" => "").increment(1);
+        metrics::counter!(names::SCHEDULE_FIRED, "outcome" => outcome, "reason" => "").increment(1);
         Ok(())
     }
 
@@ -186,7 +187,7 @@ impl Poller {
                 "time wheel entry dropped without a trigger"
             );
         }
-        metrics::counter!(names::FIRED, "outcome" => "dropped", "reason" => reason).increment(1);
+        metrics::counter!(names::SCHEDULE_FIRED, "outcome" => "dropped", "reason" => reason).increment(1);
         Ok(())
     }
 

@@ -48,25 +48,6 @@ use stocksvr_pipeline::consumer::LoopError;
 use stocksvr_reservation::{ReservationService, ServiceError};
 use tokio::sync::watch;
 
-/// Metric names of scheduled confirms.
-pub mod names {
-    /// Entries put on the wheel; labels `source` (order_created, load_ahead) and `outcome`
-    /// (added, present, failed).
-    pub const ARMED: &str = "stocksvr_schedule_armed_total";
-    /// Claimed wheel entries; label `outcome` (emitted, already_emitted, dropped, later) and
-    /// `reason` for dropped ones.
-    pub const FIRED: &str = "stocksvr_schedule_fired_total";
-    /// How long after `processing_time` the wheel emitted.
-    pub const FIRE_LATENESS: &str = "stocksvr_schedule_fire_lateness_seconds";
-    /// InventoryConfirmDue records handled; label `outcome` (confirmed, already_confirmed,
-    /// stale, lost_to_refund).
-    pub const TRIGGERS: &str = "stocksvr_schedule_triggers_total";
-    /// Reservations the scan confirmed itself because the wheel missed them; label `outcome`.
-    pub const REDRIVEN: &str = "stocksvr_schedule_scan_redriven_total";
-    /// CREATED_RESERVED reservations past processing_time + grace at the last scan.
-    pub const OVERDUE: &str = "stocksvr_schedule_overdue";
-}
-
 /// Producer name in the envelope of InventoryConfirmDue.
 pub const PRODUCER: &str = "stocksvr";
 

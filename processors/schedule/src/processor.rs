@@ -8,7 +8,7 @@
 //! there first) is stale and ignored; one naming an unknown reservation, another order, or
 //! a reservation its order never created is dead-lettered with the reason.
 
-use crate::names;
+use stocksvr_telemetry::names;
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -155,7 +155,7 @@ impl ScheduleProcessor {
                 }
             },
         };
-        metrics::counter!(names::TRIGGERS, "outcome" => outcome).increment(1);
+        metrics::counter!(names::SCHEDULE_TRIGGERS, "outcome" => outcome).increment(1);
         Ok(if outcome == "confirmed" {
             tracing::info!(reservation_id = id, "scheduled reservation confirmed");
             Applied::Applied

@@ -11,7 +11,8 @@
 //!
 //! Racing the wheel is harmless: both end in the same CAS from CREATED_RESERVED.
 
-use crate::{names, store, ScheduleConfig, ScheduleError, TimeWheel};
+use crate::{store, ScheduleConfig, ScheduleError, TimeWheel};
+use stocksvr_telemetry::names;
 use chrono::{NaiveDateTime, TimeDelta, Utc};
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,16 +80,16 @@ impl Scanner {
             let added = match self.wheel.arm_many(&entries).await {
                 Ok(added) => added,
                 Err(e) => {
-                    metrics::counter!(names::ARMED, "source" => "load_ahead", "outcome" => "failed")
+                    metrics::counter!(names::SCHEDULE_ARMED, "source" => "load_ahead", "outcome" => "failed")
                         .increment(entries.len() as u64);
                     return Err(e.into());
                 }
             };
             report.upcoming += page.len();
             report.rearmed += added;
-            metrics::counter!(names::ARMED, "source" => "load_ahead", "outcome" => "added")
+            metrics::counter!(names::SCHEDULE_ARMED, "source" => "load_ahead", "outcome" => "added")
                 .increment(added as u64);
-            metrics::counter!(names::ARMED, "source" => "load_ahead", "outcome" => "present")
+            metrics::counter!(names::SCHEDULE_ARMED, "source" => "load_ahead", "outcome" => "present")
                 .increment((page.len() - added) as u64);
             if page.len() < self.batch as usize {
                 break;
@@ -114,7 +115,7 @@ impl Scanner {
         for _ in 0..MAX_PAGES {
             let overdue = store::overdue(pool, now - self.grace, self.batch).await?;
             if report.overdue == 0 {
-                metrics::gauge!(names::OVERDUE).set(overdue.len() as f64);
+                metrics::gauge!(names::SCHEDULE_OVERDUE).set(overdue.len() as f64);
             }
             report.overdue += overdue.len();
             let mut moved = 0;
@@ -155,7 +156,7 @@ impl Scanner {
                         "failed"
                     }
                 };
-                metrics::counter!(names::REDRIVEN, "outcome" => outcome).increment(1);
+                metrics::counter!(names::SCHEDULE_REDRIVEN, "outcome" => outcome).increment(1);
             }
             // Another page only while this one was full and moved: rows that stay put
             // would come back in the same order and be retried next round anyway.

@@ -1,6 +1,7 @@
 //! The daily bucket job (seed §12.1): today's missing buckets and, ahead of the local
 //! midnight, tomorrow's, each carried forward from the dish's latest baseline.
 
+use stocksvr_telemetry::names;
 use super::*;
 
 /// What a daily preparation round did.
@@ -89,7 +90,7 @@ impl StockOps {
                 match self.init_bucket(&b).await {
                     Ok(v) if v.succeeded() => {
                         report.prepared += 1;
-                        metrics::counter!(names::DAILY_PREPARED).increment(1);
+                        metrics::counter!(names::DAILY_BUCKETS_PREPARED).increment(1);
                     }
                     Ok(v) => {
                         report.pending += 1;

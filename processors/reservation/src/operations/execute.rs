@@ -1,6 +1,7 @@
 //! Running one WAL row: lease, Lua step, then completion with its outbox rows or a recorded
 //! failure; and the worker that claims due rows.
 
+use stocksvr_telemetry::names;
 use super::view::parse_json;
 use super::*;
 
@@ -328,7 +329,7 @@ impl StockOps {
                 let committed = result.after.reserved + result.after.sold;
                 let available_delta = result.after.available - (old_total - committed).max(0);
                 if result.deficit > 0 && !result.replayed {
-                    metrics::counter!(names::DEFICIT).increment(1);
+                    metrics::counter!(names::BUCKET_DEFICIT).increment(1);
                     tracing::error!(bucket = %row.stock_bucket_id, operation_id = op, new_total, committed, deficit = result.deficit, "adjust below accepted orders: available is 0 and a deficit is recorded; accepted orders stand");
                 }
                 let event = outbox::baseline_adjusted(&Adjusted {

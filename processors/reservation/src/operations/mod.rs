@@ -38,15 +38,6 @@ pub use daily::{run_daily, DailyConfig, PrepareReport};
 pub use execute::{run_worker, WorkReport};
 pub use view::{BaselineView, BucketReport, RedisView, SnapshotView, WalView};
 
-pub mod names {
-    pub const WAL_OPERATIONS: &str = "stocksvr_wal_operations_total";
-    pub const WAL_BACKLOG: &str = "stocksvr_wal_backlog";
-    pub const WAL_DEAD: &str = "stocksvr_wal_dead_total";
-    pub const DEFICIT: &str = "stocksvr_bucket_deficit_total";
-    pub const DAILY_PREPARED: &str = "stocksvr_daily_buckets_prepared_total";
-    pub const BUCKET_LOST: &str = "stocksvr_buckets_lost_total";
-}
-
 #[derive(Debug, Clone)]
 pub struct OpsConfig {
     /// How long a WAL row belongs to the worker that leased it; past that another takes over.
@@ -318,7 +309,6 @@ impl StockOps {
                 // Built meanwhile by a concurrent Try or the daily job.
                 return Ok(());
             }
-            metrics::counter!(names::BUCKET_LOST).increment(1);
             tracing::error!(bucket = %b.stock_bucket_id, init = %earlier, "bucket initialised before is missing from Redis: not re-created (it would resell what was reserved or sold); rebuild it from baseline and ledger");
             return Err(OpsError::BucketLost {
                 bucket: b.stock_bucket_id.clone(),
