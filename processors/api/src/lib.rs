@@ -25,7 +25,6 @@ use stocksvr_core::bucket::BucketKey;
 use stocksvr_core::events::OrderType;
 use stocksvr_reservation::view::ReservationView;
 use stocksvr_reservation::{ReservationService, TryRequest};
-use stocksvr_store::lua::BucketKeys;
 use tokio::sync::OnceCell;
 use utoipa::OpenApi;
 
@@ -262,7 +261,7 @@ async fn try_reservation(
         status,
         Json(TryResponse {
             created: reply.created,
-            reservation: reply.reservation,
+            reservation: ReservationView::from_row(&reply.reservation),
         }),
     ))
 }
@@ -313,8 +312,8 @@ async fn try_order(
             Ok(reply) => ItemOutcome {
                 order_item_id: item.order_item_id,
                 dish_id: item.dish_id,
-                status: Some(reply.reservation.status.clone()),
-                reservation: Some(reply.reservation),
+                status: Some(reply.reservation.status_name().to_string()),
+                reservation: Some(ReservationView::from_row(&reply.reservation)),
                 error: None,
             },
             Err(e) => ItemOutcome {
@@ -345,12 +344,17 @@ async fn get_reservation(
     Path(id): Path<String>,
 ) -> Result<Json<ReservationView>, ApiError> {
     let id = parse_id("id", &id)?;
-    state.service()?.get(id).await?.map(Json).ok_or_else(|| {
-        ApiError::not_found(
-            "reservation_not_found",
-            format!("reservation {id} not found"),
-        )
-    })
+    state
+        .service()?
+        .get(id)
+        .await?
+        .map(|row| Json(ReservationView::from_row(&row)))
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "reservation_not_found",
+                format!("reservation {id} not found"),
+            )
+        })
 }
 
 /// Every reservation of one order.
@@ -364,7 +368,13 @@ async fn list_order_reservations(
     let order_id = parse_id("order_id", &order_id)?;
     Ok(Json(OrderReservations {
         order_id,
-        reservations: state.service()?.list_order(order_id).await?,
+        reservations: state
+            .service()?
+            .list_order(order_id)
+            .await?
+            .iter()
+            .map(ReservationView::from_row)
+            .collect(),
     }))
 }
 
@@ -386,11 +396,9 @@ async fn get_stock(
     };
     let service = state.service()?;
     let key = BucketKey::new(merchant_id, dish_id, date);
-    let keys = BucketKeys::new(merchant_id, dish_id, &date.to_string())
-        .map_err(|e| ApiError::invalid("date", e.to_string()))?;
     let redis = service
         .lua()
-        .read_bucket(&keys)
+        .read_bucket(&key)
         .await
         .map_err(|e| ApiError::unavailable(format!("redis: {e}")))?;
     let snapshot: Option<(i64, i64, i64, i64, i64, u64)> = sqlx::query_as(
@@ -404,7 +412,7 @@ async fn get_stock(
     Ok(Json(StockResponse {
         stock_bucket_id: key.stock_bucket_id(),
         stock_date: date.to_string(),
-        redis_state: redis.as_ref().map(|n| n.state.as_str().to_string()),
+        redis_state: redis.as_ref().map(|n| n.state.name().to_string()),
         redis: redis.map(|n| StockNumbersDto {
             total: n.total,
             available: n.available,

@@ -198,6 +198,25 @@ impl BucketState {
         }
     }
 
+    /// The `state` field of the Redis stock hash.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BucketState::Open => "OPEN",
+            BucketState::Closed => "CLOSED",
+            BucketState::Archived => "ARCHIVED",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            BucketState::Open,
+            BucketState::Closed,
+            BucketState::Archived,
+        ]
+        .into_iter()
+        .find(|s| s.name() == name)
+    }
+
     pub const fn accepts_try(self) -> bool {
         matches!(self, BucketState::Open)
     }

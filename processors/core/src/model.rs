@@ -35,16 +35,23 @@ pub enum OpCode {
     /// Arguments the script refuses (zero quantity, negative total). Never recorded, like a
     /// script error, so a corrected call with the same id is not locked out.
     Invalid,
+    /// The bucket's stock hash does not exist. Not recorded: the same operation works after
+    /// the (lazy) init.
+    BucketMissing,
+    /// A Try on a bucket that is not OPEN, or an adjust of an ARCHIVED one. Not recorded.
+    BucketClosed,
 }
 
 impl OpCode {
-    pub const ALL: [OpCode; 6] = [
+    pub const ALL: [OpCode; 8] = [
         OpCode::Succeeded,
         OpCode::Insufficient,
         OpCode::Fenced,
         OpCode::Conflict,
         OpCode::OverRefund,
         OpCode::Invalid,
+        OpCode::BucketMissing,
+        OpCode::BucketClosed,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -55,6 +62,8 @@ impl OpCode {
             OpCode::Conflict => "CONFLICT",
             OpCode::OverRefund => "OVER_REFUND",
             OpCode::Invalid => "INVALID",
+            OpCode::BucketMissing => "BUCKET_MISSING",
+            OpCode::BucketClosed => "BUCKET_CLOSED",
         }
     }
 
@@ -143,12 +152,17 @@ impl Fence {
     }
 }
 
-/// What a script returns, and what a replay of the same `operation_id` returns again.
+/// What a script returns, and what a replay of the same `operation_id` returns again (then
+/// with `replayed` set). One type for the scripts in Redis and for this model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpResult {
     pub code: OpCode,
     /// Cancel found no Try and only wrote the CANCELED fence.
     pub empty_rollback: bool,
+    /// This operation id had already been applied: the stored first result, nothing changed.
+    pub replayed: bool,
+    /// An init that created the bucket (an init finding it present changes nothing).
+    pub created: bool,
     /// Absolute numbers after the step (the projector stores these, not deltas).
     pub after: StockAfter,
     pub deficit: i64,
@@ -227,7 +241,10 @@ impl BucketModel {
     /// Try: `available -> reserved` and fence NONE -> RESERVED.
     pub fn try_(&mut self, op_id: &str, reservation_id: u64, qty: u32) -> OpResult {
         if let Some(first) = self.ops.get(op_id) {
-            return *first;
+            return OpResult {
+                replayed: true,
+                ..*first
+            };
         }
         if qty == 0 {
             return self.refuse(OpCode::Invalid, reservation_id);
@@ -272,7 +289,10 @@ impl BucketModel {
     /// Confirm: the units still held move `reserved -> sold`, fence RESERVED -> CONFIRMED.
     pub fn confirm(&mut self, op_id: &str, reservation_id: u64) -> OpResult {
         if let Some(first) = self.ops.get(op_id) {
-            return *first;
+            return OpResult {
+                replayed: true,
+                ..*first
+            };
         }
         let code = match self.fences.get_mut(&reservation_id) {
             Some(f) if f.phase == FencePhase::Reserved => {
@@ -297,7 +317,10 @@ impl BucketModel {
     /// that writes the CANCELED fence without adding a unit when the Try never landed.
     pub fn cancel(&mut self, op_id: &str, reservation_id: u64, qty: u32) -> OpResult {
         if let Some(first) = self.ops.get(op_id) {
-            return *first;
+            return OpResult {
+                replayed: true,
+                ..*first
+            };
         }
         let (code, empty_rollback) = match self.fences.get(&reservation_id).copied() {
             None => {
@@ -335,7 +358,10 @@ impl BucketModel {
     /// becomes REFUNDED only once every unit is back; until then it keeps its phase.
     pub fn refund(&mut self, op_id: &str, reservation_id: u64, qty: u32) -> OpResult {
         if let Some(first) = self.ops.get(op_id) {
-            return *first;
+            return OpResult {
+                replayed: true,
+                ..*first
+            };
         }
         if qty == 0 {
             return self.refuse(OpCode::Invalid, reservation_id);
@@ -374,7 +400,10 @@ impl BucketModel {
     /// never taken back; what does not fit is recorded as `deficit` for an operator.
     pub fn adjust(&mut self, op_id: &str, new_total: i64) -> OpResult {
         if let Some(first) = self.ops.get(op_id) {
-            return *first;
+            return OpResult {
+                replayed: true,
+                ..*first
+            };
         }
         if new_total < 0 {
             return self.refuse_adjust();
@@ -404,6 +433,8 @@ impl BucketModel {
         OpResult {
             code,
             empty_rollback,
+            replayed: false,
+            created: false,
             after: self.stock(),
             deficit: self.deficit,
             version: self.version,

@@ -1,6 +1,5 @@
 //! Parking: one transaction per batch, one `INSERT IGNORE` per dead letter.
 
-use stocksvr_telemetry::names;
 use crate::origin::parse_dead_letter;
 use crate::store::Status;
 use chrono::Utc;
@@ -9,6 +8,7 @@ use futures::FutureExt;
 use rdkafka::message::{Message, OwnedMessage};
 use sqlx::MySqlPool;
 use stocksvr_pipeline::consumer::{Applied, Failure, Handler, Record};
+use stocksvr_telemetry::names;
 
 /// The dead-letter processor's [`Handler`].
 pub struct Parker {

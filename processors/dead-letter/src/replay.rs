@@ -1,6 +1,5 @@
 //! Replay: the parked key and bytes go back to the original topic and partition.
 
-use stocksvr_telemetry::names;
 use crate::origin::NOT_STORED_MARKER;
 use crate::store::{full_select, DlqError, FullRow, Parked, Status};
 use chrono::Utc;
@@ -12,6 +11,7 @@ use sqlx::MySqlPool;
 use std::time::Duration;
 use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::kafka;
+use stocksvr_telemetry::names;
 
 /// Header on a replayed record naming the dead letter it came from,
 /// `<dlt topic>/<dlt partition>@<dlt offset>`, so a record seen twice can be traced.
@@ -122,7 +122,8 @@ pub async fn replay(
     }
     tx.commit().await.map_err(not_marked)?;
 
-    metrics::counter!(names::DEAD_LETTERS_REPLAYED, "topic" => s.original_topic.clone()).increment(1);
+    metrics::counter!(names::DEAD_LETTERS_REPLAYED, "topic" => s.original_topic.clone())
+        .increment(1);
     tracing::info!(
         id,
         topic = s.original_topic,

@@ -1,12 +1,12 @@
 //! Reading and resolving parked dead letters: list, show, discard. (Replay, which also
 //! talks to Kafka, is in `replay.rs`.)
 
-use stocksvr_telemetry::names;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 use std::fmt;
 use std::str::FromStr;
+use stocksvr_telemetry::names;
 
 /// Upper bound of one `list` page, so one request cannot pull the whole table.
 pub const MAX_LIST_LIMIT: u32 = 1000;

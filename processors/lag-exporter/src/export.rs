@@ -1,8 +1,8 @@
 //! Turns rounds into the catalog's metrics (prometheus/metrics-catalog.json).
 
-use stocksvr_telemetry::names;
 use crate::lag::Scrape;
 use std::collections::BTreeSet;
+use stocksvr_telemetry::names;
 
 /// Creates the round counters at 0, so `increase()` sees a round that never succeeded.
 pub fn register() {
@@ -72,7 +72,8 @@ impl Publisher {
 
         let groups: BTreeSet<String> = scrape.groups.iter().map(|g| g.group.clone()).collect();
         for g in &scrape.groups {
-            metrics::gauge!(names::CONSUMER_GROUP_MEMBERS, "group" => g.group.clone()).set(g.members as f64);
+            metrics::gauge!(names::CONSUMER_GROUP_MEMBERS, "group" => g.group.clone())
+                .set(g.members as f64);
         }
         for gone in self.groups.difference(&groups) {
             metrics::gauge!(names::CONSUMER_GROUP_MEMBERS, "group" => gone.clone()).set(0.0);

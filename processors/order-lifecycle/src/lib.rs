@@ -15,16 +15,16 @@ mod plan;
 
 pub use plan::{plan, Known, Op, OrderEvent};
 
-use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use std::collections::HashMap;
 use std::sync::Arc;
-use stocksvr_core::events::{topics, EventKind, OrderType};
+use stocksvr_core::events::{topics, EventKind};
+use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::consumer::{Applied, Failure, Handler, LoopConfig, Record};
-use stocksvr_reservation::view::ReservationView;
 use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError};
+use stocksvr_store::reservations::Reservation;
 use stocksvr_store::wheel::TimeWheel;
 
 pub const NAME: &str = "order-lifecycle";
@@ -109,18 +109,14 @@ impl OrderLifecycle {
         let rows = self.service.list_order(order_id).await.map_err(classify)?;
         let known: HashMap<u64, Known> = rows
             .iter()
-            .filter_map(|r| {
-                Some((
-                    r.reservation_id.parse().ok()?,
+            .map(|r| {
+                (
+                    r.id,
                     Known {
                         merchant_id: r.merchant_id,
-                        order_type: if r.order_type == "SCHEDULED" {
-                            OrderType::Scheduled
-                        } else {
-                            OrderType::Instant
-                        },
+                        order_type: r.order_type(),
                     },
-                ))
+                )
             })
             .collect();
         let ops = plan(&event, &known).map_err(Failure::Invalid)?;
@@ -180,25 +176,18 @@ impl OrderLifecycle {
     }
 }
 
-
 /// Puts a reservation that OrderCreated just parked (or found parked, on a redelivery) on
 /// the wheel. Failures are logged and counted, never returned: the OrderCreated is applied
 /// either way, and the load-ahead re-arms the entry or the scan confirms the reservation.
-pub async fn arm_created(wheel: &TimeWheel, reservation: &ReservationView) {
-    if reservation.status != "CREATED_RESERVED" {
+pub async fn arm_created(wheel: &TimeWheel, reservation: &Reservation) {
+    if reservation.status().ok() != Some(ReservationStatus::CreatedReserved) {
         return;
     }
-    let id = reservation.reservation_id.as_str();
-    let due = reservation
-        .processing_time
-        .as_deref()
-        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-        .map(|t| t.with_timezone(&Utc));
-    let (Ok(reservation_id), Some(due)) = (id.parse::<u64>(), due) else {
+    let reservation_id = reservation.id;
+    let Some(due) = reservation.processing_time.map(|t| t.and_utc()) else {
         tracing::warn!(
-            reservation_id = id,
-            processing_time = ?reservation.processing_time,
-            "scheduled reservation without a readable processing_time; left to the scan"
+            reservation_id,
+            "scheduled reservation without a processing_time; left to the scan"
         );
         return;
     };

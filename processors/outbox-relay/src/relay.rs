@@ -5,7 +5,6 @@ use crate::error::{sqlx_is_retryable, RelayError};
 use crate::publish::{publish_batch, RowFailure};
 use crate::schedule::{jitter, retry_delay, Poller, Round};
 use crate::store::{self, Backlog, Failure};
-use stocksvr_telemetry::names;
 use backon::{ExponentialBuilder, Retryable};
 use rdkafka::producer::FutureProducer;
 use sqlx::MySqlPool;
@@ -13,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::topics::Namespace;
+use stocksvr_telemetry::names;
 use tokio::sync::{watch, Notify};
 
 /// What one round did.
@@ -163,7 +163,8 @@ impl OutboxRelay {
                 "lease lost on outbox rows before their outcome was written; they may be published twice"
             );
         }
-        metrics::histogram!(names::OUTBOX_BATCH_PUBLISH_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(names::OUTBOX_BATCH_PUBLISH_SECONDS)
+            .record(started.elapsed().as_secs_f64());
         Ok(RelayReport {
             claimed: claim.rows.len(),
             sent: marked.sent as usize,

@@ -329,7 +329,8 @@ impl Worker {
             .retry(self.config.backoff())
             .when(|f: &Failure| matches!(f, Failure::Retryable(_)))
             .notify(|f, after| {
-                metrics::counter!(names::PROCESSING_RETRIES, "processor" => self.config.name).increment(1);
+                metrics::counter!(names::PROCESSING_RETRIES, "processor" => self.config.name)
+                    .increment(1);
                 tracing::warn!(processor = self.config.name, failure = ?f, ?after, "retrying");
             })
             .await

@@ -2,10 +2,10 @@
 //! source topic, partition, offset, timestamp, consumer group, error class and message,
 //! so an operator can see why and a replay can put the record back where it came from.
 
-use stocksvr_telemetry::names;
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::Duration;
+use stocksvr_telemetry::names;
 
 /// A consumed topic's dead letters go to `<topic>` + this suffix (see topics.yaml).
 pub const DEAD_LETTER_SUFFIX: &str = ".dlt";

@@ -43,18 +43,17 @@ impl HealthState {
 
     /// Runs every probe concurrently, each bounded by the readiness timeout.
     pub async fn readiness(&self) -> (bool, serde_json::Value) {
-        let checks =
-            self.probes.iter().map(|p| async move {
-                let started = Instant::now();
-                let outcome = match tokio::time::timeout(self.timeout, p.check()).await {
-                    Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(e),
-                    Err(_) => Err(format!("no answer within {} ms", self.timeout.as_millis())),
-                };
-                metrics::gauge!(names::DEPENDENCY_READY, "dependency" => p.name())
-                    .set(if outcome.is_ok() { 1.0 } else { 0.0 });
-                (p.name(), outcome, started.elapsed())
-            });
+        let checks = self.probes.iter().map(|p| async move {
+            let started = Instant::now();
+            let outcome = match tokio::time::timeout(self.timeout, p.check()).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(format!("no answer within {} ms", self.timeout.as_millis())),
+            };
+            metrics::gauge!(names::DEPENDENCY_READY, "dependency" => p.name())
+                .set(if outcome.is_ok() { 1.0 } else { 0.0 });
+            (p.name(), outcome, started.elapsed())
+        });
         let results = futures::future::join_all(checks).await;
         let ready = results.iter().all(|(_, r, _)| r.is_ok());
         let detail: serde_json::Map<String, serde_json::Value> = results

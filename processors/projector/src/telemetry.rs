@@ -3,8 +3,8 @@
 //! did with them. Counted only after the batch committed, so a retried batch is not
 //! counted twice.
 
-use stocksvr_telemetry::names;
 use stocksvr_core::events::EventKind;
+use stocksvr_telemetry::names;
 
 /// What one batch did, emitted once it is durable.
 #[derive(Debug, Default)]
@@ -31,7 +31,8 @@ impl Tally {
 
     pub fn emit(self, batch_size: usize) {
         for kind in self.projected {
-            metrics::counter!(names::PROJECTOR_EVENTS_PROJECTED, "event" => kind.name()).increment(1);
+            metrics::counter!(names::PROJECTOR_EVENTS_PROJECTED, "event" => kind.name())
+                .increment(1);
         }
         metrics::counter!(names::PROJECTOR_DUPLICATES).increment(self.duplicates);
         metrics::counter!(names::PROJECTOR_STALE).increment(self.stale);

@@ -8,9 +8,9 @@ use serde::Serialize;
 use stocksvr_core::events::{
     Envelope, EventData, InventoryCanceledData, InventoryConfirmedData, InventoryOperationDeadData,
     InventoryRefundedData, InventoryRejectedData, InventoryReservedData, OrderType, StockAction,
-    StockAfter, StockBaselineAdjustedData, StockBucketInitializedData, StockChangeData,
+    StockBaselineAdjustedData, StockBucketInitializedData, StockChangeData,
 };
-use stocksvr_store::lua::OpResult;
+use stocksvr_core::model::OpResult;
 use stocksvr_store::reservations::{Baseline, NewOutbox, Reservation};
 use stocksvr_store::wal::WalRow;
 
@@ -104,13 +104,8 @@ pub fn stock_change(
         available_delta: deltas.available,
         reserved_delta: deltas.reserved,
         sold_delta: deltas.sold,
-        redis_version: result.after.version as i64,
-        after: StockAfter {
-            total: result.after.total,
-            available: result.after.available,
-            reserved: result.after.reserved,
-            sold: result.after.sold,
-        },
+        redis_version: result.version as i64,
+        after: result.after,
         reason_code: None,
         refund_id: refund_id.map(str::to_string),
         empty_rollback: result.empty_rollback,
@@ -267,8 +262,8 @@ pub fn bucket_initialized(
             timezone: b.timezone.clone(),
             baseline_version: b.baseline_version as i64,
             total: result.after.total,
-            redis_version: result.after.version as i64,
-            after: after(result),
+            redis_version: result.version as i64,
+            after: result.after,
         },
     )
 }
@@ -302,8 +297,8 @@ pub fn baseline_adjusted(a: &Adjusted<'_>) -> NewOutbox {
             new_total: a.new_total,
             available_delta: a.available_delta,
             deficit: a.result.deficit,
-            redis_version: a.result.after.version as i64,
-            after: after(a.result),
+            redis_version: a.result.version as i64,
+            after: a.result.after,
             reason_code: (a.result.deficit > 0).then(|| "DEFICIT".to_string()),
         },
     )
@@ -326,15 +321,6 @@ pub fn wal_dead(w: &WalRow, action: &str, stuck_status: &str, error: &str) -> Ne
             stuck_since: Some(ts(w.created_at)),
         },
     )
-}
-
-fn after(result: &OpResult) -> StockAfter {
-    StockAfter {
-        total: result.after.total,
-        available: result.after.available,
-        reserved: result.after.reserved,
-        sold: result.after.sold,
-    }
 }
 
 #[cfg(test)]

@@ -7,11 +7,11 @@
 //! never moved backwards. Several workers may run: claims use FOR UPDATE SKIP LOCKED.
 
 use crate::outbox;
-use stocksvr_telemetry::names;
 use crate::{ReservationService, ServiceError};
 use chrono::TimeDelta;
 use std::time::Duration;
 use stocksvr_store::reservations as repo;
+use stocksvr_telemetry::names;
 use tokio::sync::watch;
 
 #[derive(Debug, Clone)]

@@ -5,10 +5,10 @@
 //! stock of an order that was in fact created would oversell.
 
 use crate::outbox;
-use stocksvr_telemetry::names;
 use crate::{ReservationService, ServiceError};
 use std::time::Duration;
 use stocksvr_store::reservations as repo;
+use stocksvr_telemetry::names;
 use tokio::sync::watch;
 
 /// `reason_code` of the alert (an InventoryReserved event of the reservation as it stands).

@@ -233,10 +233,10 @@ async fn observe(f: &Fixture, id: u64) -> Terminal {
     Terminal {
         status,
         numbers,
-        phase: fence.as_ref().map(|f| f.phase.clone()),
+        phase: fence.as_ref().map(|f| f.fence.phase.name().to_string()),
         refunded: (
             row.refunded_quantity,
-            fence.as_ref().map_or(0, |f| f.refunded),
+            fence.as_ref().map_or(0, |f| i64::from(f.fence.refunded)),
         ),
         stock_ops: stock_ops.into_iter().map(|(op,)| op).collect(),
         lifecycle: lifecycle.into_iter().map(|(t,)| t).collect(),
@@ -514,7 +514,7 @@ async fn window_1_a_try_that_died_before_its_insert_is_retried_and_reserves_once
     );
     for reply in &replies {
         let reply = reply.as_ref().expect("every retry answers");
-        assert_eq!(reply.reservation.status, "RESERVED");
+        assert_eq!(reply.reservation.status_name(), "RESERVED");
     }
     let id = reservation_of_item(&f).await.expect("reserved");
     assert_settled(&f, Step::Try, id, "Try crashed before its insert").await;

@@ -8,9 +8,11 @@ mod common;
 use chrono::{DateTime, TimeDelta, Utc};
 use common::ops::{assert_conserved, done, Ops, DEAD_OWNER};
 use std::time::Duration;
+use stocksvr_core::bucket::BucketKey;
+use stocksvr_core::model::OpCode;
 use stocksvr_reservation::operations::{self, init_operation_id};
 use stocksvr_reservation::{OpsConfig, OpsError, ServiceError};
-use stocksvr_store::lua::BucketKeys;
+use stocksvr_store::lua::Step;
 use stocksvr_store::reservations as repo;
 use stocksvr_store::wal::{self, Refusal};
 
@@ -29,7 +31,7 @@ async fn twenty_concurrent_first_trys_initialise_the_bucket_once() {
     }
     for t in tasks {
         let reply = t.await.expect("task").expect("try");
-        assert_eq!(reply.reservation.status, "RESERVED");
+        assert_eq!(reply.reservation.status_name(), "RESERVED");
     }
     let n = f.redis(f.today).await.expect("bucket initialised");
     assert_eq!((n.total, n.available, n.reserved, n.sold), (100, 60, 40, 0));
@@ -57,13 +59,13 @@ async fn a_dead_workers_lease_is_taken_over_after_expiry_and_applied_once() {
         let op = f.stuck_init(&b).await;
         assert_eq!(op, init_operation_id(&b.stock_bucket_id, 1));
         if redis_ran {
-            let keys = BucketKeys::new(f.merchant_id, f.dish_id, &day.to_string()).expect("keys");
+            let keys = BucketKey::new(f.merchant_id, f.dish_id, day);
             let first = f
                 .lua
                 .init_bucket(&keys, &op, b.total_stock, 1)
                 .await
                 .expect("the dead worker's Redis call");
-            assert_eq!(first.after.version, 1);
+            assert_eq!(first.version, 1);
         }
         // The lease is live: no other worker touches the row.
         let report = f.service.ops().work_once(10).await.expect("round");
@@ -186,7 +188,7 @@ async fn adjusting_below_reserved_plus_sold_leaves_zero_available_and_a_deficit(
     assert_eq!(f.outbox_count("StockBucketInitialized").await, 1);
     assert_eq!(f.redis(f.today).await.expect("bucket").total, 20);
     let reply = f.service.try_reserve(&f.request(3, 1)).await.expect("try");
-    assert_eq!(reply.reservation.status, "REJECTED");
+    assert_eq!(reply.reservation.status_name(), "REJECTED");
     assert_eq!(
         done(f.service.cancel(held).await.expect("cancel")),
         "CANCELED"
@@ -220,7 +222,7 @@ async fn a_closed_bucket_refuses_trys_but_settles_reservations_and_archives_only
     let closed = f.service.ops().close(&bucket).await.expect("close");
     assert!(closed.succeeded(), "{closed:?}");
     assert_eq!(
-        f.redis(f.today).await.expect("bucket").state.as_str(),
+        f.redis(f.today).await.expect("bucket").state.name(),
         "CLOSED"
     );
     match f.service.try_reserve(&f.request(3, 1)).await {
@@ -252,7 +254,7 @@ async fn a_closed_bucket_refuses_trys_but_settles_reservations_and_archives_only
         .expect("baseline");
     assert_eq!(b.bucket_status, 30);
     assert_eq!(
-        f.redis(f.today).await.expect("bucket").state.as_str(),
+        f.redis(f.today).await.expect("bucket").state.name(),
         "ARCHIVED"
     );
     let redis_url =
@@ -262,9 +264,9 @@ async fn a_closed_bucket_refuses_trys_but_settles_reservations_and_archives_only
         .get_multiplexed_async_connection()
         .await
         .expect("conn");
-    let keys = BucketKeys::new(f.merchant_id, f.dish_id, &f.today.to_string()).expect("keys");
+    let keys = BucketKey::new(f.merchant_id, f.dish_id, f.today);
     let ttl: i64 = redis::cmd("TTL")
-        .arg(keys.stock())
+        .arg(keys.stock_key())
         .query_async(&mut conn)
         .await
         .expect("ttl");
@@ -435,7 +437,7 @@ async fn an_operation_that_cannot_succeed_goes_dead_with_an_alert_and_can_be_ret
         0
     );
     // Once Redis is right again, the operator's retry finishes it.
-    let keys = BucketKeys::new(f.merchant_id, f.dish_id, &f.today.to_string()).expect("keys");
+    let keys = BucketKey::new(f.merchant_id, f.dish_id, f.today);
     let id: u64 = sqlx::query_as::<_, (u64,)>("SELECT id FROM inventory_reservation LIMIT 1")
         .fetch_one(&f.pool)
         .await
@@ -447,10 +449,15 @@ async fn an_operation_that_cannot_succeed_goes_dead_with_an_alert_and_can_be_ret
         .expect("restore");
     let released = f
         .lua
-        .cancel(&keys, id, &format!("op_cancel_{id}"), 4)
+        .step(
+            &keys,
+            id,
+            &format!("op_cancel_{id}"),
+            Step::Cancel { quantity: 4 },
+        )
         .await
         .expect("release in Redis");
-    assert!(released.succeeded(), "{released:?}");
+    assert_eq!(released.code, OpCode::Succeeded, "{released:?}");
     sqlx::query("UPDATE inventory_reservation SET status = 60")
         .execute(&f.pool)
         .await
@@ -572,9 +579,9 @@ async fn a_try_never_recreates_a_bucket_that_redis_lost() {
         .get_multiplexed_async_connection()
         .await
         .expect("conn");
-    let keys = BucketKeys::new(f.merchant_id, f.dish_id, &f.today.to_string()).expect("keys");
+    let keys = BucketKey::new(f.merchant_id, f.dish_id, f.today);
     let _: i64 = redis::cmd("DEL")
-        .arg(keys.stock())
+        .arg(keys.stock_key())
         .query_async(&mut conn)
         .await
         .expect("del");
@@ -628,5 +635,5 @@ async fn a_try_whose_lazy_init_is_held_elsewhere_fails_retryably_and_counts_it()
         .try_reserve(&f.request(1, 2))
         .await
         .expect("retry");
-    assert_eq!(reply.reservation.status, "RESERVED");
+    assert_eq!(reply.reservation.status_name(), "RESERVED");
 }

@@ -8,9 +8,10 @@ use chrono::Utc;
 use common::{make_due, seed, Fixture};
 use std::collections::HashSet;
 use stocksvr_core::events::OrderType;
+use stocksvr_core::model::OpCode;
 use stocksvr_core::reservation::{try_operation_id, ReservationStatus};
 use stocksvr_reservation::{IntentOutcome, ServiceConfig, ServiceError};
-use stocksvr_store::lua::Outcome;
+use stocksvr_store::lua::Step;
 use stocksvr_store::reservations as repo;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -33,7 +34,7 @@ async fn two_thousand_concurrent_trys_never_oversell() {
     for task in tasks {
         let (quantity, reply) = task.await.expect("task");
         let reply = reply.expect("every Try gets a definite answer");
-        match reply.reservation.status.as_str() {
+        match reply.reservation.status_name() {
             "RESERVED" => {
                 reserved_sum += i64::from(quantity);
                 reserved_count += 1;
@@ -89,8 +90,8 @@ async fn the_same_try_fifty_times_reserves_once() {
     let mut created = 0;
     for task in tasks {
         let reply = task.await.expect("task").expect("try");
-        assert_eq!(reply.reservation.status, "RESERVED");
-        ids.insert(reply.reservation.reservation_id);
+        assert_eq!(reply.reservation.status_name(), "RESERVED");
+        ids.insert(reply.reservation.id);
         created += usize::from(reply.created);
     }
     assert_eq!(ids.len(), 1, "one reservation");
@@ -110,7 +111,7 @@ async fn cancel_before_try_is_an_empty_rollback_and_the_late_try_is_fenced() {
             reservation,
             already,
         } => {
-            assert_eq!(reservation.status, "CANCELED");
+            assert_eq!(reservation.status_name(), "CANCELED");
             assert!(!already);
         }
         other => panic!("{other:?}"),
@@ -122,21 +123,26 @@ async fn cancel_before_try_is_an_empty_rollback_and_the_late_try_is_fenced() {
         .await
         .expect("fence")
         .expect("fence written");
-    assert_eq!(fence.phase, "CANCELED");
+    assert_eq!(fence.fence.phase.name(), "CANCELED");
     // The Try that was in flight arrives now: fenced, nothing moves (anti-hanging).
     let late = f
         .lua
-        .try_reserve(&f.keys(), id, &try_operation_id(id), 3)
+        .step(
+            &f.keys(),
+            id,
+            &try_operation_id(id),
+            Step::Try { quantity: 3 },
+        )
         .await
         .expect("late try");
-    assert_eq!(late.outcome, Outcome::Fenced);
+    assert_eq!(late.code, OpCode::Fenced);
     assert_eq!(f.numbers().await, before);
     // A repeat of the Try request never revives a CANCELED reservation.
     let mut req = f.request(2, 3);
     req.order_id = 9_000;
     let again = f.service.try_reserve(&req).await.expect("repeat");
     assert!(!again.created);
-    assert_eq!(again.reservation.status, "CANCELED");
+    assert_eq!(again.reservation.status_name(), "CANCELED");
     assert_eq!(f.numbers().await, before);
     let canceled: (String,) = sqlx::query_as(
         "SELECT CAST(payload AS CHAR) FROM inventory_outbox WHERE event_type = 'InventoryCanceled'",
@@ -208,7 +214,7 @@ async fn refunds_from_confirmed_and_created_reserved_are_idempotent_and_bounded(
         .await
         .expect("refund r1");
     assert!(
-        matches!(&partial, IntentOutcome::Done { reservation, already: false } if reservation.status == "CONFIRMED" && reservation.refunded_quantity == 1),
+        matches!(&partial, IntentOutcome::Done { reservation, already: false } if reservation.status_name() == "CONFIRMED" && reservation.refunded_quantity == 1),
         "{partial:?}"
     );
     assert_eq!(f.numbers().await, (50, 48, 0, 2), "sold -> available");
@@ -244,7 +250,7 @@ async fn refunds_from_confirmed_and_created_reserved_are_idempotent_and_bounded(
         .await
         .expect("refund r2");
     assert!(
-        matches!(&rest, IntentOutcome::Done { reservation, .. } if reservation.status == "REFUNDED"),
+        matches!(&rest, IntentOutcome::Done { reservation, .. } if reservation.status_name() == "REFUNDED"),
         "{rest:?}"
     );
     assert_eq!(f.numbers().await, (50, 50, 0, 0));
@@ -262,11 +268,9 @@ async fn refunds_from_confirmed_and_created_reserved_are_idempotent_and_bounded(
         .await
         .expect("try")
         .reservation
-        .reservation_id
-        .parse()
-        .expect("id");
+        .id;
     assert!(
-        matches!(f.service.mark_created(scheduled).await.expect("created"), IntentOutcome::Done { ref reservation, .. } if reservation.status == "CREATED_RESERVED")
+        matches!(f.service.mark_created(scheduled).await.expect("created"), IntentOutcome::Done { ref reservation, .. } if reservation.status_name() == "CREATED_RESERVED")
     );
     assert!(
         matches!(
@@ -282,7 +286,7 @@ async fn refunds_from_confirmed_and_created_reserved_are_idempotent_and_bounded(
         .await
         .expect("full refund");
     assert!(
-        matches!(&full, IntentOutcome::Done { reservation, .. } if reservation.status == "REFUNDED"),
+        matches!(&full, IntentOutcome::Done { reservation, .. } if reservation.status_name() == "REFUNDED"),
         "{full:?}"
     );
     assert_eq!(f.numbers().await, (50, 50, 0, 0), "reserved -> available");
@@ -304,21 +308,26 @@ async fn lua_succeeded_mysql_not_updated_resumes_without_reserving_twice() {
     // The crash window: the Try ran in Redis, the process died before the MySQL TX.
     let first = f
         .lua
-        .try_reserve(&f.keys(), id, &try_operation_id(id), 5)
+        .step(
+            &f.keys(),
+            id,
+            &try_operation_id(id),
+            Step::Try { quantity: 5 },
+        )
         .await
         .expect("lua try");
-    assert_eq!(first.outcome, Outcome::Succeeded);
+    assert_eq!(first.code, OpCode::Succeeded);
     assert_eq!(f.numbers().await, (20, 14, 6, 0));
     assert_eq!(f.status(id).await, "PREPARING");
     // Recovery resumes with the stored operation id: the Lua replays its first result.
     let resumed = f.service.resume(id).await.expect("resume");
-    assert_eq!(resumed.status, "RESERVED");
+    assert_eq!(resumed.status_name(), "RESERVED");
     assert_eq!(f.numbers().await, (20, 14, 6, 0), "reserved once");
     // And the repeat of the original Try request answers with the same reservation.
     let mut req = f.request(2, 5);
     req.order_id = 9_000;
     let again = f.service.try_reserve(&req).await.expect("repeat");
-    assert_eq!(again.reservation.reservation_id, id.to_string());
+    assert_eq!(again.reservation.id, id);
     assert_eq!(f.numbers().await, (20, 14, 6, 0));
 }
 
@@ -335,7 +344,12 @@ async fn recovery_resumes_each_interrupted_step_once() {
     let b = 601_000 + s;
     f.preparing(b, 3, 3).await;
     f.lua
-        .try_reserve(&f.keys(), b, &try_operation_id(b), 3)
+        .step(
+            &f.keys(),
+            b,
+            &try_operation_id(b),
+            Step::Try { quantity: 3 },
+        )
         .await
         .expect("lua");
     // C: it died after the CAS into CONFIRMING, before the Lua Confirm.

@@ -157,7 +157,7 @@ async fn a_lazy_init_that_crashed_mid_try_converges_with_one_initialisation() {
         .try_reserve(&f.request(1, 4))
         .await
         .expect("retry");
-    assert_eq!(reply.reservation.status, "RESERVED");
+    assert_eq!(reply.reservation.status_name(), "RESERVED");
     assert!(!reply.created, "the retry resumed the first Try");
     let n = f.redis(f.today).await.expect("bucket");
     assert_eq!(

@@ -6,13 +6,13 @@
 //! claim timeout. The row's event id is deterministic, so a re-fire enqueues nothing new.
 
 use crate::{event, ScheduleConfig, ScheduleError, TimeWheel};
-use stocksvr_telemetry::names;
 use chrono::Utc;
 use sqlx::MySqlPool;
 use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_store::reservations as repo;
+use stocksvr_telemetry::names;
 use tokio::sync::watch;
 
 /// What to do with a claimed entry, given the reservation's status (None: no such row).
@@ -132,7 +132,8 @@ impl Poller {
             }
             (Fire::Later, _) => {
                 report.later += 1;
-                metrics::counter!(names::SCHEDULE_FIRED, "outcome" => "later", "reason" => "").increment(1);
+                metrics::counter!(names::SCHEDULE_FIRED, "outcome" => "later", "reason" => "")
+                    .increment(1);
                 return Ok(());
             }
         };
@@ -145,7 +146,8 @@ impl Poller {
             report.emitted += 1;
             if let Some(due) = row.as_ref().and_then(|r| r.processing_time) {
                 let late = (Utc::now().naive_utc() - due).num_milliseconds().max(0);
-                metrics::histogram!(names::SCHEDULE_FIRE_LATENESS_SECONDS).record(late as f64 / 1000.0);
+                metrics::histogram!(names::SCHEDULE_FIRE_LATENESS_SECONDS)
+                    .record(late as f64 / 1000.0);
             }
             tracing::info!(
                 reservation_id = id,
@@ -187,7 +189,8 @@ impl Poller {
                 "time wheel entry dropped without a trigger"
             );
         }
-        metrics::counter!(names::SCHEDULE_FIRED, "outcome" => "dropped", "reason" => reason).increment(1);
+        metrics::counter!(names::SCHEDULE_FIRED, "outcome" => "dropped", "reason" => reason)
+            .increment(1);
         Ok(())
     }
 

@@ -8,7 +8,6 @@
 //! there first) is stale and ignored; one naming an unknown reservation, another order, or
 //! a reservation its order never created is dead-lettered with the reason.
 
-use stocksvr_telemetry::names;
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -19,6 +18,7 @@ use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::consumer::{Applied, Failure, Handler, LoopConfig, Record};
 use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError};
 use stocksvr_store::reservations::{self as repo, Reservation};
+use stocksvr_telemetry::names;
 
 pub const NAME: &str = "schedule";
 

@@ -12,11 +12,11 @@
 //! Racing the wheel is harmless: both end in the same CAS from CREATED_RESERVED.
 
 use crate::{store, ScheduleConfig, ScheduleError, TimeWheel};
-use stocksvr_telemetry::names;
 use chrono::{NaiveDateTime, TimeDelta, Utc};
 use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError};
+use stocksvr_telemetry::names;
 use tokio::sync::watch;
 
 /// Query pages per round and step, so one round stays bounded whatever the backlog.

@@ -15,7 +15,7 @@ use stocksvr_schedule::fire::Poller;
 use stocksvr_schedule::scan::Scanner;
 use stocksvr_schedule::ScheduleSettings;
 use stocksvr_schedule::{ScheduleConfig, TimeWheel};
-use stocksvr_store::lua::{BucketKeys, LuaExecutor};
+use stocksvr_store::lua::LuaExecutor;
 use stocksvr_store::reservations::{self as repo, Baseline};
 use stocksvr_test_support::TestDb;
 
@@ -121,8 +121,8 @@ impl Fixture {
             })
             .await
             .expect("try");
-        assert_eq!(reply.reservation.status, "RESERVED");
-        let id: u64 = reply.reservation.reservation_id.parse().expect("id");
+        assert_eq!(reply.reservation.status_name(), "RESERVED");
+        let id: u64 = reply.reservation.id;
         let parked = self.service.mark_created(id).await.expect("created");
         assert!(matches!(parked, IntentOutcome::Done { .. }), "{parked:?}");
         id
@@ -146,7 +146,8 @@ impl Fixture {
             .await
             .expect("get")
             .expect("exists")
-            .status
+            .status_name()
+            .to_string()
     }
 }
 
@@ -259,8 +260,7 @@ async fn the_scan_confirms_what_the_wheel_missed_once_and_rearms_lost_entries() 
         0,
         "the scan confirms directly"
     );
-    let keys =
-        BucketKeys::new(f.merchant_id, f.dish_id, &due.date_naive().to_string()).expect("keys");
+    let keys = BucketKey::new(f.merchant_id, f.dish_id, due.date_naive());
     let numbers = f
         .lua
         .read_bucket(&keys)

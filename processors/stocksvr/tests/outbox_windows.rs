@@ -15,6 +15,7 @@ use futures::future::{BoxFuture, FutureExt};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use stocksvr_core::bucket::BucketKey;
 use stocksvr_core::events::topics;
 use stocksvr_core::reservation::{
     cancel_operation_id, confirm_operation_id, refund_operation_id, try_operation_id,
@@ -29,7 +30,7 @@ use stocksvr_projector::{loop_config, Projector};
 use stocksvr_reservation::{
     IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest,
 };
-use stocksvr_store::lua::{BucketKeys, LuaExecutor};
+use stocksvr_store::lua::LuaExecutor;
 use tokio::sync::watch;
 
 /// Partitions of the test namespace's topics (see `common::TestEnv`).
@@ -116,8 +117,8 @@ fn done(outcome: IntentOutcome) {
 }
 
 fn id_of(reply: &TryReply) -> u64 {
-    assert_eq!(reply.reservation.status, "RESERVED");
-    reply.reservation.reservation_id.parse().expect("id")
+    assert_eq!(reply.reservation.status_name(), "RESERVED");
+    reply.reservation.id
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,12 +302,11 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
     assert_eq!(ledger, expected, "one ledger row per operation");
 
     // And the snapshot converged on Redis.
-    let keys = BucketKeys::new(
+    let keys = BucketKey::new(
         shop.merchant_id,
         shop.dish_id,
-        &chrono::Utc::now().date_naive().to_string(),
-    )
-    .expect("keys");
+        chrono::Utc::now().date_naive(),
+    );
     let redis = lua.read_bucket(&keys).await.expect("read").expect("bucket");
     assert_eq!(
         (redis.total, redis.available, redis.reserved, redis.sold),

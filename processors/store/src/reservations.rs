@@ -51,6 +51,21 @@ impl Reservation {
             })
     }
 
+    /// Instant or scheduled (`order_type` 1 or 2; anything else reads as instant).
+    pub fn order_type(&self) -> stocksvr_core::events::OrderType {
+        u8::try_from(self.order_type)
+            .ok()
+            .and_then(stocksvr_core::events::OrderType::from_code)
+            .unwrap_or(stocksvr_core::events::OrderType::Instant)
+    }
+
+    /// The status's name, `UNKNOWN` for a code no version of stocksvr writes.
+    pub fn status_name(&self) -> &'static str {
+        self.status()
+            .map(ReservationStatus::name)
+            .unwrap_or("UNKNOWN")
+    }
+
     pub fn resume_status(&self) -> Option<ReservationStatus> {
         self.resume_status
             .and_then(|c| u8::try_from(c).ok())

@@ -6,11 +6,14 @@ use anyhow::{ensure, Context, Result};
 use redis::aio::ConnectionManager;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use stocksvr_store::lua::{
-    BucketKeys, BucketState, ExecError, LuaExecutor, OpResult, Outcome, StockAfter, DEFAULT_OP_TTL,
-};
+use stocksvr_core::bucket::{BucketKey, BucketState};
+use stocksvr_core::events::StockAfter;
+use stocksvr_core::model::{OpCode, OpResult};
+use stocksvr_store::lua::{ExecError, LuaExecutor, Step, StockNumbers, DEFAULT_OP_TTL};
 
-const DATE: &str = "2026-07-26";
+fn date() -> chrono::NaiveDate {
+    chrono::NaiveDate::from_ymd_opt(2026, 7, 26).expect("valid date")
+}
 
 fn redis_url() -> String {
     std::env::var("STOCKSVR__REDIS__URL").unwrap_or_else(|_| "redis://127.0.0.1:6380/".into())
@@ -45,34 +48,20 @@ impl Ctx {
         })
     }
 
-    fn bucket(&self, dish: u64) -> BucketKeys {
-        BucketKeys::new(self.merchant, dish, DATE).expect("valid date")
+    fn bucket(&self, dish: u64) -> BucketKey {
+        BucketKey::new(self.merchant, dish, date())
     }
 
     /// A bucket of `total`, OPEN, version 1.
-    async fn open_bucket(&self, dish: u64, total: i64) -> Result<BucketKeys> {
+    async fn open_bucket(&self, dish: u64, total: i64) -> Result<BucketKey> {
         let keys = self.bucket(dish);
         let r = self.exec.init_bucket(&keys, "init", total, 1).await?;
-        ensure!(
-            r.outcome == Outcome::Succeeded && r.after.version == 1,
-            "{r:?}"
-        );
+        ensure!(r.code == OpCode::Succeeded && r.version == 1, "{r:?}");
         Ok(keys)
     }
 
-    async fn numbers(&self, keys: &BucketKeys) -> Result<StockAfter> {
-        let s = self
-            .exec
-            .read_bucket(keys)
-            .await?
-            .context("bucket exists")?;
-        Ok(StockAfter {
-            version: s.version,
-            total: s.total,
-            available: s.available,
-            reserved: s.reserved,
-            sold: s.sold,
-        })
+    async fn numbers(&self, keys: &BucketKey) -> Result<StockNumbers> {
+        self.exec.read_bucket(keys).await?.context("bucket exists")
     }
 
     async fn exists(&self, key: &str) -> Result<bool> {
@@ -106,7 +95,16 @@ impl Ctx {
     }
 }
 
-fn assert_conserved(n: &StockAfter) {
+fn assert_conserved(n: &StockNumbers) {
+    assert_after_conserved(&StockAfter {
+        total: n.total,
+        available: n.available,
+        reserved: n.reserved,
+        sold: n.sold,
+    });
+}
+
+fn assert_after_conserved(n: &StockAfter) {
     assert!(
         n.available >= 0 && n.reserved >= 0 && n.sold >= 0,
         "negative numbers: {n:?}"
@@ -127,11 +125,15 @@ async fn concurrent_trys_never_oversell() -> Result<()> {
     let mut tasks = Vec::new();
     for i in 0..2_000u64 {
         let exec = ctx.exec.clone();
-        let keys = keys.clone();
         tasks.push(tokio::spawn(async move {
             let qty = (i % 3 + 1) as u32;
             let r = exec
-                .try_reserve(&keys, 1_000 + i, &format!("try-{i}"), qty)
+                .step(
+                    &keys,
+                    1_000 + i,
+                    &format!("try-{i}"),
+                    Step::Try { quantity: qty },
+                )
                 .await;
             (qty, r)
         }));
@@ -143,13 +145,13 @@ async fn concurrent_trys_never_oversell() -> Result<()> {
         let (qty, r) = task.await?;
         let r = r?;
         assert!(!r.replayed);
-        assert_conserved(&r.after);
-        match r.outcome {
-            Outcome::Succeeded => {
+        assert_after_conserved(&r.after);
+        match r.code {
+            OpCode::Succeeded => {
                 granted += i64::from(qty);
                 succeeded += 1;
             }
-            Outcome::Insufficient => insufficient += 1,
+            OpCode::Insufficient => insufficient += 1,
             other => panic!("unexpected outcome {other:?}"),
         }
     }
@@ -179,9 +181,9 @@ async fn the_same_try_sent_50_times_applies_once() -> Result<()> {
     let mut tasks = Vec::new();
     for _ in 0..50 {
         let exec = ctx.exec.clone();
-        let keys = keys.clone();
         tasks.push(tokio::spawn(async move {
-            exec.try_reserve(&keys, 77, "try-77", 3).await
+            exec.step(&keys, 77, "try-77", Step::Try { quantity: 3 })
+                .await
         }));
     }
     let mut results: Vec<OpResult> = Vec::new();
@@ -195,13 +197,13 @@ async fn the_same_try_sent_50_times_applies_once() -> Result<()> {
         .find(|r| !r.replayed)
         .cloned()
         .context("one original")?;
-    assert_eq!(first.outcome, Outcome::Succeeded);
-    assert_eq!(first.phase.as_deref(), Some("RESERVED"));
+    assert_eq!(first.code, OpCode::Succeeded);
+    assert_eq!(first.fence.name(), "RESERVED");
     for r in &results {
         assert_eq!(
             OpResult {
                 replayed: false,
-                ..r.clone()
+                ..*r
             },
             first
         );
@@ -217,24 +219,30 @@ async fn cancel_before_try_is_an_empty_rollback_and_fences_the_late_try() -> Res
     let keys = ctx.open_bucket(1, 10).await?;
     let before = ctx.numbers(&keys).await?;
 
-    let c = ctx.exec.cancel(&keys, 5, "cancel-5", 2).await?;
-    assert_eq!(c.outcome, Outcome::Succeeded);
+    let c = ctx
+        .exec
+        .step(&keys, 5, "cancel-5", Step::Cancel { quantity: 2 })
+        .await?;
+    assert_eq!(c.code, OpCode::Succeeded);
     assert!(c.empty_rollback && !c.replayed);
-    assert_eq!(c.phase.as_deref(), Some("CANCELED"));
+    assert_eq!(c.fence.name(), "CANCELED");
     assert_eq!(
         ctx.numbers(&keys).await?,
         before,
         "an empty rollback adds no stock"
     );
     let fence = ctx.exec.read_fence(&keys, 5).await?.context("fence")?;
-    assert_eq!(fence.phase, "CANCELED");
-    assert_eq!(fence.quantity, 2);
+    assert_eq!(fence.fence.phase.name(), "CANCELED");
+    assert_eq!(fence.fence.quantity, 2);
     assert_eq!(fence.cancel_op.as_deref(), Some("cancel-5"));
     assert_eq!(fence.try_op, None);
 
     // The Try that was in flight arrives now (hanging): fenced, nothing moves.
-    let t = ctx.exec.try_reserve(&keys, 5, "try-5", 2).await?;
-    assert_eq!(t.outcome, Outcome::Fenced);
+    let t = ctx
+        .exec
+        .step(&keys, 5, "try-5", Step::Try { quantity: 2 })
+        .await?;
+    assert_eq!(t.code, OpCode::Fenced);
     assert_eq!(ctx.numbers(&keys).await?, before);
     assert_eq!(
         ctx.exec.read_fence(&keys, 5).await?.context("fence")?,
@@ -242,12 +250,21 @@ async fn cancel_before_try_is_an_empty_rollback_and_fences_the_late_try() -> Res
     );
 
     // A retry of the same Try, and a second Cancel with another id: first results / no change.
-    let t2 = ctx.exec.try_reserve(&keys, 5, "try-5", 2).await?;
-    assert_eq!((t2.outcome, t2.replayed), (Outcome::Fenced, true));
-    let c2 = ctx.exec.cancel(&keys, 5, "cancel-5-again", 2).await?;
-    assert_eq!(c2.outcome, Outcome::Succeeded);
+    let t2 = ctx
+        .exec
+        .step(&keys, 5, "try-5", Step::Try { quantity: 2 })
+        .await?;
+    assert_eq!((t2.code, t2.replayed), (OpCode::Fenced, true));
+    let c2 = ctx
+        .exec
+        .step(&keys, 5, "cancel-5-again", Step::Cancel { quantity: 2 })
+        .await?;
+    assert_eq!(c2.code, OpCode::Succeeded);
     assert!(c2.empty_rollback && !c2.replayed);
-    let c3 = ctx.exec.cancel(&keys, 5, "cancel-5", 2).await?;
+    let c3 = ctx
+        .exec
+        .step(&keys, 5, "cancel-5", Step::Cancel { quantity: 2 })
+        .await?;
     assert_eq!(
         c3,
         OpResult {
@@ -260,15 +277,21 @@ async fn cancel_before_try_is_an_empty_rollback_and_fences_the_late_try() -> Res
     // Cancel with no bucket at all still fences: a Try waiting for a lazy init must not
     // freeze stock after it.
     let missing = ctx.bucket(2);
-    let c = ctx.exec.cancel(&missing, 6, "cancel-6", 1).await?;
-    assert!(c.succeeded() && c.empty_rollback);
+    let c = ctx
+        .exec
+        .step(&missing, 6, "cancel-6", Step::Cancel { quantity: 1 })
+        .await?;
+    assert!((c.code == OpCode::Succeeded) && c.empty_rollback);
     assert!(
-        !ctx.exists(missing.stock()).await?,
+        !ctx.exists(&missing.stock_key()).await?,
         "cancel never creates the bucket"
     );
     ctx.exec.init_bucket(&missing, "init-2", 4, 1).await?;
-    let t = ctx.exec.try_reserve(&missing, 6, "try-6", 1).await?;
-    assert_eq!(t.outcome, Outcome::Fenced);
+    let t = ctx
+        .exec
+        .step(&missing, 6, "try-6", Step::Try { quantity: 1 })
+        .await?;
+    assert_eq!(t.code, OpCode::Fenced);
     assert_eq!(ctx.numbers(&missing).await?.available, 4);
     ctx.cleanup().await
 }
@@ -282,29 +305,47 @@ async fn confirm_and_cancel_race_and_exactly_one_wins() -> Result<()> {
         let qty = (r % 3 + 1) as u32;
         let t = ctx
             .exec
-            .try_reserve(&keys, r, &format!("try-{r}"), qty)
+            .step(&keys, r, &format!("try-{r}"), Step::Try { quantity: qty })
             .await?;
-        ensure!(t.succeeded(), "{t:?}");
+        ensure!((t.code == OpCode::Succeeded), "{t:?}");
         qty_of.push(qty);
     }
 
     let mut tasks = Vec::new();
     for r in 0..200u64 {
         let (e1, e2) = (ctx.exec.clone(), ctx.exec.clone());
-        let (k1, k2) = (keys.clone(), keys.clone());
+        let (k1, k2) = (keys, keys);
         let qty = qty_of[r as usize];
         // Alternate which call is issued first so both outcomes of the race get exercised.
         let (confirm, cancel) = if r % 2 == 0 {
-            let confirm =
-                tokio::spawn(async move { e1.confirm(&k1, r, &format!("confirm-{r}")).await });
-            let cancel =
-                tokio::spawn(async move { e2.cancel(&k2, r, &format!("cancel-{r}"), qty).await });
+            let confirm = tokio::spawn(async move {
+                e1.step(&k1, r, &format!("confirm-{r}"), Step::Confirm)
+                    .await
+            });
+            let cancel = tokio::spawn(async move {
+                e2.step(
+                    &k2,
+                    r,
+                    &format!("cancel-{r}"),
+                    Step::Cancel { quantity: qty },
+                )
+                .await
+            });
             (confirm, cancel)
         } else {
-            let cancel =
-                tokio::spawn(async move { e2.cancel(&k2, r, &format!("cancel-{r}"), qty).await });
-            let confirm =
-                tokio::spawn(async move { e1.confirm(&k1, r, &format!("confirm-{r}")).await });
+            let cancel = tokio::spawn(async move {
+                e2.step(
+                    &k2,
+                    r,
+                    &format!("cancel-{r}"),
+                    Step::Cancel { quantity: qty },
+                )
+                .await
+            });
+            let confirm = tokio::spawn(async move {
+                e1.step(&k1, r, &format!("confirm-{r}"), Step::Confirm)
+                    .await
+            });
             (confirm, cancel)
         };
         tasks.push((r, confirm, cancel));
@@ -314,13 +355,13 @@ async fn confirm_and_cancel_race_and_exactly_one_wins() -> Result<()> {
     for (r, confirm, cancel) in tasks {
         let (confirm, cancel) = (confirm.await??, cancel.await??);
         let qty = i64::from(qty_of[r as usize]);
-        match (confirm.outcome, cancel.outcome) {
-            (Outcome::Succeeded, Outcome::Conflict) => {
-                assert_eq!(cancel.phase.as_deref(), Some("CONFIRMED"));
+        match (confirm.code, cancel.code) {
+            (OpCode::Succeeded, OpCode::Conflict) => {
+                assert_eq!(cancel.fence.name(), "CONFIRMED");
                 sold += qty;
             }
-            (Outcome::Conflict, Outcome::Succeeded) => {
-                assert_eq!(confirm.phase.as_deref(), Some("CANCELED"));
+            (OpCode::Conflict, OpCode::Succeeded) => {
+                assert_eq!(confirm.fence.name(), "CANCELED");
                 assert!(!cancel.empty_rollback);
                 returned += qty;
             }
@@ -344,84 +385,139 @@ async fn refunds() -> Result<()> {
     let keys = ctx.open_bucket(1, 20).await?;
 
     // From CONFIRMED: sold -> available, partial refunds add up, then REFUNDED.
-    ctx.exec.try_reserve(&keys, 1, "try-1", 5).await?;
-    ctx.exec.confirm(&keys, 1, "confirm-1").await?;
+    ctx.exec
+        .step(&keys, 1, "try-1", Step::Try { quantity: 5 })
+        .await?;
+    ctx.exec.step(&keys, 1, "confirm-1", Step::Confirm).await?;
     let n = ctx.numbers(&keys).await?;
     assert_eq!((n.available, n.reserved, n.sold), (15, 0, 5));
 
-    let r1 = ctx.exec.refund(&keys, 1, "refund-1a", 2).await?;
-    assert_eq!(r1.outcome, Outcome::Succeeded);
+    let r1 = ctx
+        .exec
+        .step(&keys, 1, "refund-1a", Step::Refund { quantity: 2 })
+        .await?;
+    assert_eq!(r1.code, OpCode::Succeeded);
     assert_eq!(
-        r1.phase.as_deref(),
-        Some("CONFIRMED"),
+        r1.fence.name(),
+        "CONFIRMED",
         "a partial refund keeps the phase"
     );
     assert_eq!((r1.after.available, r1.after.sold), (17, 3));
 
     // The same refund op again: the first result, nothing moves.
-    let again = ctx.exec.refund(&keys, 1, "refund-1a", 2).await?;
+    let again = ctx
+        .exec
+        .step(&keys, 1, "refund-1a", Step::Refund { quantity: 2 })
+        .await?;
     assert_eq!(
         again,
         OpResult {
             replayed: true,
-            ..r1.clone()
+            ..r1
         }
     );
     assert_eq!(ctx.numbers(&keys).await?.sold, 3);
 
     // More than what is left: rejected, no change; and recorded as such.
-    let over = ctx.exec.refund(&keys, 1, "refund-1b", 4).await?;
-    assert_eq!(over.outcome, Outcome::OverRefund);
+    let over = ctx
+        .exec
+        .step(&keys, 1, "refund-1b", Step::Refund { quantity: 4 })
+        .await?;
+    assert_eq!(over.code, OpCode::OverRefund);
     assert_eq!(ctx.numbers(&keys).await?.sold, 3);
-    let over_again = ctx.exec.refund(&keys, 1, "refund-1b", 4).await?;
+    let over_again = ctx
+        .exec
+        .step(&keys, 1, "refund-1b", Step::Refund { quantity: 4 })
+        .await?;
     assert_eq!(
-        (over_again.outcome, over_again.replayed),
-        (Outcome::OverRefund, true)
+        (over_again.code, over_again.replayed),
+        (OpCode::OverRefund, true)
     );
 
-    let r2 = ctx.exec.refund(&keys, 1, "refund-1c", 1).await?;
-    assert_eq!(r2.phase.as_deref(), Some("CONFIRMED"));
-    let r3 = ctx.exec.refund(&keys, 1, "refund-1d", 2).await?;
-    assert_eq!(r3.phase.as_deref(), Some("REFUNDED"));
+    let r2 = ctx
+        .exec
+        .step(&keys, 1, "refund-1c", Step::Refund { quantity: 1 })
+        .await?;
+    assert_eq!(r2.fence.name(), "CONFIRMED");
+    let r3 = ctx
+        .exec
+        .step(&keys, 1, "refund-1d", Step::Refund { quantity: 2 })
+        .await?;
+    assert_eq!(r3.fence.name(), "REFUNDED");
     assert_eq!((r3.after.available, r3.after.sold), (20, 0));
     let fence = ctx.exec.read_fence(&keys, 1).await?.context("fence")?;
-    assert_eq!((fence.phase.as_str(), fence.refunded), ("REFUNDED", 5));
-    let nothing_left = ctx.exec.refund(&keys, 1, "refund-1e", 1).await?;
-    assert_eq!(nothing_left.outcome, Outcome::Conflict);
+    assert_eq!(
+        (fence.fence.phase.name(), fence.fence.refunded),
+        ("REFUNDED", 5)
+    );
+    let nothing_left = ctx
+        .exec
+        .step(&keys, 1, "refund-1e", Step::Refund { quantity: 1 })
+        .await?;
+    assert_eq!(nothing_left.code, OpCode::Conflict);
     // A late Try of a refunded reservation is fenced too.
-    let late = ctx.exec.try_reserve(&keys, 1, "try-1-late", 5).await?;
-    assert_eq!(late.outcome, Outcome::Fenced);
+    let late = ctx
+        .exec
+        .step(&keys, 1, "try-1-late", Step::Try { quantity: 5 })
+        .await?;
+    assert_eq!(late.code, OpCode::Fenced);
 
     // From RESERVED (a scheduled order refunded before its confirm time): reserved -> available.
-    ctx.exec.try_reserve(&keys, 2, "try-2", 4).await?;
-    let r = ctx.exec.refund(&keys, 2, "refund-2a", 1).await?;
-    assert_eq!(r.phase.as_deref(), Some("RESERVED"));
+    ctx.exec
+        .step(&keys, 2, "try-2", Step::Try { quantity: 4 })
+        .await?;
+    let r = ctx
+        .exec
+        .step(&keys, 2, "refund-2a", Step::Refund { quantity: 1 })
+        .await?;
+    assert_eq!(r.fence.name(), "RESERVED");
     assert_eq!((r.after.available, r.after.reserved), (17, 3));
     // Confirming the rest sells only what was not refunded.
-    let c = ctx.exec.confirm(&keys, 2, "confirm-2").await?;
+    let c = ctx.exec.step(&keys, 2, "confirm-2", Step::Confirm).await?;
     assert_eq!(
         (c.after.available, c.after.reserved, c.after.sold),
         (17, 0, 3)
     );
-    let r = ctx.exec.refund(&keys, 2, "refund-2b", 3).await?;
-    assert_eq!(r.phase.as_deref(), Some("REFUNDED"));
+    let r = ctx
+        .exec
+        .step(&keys, 2, "refund-2b", Step::Refund { quantity: 3 })
+        .await?;
+    assert_eq!(r.fence.name(), "REFUNDED");
     assert_eq!((r.after.available, r.after.sold), (20, 0));
 
     // Whole refund straight from RESERVED.
-    ctx.exec.try_reserve(&keys, 3, "try-3", 2).await?;
-    let r = ctx.exec.refund(&keys, 3, "refund-3", 2).await?;
-    assert_eq!(r.phase.as_deref(), Some("REFUNDED"));
+    ctx.exec
+        .step(&keys, 3, "try-3", Step::Try { quantity: 2 })
+        .await?;
+    let r = ctx
+        .exec
+        .step(&keys, 3, "refund-3", Step::Refund { quantity: 2 })
+        .await?;
+    assert_eq!(r.fence.name(), "REFUNDED");
     assert_eq!(r.after.reserved, 0);
 
     // Refund of a reservation that never reserved, or was cancelled: conflict, no change.
-    let none = ctx.exec.refund(&keys, 4, "refund-4", 1).await?;
-    assert_eq!(none.outcome, Outcome::Conflict);
-    ctx.exec.try_reserve(&keys, 5, "try-5", 1).await?;
-    ctx.exec.cancel(&keys, 5, "cancel-5", 1).await?;
-    let canceled = ctx.exec.refund(&keys, 5, "refund-5", 1).await?;
-    assert_eq!(canceled.outcome, Outcome::Conflict);
-    let cancel_after_confirm = ctx.exec.cancel(&keys, 2, "cancel-2", 4).await?;
-    assert_eq!(cancel_after_confirm.outcome, Outcome::Conflict);
+    let none = ctx
+        .exec
+        .step(&keys, 4, "refund-4", Step::Refund { quantity: 1 })
+        .await?;
+    assert_eq!(none.code, OpCode::Conflict);
+    ctx.exec
+        .step(&keys, 5, "try-5", Step::Try { quantity: 1 })
+        .await?;
+    ctx.exec
+        .step(&keys, 5, "cancel-5", Step::Cancel { quantity: 1 })
+        .await?;
+    let canceled = ctx
+        .exec
+        .step(&keys, 5, "refund-5", Step::Refund { quantity: 1 })
+        .await?;
+    assert_eq!(canceled.code, OpCode::Conflict);
+    let cancel_after_confirm = ctx
+        .exec
+        .step(&keys, 2, "cancel-2", Step::Cancel { quantity: 4 })
+        .await?;
+    assert_eq!(cancel_after_confirm.code, OpCode::Conflict);
 
     let n = ctx.numbers(&keys).await?;
     assert_conserved(&n);
@@ -435,16 +531,18 @@ async fn init_bucket_is_idempotent_and_never_overwrites_a_traded_bucket() -> Res
     let keys = ctx.bucket(1);
 
     let first = ctx.exec.init_bucket(&keys, "init-a", 10, 3).await?;
-    assert_eq!(first.outcome, Outcome::Succeeded);
+    assert_eq!(first.code, OpCode::Succeeded);
     assert_eq!(
-        first.after,
-        StockAfter {
-            version: 1,
-            total: 10,
-            available: 10,
-            reserved: 0,
-            sold: 0
-        }
+        (first.version, first.after),
+        (
+            1,
+            StockAfter {
+                total: 10,
+                available: 10,
+                reserved: 0,
+                sold: 0
+            }
+        )
     );
     let stored = ctx.exec.read_bucket(&keys).await?.context("bucket")?;
     assert_eq!(
@@ -458,33 +556,29 @@ async fn init_bucket_is_idempotent_and_never_overwrites_a_traded_bucket() -> Res
         replay,
         OpResult {
             replayed: true,
-            ..first.clone()
+            ..first
         }
     );
     let same = ctx.exec.init_bucket(&keys, "init-b", 99, 3).await?;
-    assert_eq!(
-        (same.outcome, same.after),
-        (Outcome::Succeeded, first.after)
-    );
+    assert_eq!((same.code, same.after), (OpCode::Succeeded, first.after));
     let older = ctx.exec.init_bucket(&keys, "init-c", 99, 2).await?;
-    assert_eq!(
-        (older.outcome, older.after),
-        (Outcome::Succeeded, first.after)
-    );
+    assert_eq!((older.code, older.after), (OpCode::Succeeded, first.after));
 
-    assert_eq!(first.phase.as_deref(), Some("INITIALIZED"));
-    assert_eq!(same.phase.as_deref(), Some("UNCHANGED"));
+    assert!(first.created);
+    assert!(!same.created);
 
     // An existing bucket is never rebuilt by an init, whatever its baseline: a newer total
     // reaches it through adjust, which books the difference, not the whole total again.
     let newer = ctx.exec.init_bucket(&keys, "init-d", 12, 4).await?;
     assert_eq!(
-        (newer.outcome, newer.after, newer.phase.as_deref()),
-        (Outcome::Succeeded, first.after, Some("UNCHANGED"))
+        (newer.code, newer.after, newer.created),
+        (OpCode::Succeeded, first.after, false)
     );
-    ctx.exec.try_reserve(&keys, 1, "try-1", 2).await?;
+    ctx.exec
+        .step(&keys, 1, "try-1", Step::Try { quantity: 2 })
+        .await?;
     let traded = ctx.exec.init_bucket(&keys, "init-e", 50, 5).await?;
-    assert_eq!(traded.outcome, Outcome::Succeeded);
+    assert_eq!(traded.code, OpCode::Succeeded);
     let n = ctx.numbers(&keys).await?;
     assert_eq!((n.total, n.available, n.reserved), (10, 8, 2));
 
@@ -493,15 +587,15 @@ async fn init_bucket_is_idempotent_and_never_overwrites_a_traded_bucket() -> Res
     let mut tasks = Vec::new();
     for i in 0..20 {
         let exec = ctx.exec.clone();
-        let keys = fresh.clone();
+        let keys = fresh;
         tasks.push(tokio::spawn(async move {
             exec.init_bucket(&keys, &format!("lazy-{i}"), 30, 1).await
         }));
     }
     for task in tasks {
         let r = task.await??;
-        assert_eq!(r.outcome, Outcome::Succeeded);
-        assert_eq!(r.after.version, 1);
+        assert_eq!(r.code, OpCode::Succeeded);
+        assert_eq!(r.version, 1);
     }
     ctx.cleanup().await
 }
@@ -511,13 +605,17 @@ async fn adjust_below_committed_gives_a_deficit_that_returns_pay_down() -> Resul
     let ctx = Ctx::new().await?;
     let keys = ctx.open_bucket(1, 100).await?;
     // total 100: reserved 10, sold 20, available 70 (seed §12.3).
-    ctx.exec.try_reserve(&keys, 1, "try-1", 20).await?;
-    ctx.exec.confirm(&keys, 1, "confirm-1").await?;
-    ctx.exec.try_reserve(&keys, 2, "try-2", 10).await?;
+    ctx.exec
+        .step(&keys, 1, "try-1", Step::Try { quantity: 20 })
+        .await?;
+    ctx.exec.step(&keys, 1, "confirm-1", Step::Confirm).await?;
+    ctx.exec
+        .step(&keys, 2, "try-2", Step::Try { quantity: 10 })
+        .await?;
     let v = ctx.numbers(&keys).await?.version;
 
     let up = ctx.exec.adjust(&keys, "adj-1", 120, Some(v), 1).await?;
-    assert_eq!(up.outcome, Outcome::Succeeded);
+    assert_eq!(up.code, OpCode::Succeeded);
     assert_eq!(
         (
             up.after.total,
@@ -531,20 +629,20 @@ async fn adjust_below_committed_gives_a_deficit_that_returns_pay_down() -> Resul
 
     // A CAS on a stale version loses; a replay of the winner returns its first result.
     let stale = ctx.exec.adjust(&keys, "adj-2", 50, Some(v), 1).await?;
-    assert_eq!(stale.outcome, Outcome::Conflict);
+    assert_eq!(stale.code, OpCode::Conflict);
     assert_eq!(ctx.numbers(&keys).await?.total, 120);
     let replay = ctx.exec.adjust(&keys, "adj-1", 120, Some(v), 1).await?;
     assert_eq!(
         replay,
         OpResult {
             replayed: true,
-            ..up.clone()
+            ..up
         }
     );
 
     // Below reserved + sold: available 0, deficit reported, nothing taken from accepted orders.
     let down = ctx.exec.adjust(&keys, "adj-3", 20, None, 2).await?;
-    assert_eq!(down.outcome, Outcome::Succeeded);
+    assert_eq!(down.code, OpCode::Succeeded);
     assert_eq!(
         (
             down.after.total,
@@ -555,22 +653,31 @@ async fn adjust_below_committed_gives_a_deficit_that_returns_pay_down() -> Resul
         (20, 0, 10, 20)
     );
     assert_eq!(down.deficit, 10);
-    let t = ctx.exec.try_reserve(&keys, 3, "try-3", 1).await?;
-    assert_eq!(t.outcome, Outcome::Insufficient);
+    let t = ctx
+        .exec
+        .step(&keys, 3, "try-3", Step::Try { quantity: 1 })
+        .await?;
+    assert_eq!(t.code, OpCode::Insufficient);
 
     // Returned stock pays the deficit first: available + reserved + sold == total + deficit.
-    let c = ctx.exec.cancel(&keys, 2, "cancel-2", 10).await?;
+    let c = ctx
+        .exec
+        .step(&keys, 2, "cancel-2", Step::Cancel { quantity: 10 })
+        .await?;
     assert_eq!(
         (c.after.available, c.after.reserved, c.after.sold, c.deficit),
         (0, 0, 20, 0)
     );
-    let r = ctx.exec.refund(&keys, 1, "refund-1", 5).await?;
+    let r = ctx
+        .exec
+        .step(&keys, 1, "refund-1", Step::Refund { quantity: 5 })
+        .await?;
     assert_eq!((r.after.available, r.after.sold, r.deficit), (5, 15, 0));
     assert_conserved(&ctx.numbers(&keys).await?);
 
     // An adjust with an older baseline than the stored one is stale.
     let old = ctx.exec.adjust(&keys, "adj-4", 500, None, 1).await?;
-    assert_eq!(old.outcome, Outcome::Conflict);
+    assert_eq!(old.code, OpCode::Conflict);
     ctx.cleanup().await
 }
 
@@ -580,11 +687,14 @@ async fn missing_and_closed_buckets() -> Result<()> {
     let keys = ctx.bucket(1);
 
     // Missing: nothing recorded, so the same op works after the (lazy) init.
-    let t = ctx.exec.try_reserve(&keys, 1, "try-1", 1).await?;
-    assert_eq!(t.outcome, Outcome::BucketMissing);
-    assert!(!ctx.exists(&keys.op("try-1")).await?);
+    let t = ctx
+        .exec
+        .step(&keys, 1, "try-1", Step::Try { quantity: 1 })
+        .await?;
+    assert_eq!(t.code, OpCode::BucketMissing);
+    assert!(!ctx.exists(&keys.op_key("try-1")).await?);
     assert!(
-        !ctx.exists(keys.stock()).await?,
+        !ctx.exists(&keys.stock_key()).await?,
         "a script never creates a bucket by accident"
     );
     for r in [
@@ -593,36 +703,56 @@ async fn missing_and_closed_buckets() -> Result<()> {
             .set_state(&keys, "close", BucketState::Closed, None)
             .await?,
     ] {
-        assert_eq!(r.outcome, Outcome::BucketMissing);
+        assert_eq!(r.code, OpCode::BucketMissing);
     }
     ctx.exec.init_bucket(&keys, "init", 5, 1).await?;
-    let t = ctx.exec.try_reserve(&keys, 1, "try-1", 1).await?;
-    assert_eq!((t.outcome, t.replayed), (Outcome::Succeeded, false));
-    ctx.exec.try_reserve(&keys, 2, "try-2", 1).await?;
+    let t = ctx
+        .exec
+        .step(&keys, 1, "try-1", Step::Try { quantity: 1 })
+        .await?;
+    assert_eq!((t.code, t.replayed), (OpCode::Succeeded, false));
+    ctx.exec
+        .step(&keys, 2, "try-2", Step::Try { quantity: 1 })
+        .await?;
 
     // Closed: no new Trys (not recorded), but existing reservations confirm and cancel.
     let closed = ctx
         .exec
         .set_state(&keys, "close", BucketState::Closed, None)
         .await?;
-    assert_eq!(closed.outcome, Outcome::Succeeded);
-    let t = ctx.exec.try_reserve(&keys, 3, "try-3", 1).await?;
-    assert_eq!(t.outcome, Outcome::BucketClosed);
-    assert!(!ctx.exists(&keys.op("try-3")).await?);
-    assert!(ctx.exec.confirm(&keys, 1, "confirm-1").await?.succeeded());
+    assert_eq!(closed.code, OpCode::Succeeded);
+    let t = ctx
+        .exec
+        .step(&keys, 3, "try-3", Step::Try { quantity: 1 })
+        .await?;
+    assert_eq!(t.code, OpCode::BucketClosed);
+    assert!(!ctx.exists(&keys.op_key("try-3")).await?);
+    assert!(
+        ctx.exec
+            .step(&keys, 1, "confirm-1", Step::Confirm)
+            .await?
+            .code
+            == OpCode::Succeeded
+    );
 
     // Archiving waits for the reservations; reopening is refused.
     let early = ctx
         .exec
         .set_state(&keys, "archive-early", BucketState::Archived, None)
         .await?;
-    assert_eq!(early.outcome, Outcome::Conflict);
+    assert_eq!(early.code, OpCode::Conflict);
     let reopen = ctx
         .exec
         .set_state(&keys, "reopen", BucketState::Open, None)
         .await?;
-    assert_eq!(reopen.outcome, Outcome::Conflict);
-    assert!(ctx.exec.cancel(&keys, 2, "cancel-2", 1).await?.succeeded());
+    assert_eq!(reopen.code, OpCode::Conflict);
+    assert!(
+        ctx.exec
+            .step(&keys, 2, "cancel-2", Step::Cancel { quantity: 1 })
+            .await?
+            .code
+            == OpCode::Succeeded
+    );
     let archived = ctx
         .exec
         .set_state(
@@ -632,20 +762,23 @@ async fn missing_and_closed_buckets() -> Result<()> {
             Some(Duration::from_secs(3_600)),
         )
         .await?;
-    assert_eq!(archived.outcome, Outcome::Succeeded);
+    assert_eq!(archived.code, OpCode::Succeeded);
     let stored = ctx.exec.read_bucket(&keys).await?.context("bucket")?;
     assert_eq!(stored.state, BucketState::Archived);
     let mut conn = ctx.conn.clone();
     let ttl: i64 = redis::cmd("TTL")
-        .arg(keys.stock())
+        .arg(keys.stock_key())
         .query_async(&mut conn)
         .await?;
     assert!((3_500..=3_600).contains(&ttl), "ttl {ttl}");
     let adj = ctx.exec.adjust(&keys, "adj-late", 9, None, 1).await?;
-    assert_eq!(adj.outcome, Outcome::BucketClosed);
+    assert_eq!(adj.code, OpCode::BucketClosed);
     // A refund of a sale still lands in its own day.
-    let r = ctx.exec.refund(&keys, 1, "refund-1", 1).await?;
-    assert_eq!((r.outcome, r.after.available), (Outcome::Succeeded, 5));
+    let r = ctx
+        .exec
+        .step(&keys, 1, "refund-1", Step::Refund { quantity: 1 })
+        .await?;
+    assert_eq!((r.code, r.after.available), (OpCode::Succeeded, 5));
     ctx.cleanup().await
 }
 
@@ -661,17 +794,19 @@ async fn fences_and_op_records_expire_but_a_reserved_fence_does_not() -> Result<
             anyhow::Ok(t)
         }
     };
-    ctx.exec.try_reserve(&keys, 1, "try-1", 1).await?;
+    ctx.exec
+        .step(&keys, 1, "try-1", Step::Try { quantity: 1 })
+        .await?;
     assert_eq!(
-        pttl(keys.fence(1)).await?,
+        pttl(keys.fence_key(1)).await?,
         -1,
         "a RESERVED fence must not expire"
     );
-    let op_ttl = pttl(keys.op("try-1")).await?;
+    let op_ttl = pttl(keys.op_key("try-1")).await?;
     let month = DEFAULT_OP_TTL.as_millis() as i64;
     assert!(op_ttl > month - 60_000 && op_ttl <= month, "{op_ttl}");
-    ctx.exec.confirm(&keys, 1, "confirm-1").await?;
-    assert!(pttl(keys.fence(1)).await? > month - 60_000);
+    ctx.exec.step(&keys, 1, "confirm-1", Step::Confirm).await?;
+    assert!(pttl(keys.fence_key(1)).await? > month - 60_000);
     ctx.cleanup().await
 }
 
@@ -679,14 +814,20 @@ async fn fences_and_op_records_expire_but_a_reserved_fence_does_not() -> Result<
 async fn replays_survive_an_expired_op_record_through_the_fence() -> Result<()> {
     let ctx = Ctx::new().await?;
     let keys = ctx.open_bucket(1, 5).await?;
-    let t = ctx.exec.try_reserve(&keys, 1, "try-1", 2).await?;
+    let t = ctx
+        .exec
+        .step(&keys, 1, "try-1", Step::Try { quantity: 2 })
+        .await?;
     let mut conn = ctx.conn.clone();
     let _: i64 = redis::cmd("DEL")
-        .arg(keys.op("try-1"))
+        .arg(keys.op_key("try-1"))
         .query_async(&mut conn)
         .await?;
-    let again = ctx.exec.try_reserve(&keys, 1, "try-1", 2).await?;
-    assert_eq!((again.outcome, again.replayed), (Outcome::Succeeded, true));
+    let again = ctx
+        .exec
+        .step(&keys, 1, "try-1", Step::Try { quantity: 2 })
+        .await?;
+    assert_eq!((again.code, again.replayed), (OpCode::Succeeded, true));
     assert_eq!(again.after, t.after, "nothing moved twice");
     ctx.cleanup().await
 }
@@ -695,20 +836,30 @@ async fn replays_survive_an_expired_op_record_through_the_fence() -> Result<()> 
 async fn bad_calls_are_refused_without_effect() -> Result<()> {
     let ctx = Ctx::new().await?;
     let keys = ctx.open_bucket(1, 5).await?;
-    ctx.exec.try_reserve(&keys, 1, "op-x", 1).await?;
+    ctx.exec
+        .step(&keys, 1, "op-x", Step::Try { quantity: 1 })
+        .await?;
     // One operation id for two reservations is a caller bug: refused, not answered for the other.
-    let reused = ctx.exec.try_reserve(&keys, 2, "op-x", 1).await;
+    let reused = ctx
+        .exec
+        .step(&keys, 2, "op-x", Step::Try { quantity: 1 })
+        .await;
     assert!(
         matches!(reused, Err(ExecError::Rejected { .. })),
         "{reused:?}"
     );
-    let reused = ctx.exec.cancel(&keys, 1, "op-x", 1).await;
+    let reused = ctx
+        .exec
+        .step(&keys, 1, "op-x", Step::Cancel { quantity: 1 })
+        .await;
     assert!(
         matches!(reused, Err(ExecError::Rejected { .. })),
         "{reused:?}"
     );
     assert!(matches!(
-        ctx.exec.try_reserve(&keys, 3, "op-y", 0).await,
+        ctx.exec
+            .step(&keys, 3, "op-y", Step::Try { quantity: 0 })
+            .await,
         Err(ExecError::InvalidArgument(_))
     ));
     assert!(matches!(
@@ -724,18 +875,23 @@ async fn bad_calls_are_refused_without_effect() -> Result<()> {
 async fn script_flush_in_the_middle_reloads_on_noscript() -> Result<()> {
     let ctx = Ctx::new().await?;
     let keys = ctx.open_bucket(1, 10).await?;
-    assert!(ctx
-        .exec
-        .try_reserve(&keys, 1, "try-1", 1)
-        .await?
-        .succeeded());
+    assert!(
+        ctx.exec
+            .step(&keys, 1, "try-1", Step::Try { quantity: 1 })
+            .await?
+            .code
+            == OpCode::Succeeded
+    );
     let mut conn = ctx.conn.clone();
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await?;
-    let r = ctx.exec.try_reserve(&keys, 2, "try-2", 1).await?;
-    assert!(r.succeeded() && !r.replayed);
+    let r = ctx
+        .exec
+        .step(&keys, 2, "try-2", Step::Try { quantity: 1 })
+        .await?;
+    assert!((r.code == OpCode::Succeeded) && !r.replayed);
     assert_eq!(ctx.numbers(&keys).await?.reserved, 2);
     ctx.cleanup().await
 }
@@ -750,9 +906,9 @@ async fn a_closed_port_gives_an_unknown_outcome() -> Result<()> {
     // Lazy: the connection is first attempted by the call, as after a Redis restart.
     let conn = ConnectionManager::new_lazy_with_config(client, config)?;
     let exec = LuaExecutor::new(conn, DEFAULT_OP_TTL);
-    let keys = BucketKeys::new(1, 2, DATE)?;
+    let keys = BucketKey::new(1, 2, date());
     let err = exec
-        .try_reserve(&keys, 1, "try-1", 1)
+        .step(&keys, 1, "try-1", Step::Try { quantity: 1 })
         .await
         .expect_err("nothing listens on port 1");
     assert!(err.is_unknown(), "{err:?}");

@@ -70,12 +70,7 @@ macro_rules! catalog {
     };
 }
 
-const PROCESSORS: &[&str] = &[
-    "order-lifecycle",
-    "projector",
-    "dead-letter",
-    "schedule",
-];
+const PROCESSORS: &[&str] = &["order-lifecycle", "projector", "dead-letter", "schedule"];
 const OPERATIONS: &[&str] = &["try", "confirm", "cancel", "refund", "markcreated"];
 const INTERMEDIATE: &[&str] = &[
     "PREPARING",

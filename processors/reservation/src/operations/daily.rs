@@ -1,8 +1,8 @@
 //! The daily bucket job (seed §12.1): today's missing buckets and, ahead of the local
 //! midnight, tomorrow's, each carried forward from the dish's latest baseline.
 
-use stocksvr_telemetry::names;
 use super::*;
+use stocksvr_telemetry::names;
 
 /// What a daily preparation round did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -85,7 +85,7 @@ impl StockOps {
                     total_stock: from.total_stock,
                     baseline_version: 1,
                     stock_status: from.stock_status,
-                    bucket_status: DayState::Open.code() as i8,
+                    bucket_status: BucketState::Open.code() as i8,
                 };
                 match self.init_bucket(&b).await {
                     Ok(v) if v.succeeded() => {

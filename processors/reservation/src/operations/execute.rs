@@ -1,9 +1,9 @@
 //! Running one WAL row: lease, Lua step, then completion with its outbox rows or a recorded
 //! failure; and the worker that claims due rows.
 
-use stocksvr_telemetry::names;
 use super::view::parse_json;
 use super::*;
+use stocksvr_telemetry::names;
 
 /// An injected crash looks to the caller like a connection that went away mid-request.
 fn crash_point(point: &'static str) -> Result<(), OpsError> {
@@ -145,22 +145,13 @@ impl StockOps {
         Ok(())
     }
 
-    /// Calls a script, retrying an UNKNOWN outcome with the same operation id (the op record
-    /// turns an applied call into a replay, so this never applies twice).
+    /// Calls a script, retrying an UNKNOWN outcome with the same operation id.
     async fn call<F, Fut>(&self, operation_id: &str, f: F) -> Result<OpResult, ExecError>
     where
-        F: Fn() -> Fut,
+        F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<OpResult, ExecError>>,
     {
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(50))
-            .with_max_delay(Duration::from_millis(500))
-            .with_max_times(self.config.unknown_retries)
-            .with_jitter();
-        f.retry(backoff)
-            .when(|e: &ExecError| e.is_unknown())
-            .notify(|e, after| tracing::warn!(operation_id, error = %e, ?after, "redis outcome unknown; retrying with the same operation id"))
-            .await
+        retry_unknown(self.config.unknown_retries, operation_id, "wal", f).await
     }
 
     async fn step(&self, row: &WalRow) -> Result<Step, OpsError> {
@@ -178,14 +169,7 @@ impl StockOps {
                 row.stock_bucket_id
             )));
         };
-        let keys = match BucketKeys::new(
-            baseline.merchant_id,
-            baseline.dish_id,
-            &baseline.stock_date.to_string(),
-        ) {
-            Ok(k) => k,
-            Err(e) => return Ok(Step::Dead(e.to_string())),
-        };
+        let keys = BucketKey::new(baseline.merchant_id, baseline.dish_id, baseline.stock_date);
         let op = row.operation_id.as_str();
         let request = parse_json(&row.request_payload);
         // Adjusts of a bucket apply in version order: each event's old total is then the
@@ -253,7 +237,7 @@ impl StockOps {
         };
         // No bucket in Redis while its init has not finished: the init builds it from the
         // current baseline; a close, archive or adjust applied now would be lost under it.
-        if result.outcome == Outcome::BucketMissing && action != WalAction::InitBucket {
+        if result.code == OpCode::BucketMissing && action != WalAction::InitBucket {
             if let Some(init) =
                 wal::unfinished_before(&self.pool, row, Some(WalAction::InitBucket)).await?
             {
@@ -276,9 +260,9 @@ impl StockOps {
         let op = row.operation_id.as_str();
         let summary = |extra: serde_json::Value| {
             let mut v = json!({
-                "outcome": result.outcome.as_str(),
+                "outcome": result.code.name(),
                 "replayed": result.replayed,
-                "redis_version": result.after.version,
+                "redis_version": result.version,
                 "after": {
                     "total": result.after.total,
                     "available": result.after.available,
@@ -299,19 +283,23 @@ impl StockOps {
                 bucket_status,
             })
         };
-        match (action, result.outcome) {
-            (WalAction::InitBucket, Outcome::Succeeded) => {
+        match (action, result.code) {
+            (WalAction::InitBucket, OpCode::Succeeded) => {
                 // Only a bucket that came into being is booked: an UNCHANGED init found a
                 // bucket that exists, already in the ledger.
-                let created = result.phase.as_deref() == Some("INITIALIZED");
-                let outbox = if created {
+                let outbox = if result.created {
                     vec![outbox::bucket_initialized(row.id, op, baseline, result)]
                 } else {
                     Vec::new()
                 };
-                done(outbox, None, json!({ "effect": result.phase }))
+                let effect = if result.created {
+                    "INITIALIZED"
+                } else {
+                    "UNCHANGED"
+                };
+                done(outbox, None, json!({ "effect": effect }))
             }
-            (WalAction::Adjust, Outcome::Succeeded) => {
+            (WalAction::Adjust, OpCode::Succeeded) => {
                 let old_total = request
                     .get("old_total")
                     .and_then(|v| v.as_i64())
@@ -346,34 +334,36 @@ impl StockOps {
             }
             // Not in Redis and no init pending: the baseline carries the new total, and the
             // bucket's init will start from it.
-            (WalAction::Adjust, Outcome::BucketMissing) => done(
+            (WalAction::Adjust, OpCode::BucketMissing) => done(
                 Vec::new(),
                 None,
                 json!({ "effect": "baseline only: the bucket is not in Redis yet and will be initialised from the new total" }),
             ),
             // The bucket already carries this baseline or a newer one (its init read the new
             // total first): nothing is left to apply or to book.
-            (WalAction::Adjust, Outcome::Conflict) => done(
+            (WalAction::Adjust, OpCode::Conflict) => done(
                 Vec::new(),
                 None,
                 json!({ "effect": "the bucket already carries this baseline or a newer one" }),
             ),
-            (WalAction::Close, Outcome::Succeeded | Outcome::BucketMissing | Outcome::Conflict) => {
+            (WalAction::Close, OpCode::Succeeded | OpCode::BucketMissing | OpCode::Conflict) => {
                 done(Vec::new(), None, json!({}))
             }
-            (WalAction::Archive, Outcome::Succeeded | Outcome::BucketMissing) => {
-                done(Vec::new(), Some(DayState::Archived.code() as i8), json!({}))
-            }
+            (WalAction::Archive, OpCode::Succeeded | OpCode::BucketMissing) => done(
+                Vec::new(),
+                Some(BucketState::Archived.code() as i8),
+                json!({}),
+            ),
             // Stock is still reserved in Redis although MySQL has no unfinished reservation
             // left: a step is still settling; try again later, and alert if it never does.
-            (WalAction::Archive, Outcome::Conflict) => Step::Retry(format!(
+            (WalAction::Archive, OpCode::Conflict) => Step::Retry(format!(
                 "bucket {} still has {} reserved in Redis",
                 row.stock_bucket_id, result.after.reserved
             )),
             (action, outcome) => Step::Dead(format!(
                 "{} got {} from Redis",
                 action.name(),
-                outcome.as_str()
+                outcome.name()
             )),
         }
     }

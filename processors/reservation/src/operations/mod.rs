@@ -12,7 +12,6 @@
 //! the next-day job; `view` is what operators see.
 
 use crate::outbox::{self, Adjusted};
-use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, TimeDelta, Utc};
 use serde::Serialize;
 use serde_json::json;
@@ -21,11 +20,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use stocksvr_core::bucket::{self, BucketKey, BucketState as DayState};
+use stocksvr_core::bucket::{self, BucketKey, BucketState};
+use stocksvr_core::model::{OpCode, OpResult};
 use stocksvr_store::buckets;
-use stocksvr_store::lua::{
-    BucketKeys, BucketState, ExecError, LuaExecutor, OpResult, Outcome, MAX_TOTAL,
-};
+use stocksvr_store::lua::{retry_unknown, ExecError, LuaExecutor, MAX_TOTAL};
 use stocksvr_store::reservations::{self as repo, Baseline};
 use stocksvr_store::wal::{self, NewWal, Refusal, WalAction, WalCompletion, WalRow, WalStatus};
 use tokio::sync::watch;
@@ -297,8 +295,7 @@ impl StockOps {
     async fn ensure_bucket_once(&self, b: &Baseline) -> Result<(), OpsError> {
         let op = init_operation_id(&b.stock_bucket_id, b.baseline_version);
         if let Some(earlier) = wal::succeeded_init(&self.pool, &b.stock_bucket_id).await? {
-            let keys = BucketKeys::new(b.merchant_id, b.dish_id, &b.stock_date.to_string())
-                .map_err(|e| OpsError::Redis(e.to_string()))?;
+            let keys = BucketKey::new(b.merchant_id, b.dish_id, b.stock_date);
             let present = self
                 .lua
                 .read_bucket(&keys)

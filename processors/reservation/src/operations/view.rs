@@ -119,11 +119,7 @@ impl StockOps {
             message: e.to_string(),
         })?;
         let baseline = repo::find_baseline(&self.pool, bucket_id).await?;
-        let keys = BucketKeys::new(key.merchant_id, key.dish_id, &key.stock_date.to_string())
-            .map_err(|e| OpsError::Invalid {
-                field: "stock_bucket_id",
-                message: e.to_string(),
-            })?;
+        let keys = key;
         let redis = self
             .lua
             .read_bucket(&keys)
@@ -145,7 +141,7 @@ impl StockOps {
                 bucket_status: bucket_state_name(b.bucket_status),
             }),
             redis: redis.map(|r| RedisView {
-                state: r.state.as_str(),
+                state: r.state.name(),
                 total: r.total,
                 available: r.available,
                 reserved: r.reserved,

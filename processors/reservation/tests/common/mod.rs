@@ -12,7 +12,7 @@ use stocksvr_core::events::OrderType;
 use stocksvr_core::reservation::try_operation_id;
 use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_reservation::{ReservationService, ServiceConfig, TryRequest};
-use stocksvr_store::lua::{BucketKeys, LuaExecutor};
+use stocksvr_store::lua::LuaExecutor;
 use stocksvr_store::reservations::{self as repo, Baseline, InsertOutcome, NewReservation};
 use stocksvr_test_support::TestDb;
 
@@ -136,8 +136,8 @@ impl Fixture {
         .expect("baseline");
     }
 
-    pub fn keys(&self) -> BucketKeys {
-        BucketKeys::new(self.merchant_id, self.dish_id, &self.today.to_string()).expect("keys")
+    pub fn keys(&self) -> BucketKey {
+        BucketKey::new(self.merchant_id, self.dish_id, self.today)
     }
 
     pub fn request(&self, item: u64, quantity: u32) -> TryRequest {
@@ -168,8 +168,8 @@ impl Fixture {
             .try_reserve(&self.request(item, quantity))
             .await
             .expect("try");
-        assert_eq!(reply.reservation.status, "RESERVED");
-        reply.reservation.reservation_id.parse().expect("id")
+        assert_eq!(reply.reservation.status_name(), "RESERVED");
+        reply.reservation.id
     }
 
     pub async fn status(&self, id: u64) -> String {
@@ -178,7 +178,8 @@ impl Fixture {
             .await
             .expect("get")
             .expect("exists")
-            .status
+            .status_name()
+            .to_string()
     }
 
     /// A PREPARING row whose Try has not reached Redis, as a crash right after the insert leaves it.

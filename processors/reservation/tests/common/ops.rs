@@ -9,7 +9,7 @@ use stocksvr_core::events::OrderType;
 use stocksvr_reservation::{
     IntentOutcome, OpsConfig, ReservationService, ServiceConfig, TryRequest,
 };
-use stocksvr_store::lua::{BucketKeys, LuaExecutor, StockNumbers};
+use stocksvr_store::lua::{LuaExecutor, StockNumbers};
 use stocksvr_store::reservations::Baseline;
 use stocksvr_store::wal;
 
@@ -66,8 +66,7 @@ impl Ops {
     }
 
     pub async fn redis(&self, date: NaiveDate) -> Option<StockNumbers> {
-        let keys =
-            BucketKeys::new(self.merchant_id, self.dish_id, &date.to_string()).expect("keys");
+        let keys = BucketKey::new(self.merchant_id, self.dish_id, date);
         self.lua.read_bucket(&keys).await.expect("read")
     }
 
@@ -89,8 +88,8 @@ impl Ops {
             .try_reserve(&self.request(item, quantity))
             .await
             .expect("try");
-        assert_eq!(reply.reservation.status, "RESERVED");
-        reply.reservation.reservation_id.parse().expect("id")
+        assert_eq!(reply.reservation.status_name(), "RESERVED");
+        reply.reservation.id
     }
 
     pub async fn status(&self, id: u64) -> String {
@@ -99,7 +98,8 @@ impl Ops {
             .await
             .expect("get")
             .expect("row")
-            .status
+            .status_name()
+            .to_string()
     }
 
     pub async fn outbox_count(&self, event_type: &str) -> i64 {
@@ -129,7 +129,7 @@ pub fn assert_conserved(n: &StockNumbers) {
 
 pub fn done(outcome: IntentOutcome) -> String {
     match outcome {
-        IntentOutcome::Done { reservation, .. } => reservation.status,
+        IntentOutcome::Done { reservation, .. } => reservation.status_name().to_string(),
         other => panic!("expected the step to run, got {other:?}"),
     }
 }

@@ -1,0 +1,302 @@
+//! What a finished Redis step commits, decided without I/O: the status the row moves to,
+//! the version the projection must reach, and the outbox rows (one stock-change event with
+//! the step's deltas for the projector, one lifecycle event for the order domain). Event ids
+//! derive from the operation id, so a step can never enqueue two different events.
+
+use crate::outbox::{self, Deltas};
+use stocksvr_core::events::StockAction;
+use stocksvr_core::model::OpResult;
+use stocksvr_core::reservation::ReservationStatus;
+use stocksvr_store::reservations::{Completion, Reservation};
+
+/// A Try that will never hold stock: REJECTED with `reason`, and the InventoryRejected event.
+pub fn rejection(row: &Reservation, reason: &str, available: Option<i64>) -> Completion {
+    Completion {
+        to: ReservationStatus::Rejected,
+        expected_redis_version: None,
+        refunded_add: 0,
+        reject_reason: Some(reason.to_string()),
+        outbox: vec![outbox::rejected(
+            row,
+            &row.current_operation_id,
+            reason,
+            available,
+        )],
+    }
+}
+
+/// The completion of a step from `from` that the state machine sends to `to`, given the
+/// script's `result`; `refund_id` names the partial refund a REFUNDING row carries out.
+/// `Err` names a pair no step produces.
+pub fn completion(
+    row: &Reservation,
+    from: ReservationStatus,
+    to: ReservationStatus,
+    result: &OpResult,
+    refund_id: Option<&str>,
+) -> Result<Completion, String> {
+    let op = row.current_operation_id.as_str();
+    let q = |n: u32| i64::from(n);
+    let (outbox, refunded_add) = match (from, to) {
+        (ReservationStatus::Preparing, ReservationStatus::Rejected) => {
+            return Ok(rejection(
+                row,
+                "INSUFFICIENT_STOCK",
+                Some(result.after.available),
+            ));
+        }
+        (ReservationStatus::Preparing, _) => {
+            let d = Deltas {
+                available: -q(row.quantity),
+                reserved: q(row.quantity),
+                sold: 0,
+            };
+            (
+                vec![
+                    outbox::stock_change(row, StockAction::Try, op, row.quantity, d, result, None),
+                    outbox::reserved(row, op),
+                ],
+                0,
+            )
+        }
+        (ReservationStatus::Confirming, _) => {
+            let held = row.held();
+            let d = Deltas {
+                available: 0,
+                reserved: -q(held),
+                sold: q(held),
+            };
+            (
+                vec![
+                    outbox::stock_change(row, StockAction::Confirm, op, held, d, result, None),
+                    outbox::confirmed(row, op),
+                ],
+                0,
+            )
+        }
+        (ReservationStatus::Canceling, _) => {
+            // An empty rollback only fenced the Try: no stock comes back.
+            let released = if result.empty_rollback {
+                0
+            } else {
+                q(row.quantity)
+            };
+            let d = Deltas {
+                available: released,
+                reserved: -released,
+                sold: 0,
+            };
+            (
+                vec![
+                    outbox::stock_change(
+                        row,
+                        StockAction::Cancel,
+                        op,
+                        row.quantity,
+                        d,
+                        result,
+                        None,
+                    ),
+                    outbox::canceled(row, op, result.empty_rollback),
+                ],
+                0,
+            )
+        }
+        (ReservationStatus::Refunding, _) => {
+            let qty = row.pending_quantity;
+            // Refunded from sold (after Confirm) or from reserved (a scheduled order before
+            // its confirm): the ledger must say which pool the units left.
+            let from_sold = row.resume_status() == Some(ReservationStatus::Confirmed);
+            let d = if from_sold {
+                Deltas {
+                    available: q(qty),
+                    reserved: 0,
+                    sold: -q(qty),
+                }
+            } else {
+                Deltas {
+                    available: q(qty),
+                    reserved: -q(qty),
+                    sold: 0,
+                }
+            };
+            (
+                vec![
+                    outbox::stock_change(row, StockAction::Refund, op, qty, d, result, refund_id),
+                    outbox::refunded(row, op, qty, refund_id, !from_sold),
+                ],
+                qty,
+            )
+        }
+        _ => {
+            return Err(format!(
+                "no completion from {} to {}",
+                from.name(),
+                to.name()
+            ))
+        }
+    };
+    Ok(Completion {
+        to,
+        expected_redis_version: Some(result.version),
+        refunded_add,
+        reject_reason: None,
+        outbox,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::NaiveDate;
+    use stocksvr_core::events::StockAfter;
+    use stocksvr_core::model::{FencePhase, OpCode};
+
+    fn row(status: ReservationStatus, op: &str) -> Reservation {
+        let t = NaiveDate::from_ymd_opt(2026, 7, 26)
+            .and_then(|d| d.and_hms_opt(12, 0, 0))
+            .expect("valid time");
+        Reservation {
+            id: 100_123_001,
+            order_id: 9,
+            order_item_id: 91,
+            merchant_id: 10_001,
+            dish_id: 90_001,
+            stock_bucket_id: "bucket_10001_90001_20260726".into(),
+            stock_date: t.date(),
+            quantity: 3,
+            refunded_quantity: 0,
+            pending_quantity: 2,
+            order_type: 1,
+            processing_time: None,
+            expire_at: t,
+            status: status.code() as i8,
+            resume_status: Some(ReservationStatus::Confirmed.code() as i8),
+            reject_reason: None,
+            current_operation_id: op.into(),
+            retry_count: 0,
+            next_retry_at: t,
+            last_error: None,
+            sync_status: 10,
+            expected_redis_version: None,
+            synced_redis_version: 0,
+            version: 1,
+            created_at: t,
+            updated_at: t,
+            stale_alerted_at: None,
+            dead: 0,
+        }
+    }
+
+    fn result(code: OpCode, available: i64, empty_rollback: bool) -> OpResult {
+        OpResult {
+            code,
+            empty_rollback,
+            replayed: false,
+            created: false,
+            after: StockAfter {
+                total: 10,
+                available,
+                reserved: 3,
+                sold: 0,
+            },
+            deficit: 0,
+            version: 42,
+            fence: FencePhase::Reserved,
+        }
+    }
+
+    fn deltas(c: &Completion) -> (i64, i64, i64) {
+        let d = &c.outbox[0].payload["data"];
+        let n = |k: &str| d[k].as_i64().unwrap_or(i64::MIN);
+        (n("available_delta"), n("reserved_delta"), n("sold_delta"))
+    }
+
+    #[test]
+    fn a_try_books_its_quantity_from_available_to_reserved_with_two_events() {
+        let r = row(ReservationStatus::Preparing, "op_try_1");
+        let c = completion(
+            &r,
+            ReservationStatus::Preparing,
+            ReservationStatus::Reserved,
+            &result(OpCode::Succeeded, 7, false),
+            None,
+        )
+        .expect("a completion");
+        assert_eq!(c.to, ReservationStatus::Reserved);
+        assert_eq!(c.expected_redis_version, Some(42));
+        assert_eq!(deltas(&c), (-3, 3, 0));
+        let types: Vec<&str> = c.outbox.iter().map(|o| o.event_type.as_str()).collect();
+        assert_eq!(types, ["InventoryRedisReserved", "InventoryReserved"]);
+        assert!(c.outbox.iter().all(|o| o.event_id.starts_with("op_try_1:")));
+    }
+
+    #[test]
+    fn an_insufficient_try_is_rejected_with_the_stock_it_saw() {
+        let r = row(ReservationStatus::Preparing, "op_try_1");
+        let c = completion(
+            &r,
+            ReservationStatus::Preparing,
+            ReservationStatus::Rejected,
+            &result(OpCode::Insufficient, 1, false),
+            None,
+        )
+        .expect("a completion");
+        assert_eq!(c.reject_reason.as_deref(), Some("INSUFFICIENT_STOCK"));
+        assert_eq!(c.expected_redis_version, None, "nothing to project");
+        assert_eq!(c.outbox.len(), 1);
+        assert_eq!(c.outbox[0].event_type, "InventoryRejected");
+    }
+
+    #[test]
+    fn an_empty_rollback_returns_no_stock() {
+        let r = row(ReservationStatus::Canceling, "op_cancel_1");
+        let c = completion(
+            &r,
+            ReservationStatus::Canceling,
+            ReservationStatus::Canceled,
+            &result(OpCode::Succeeded, 10, true),
+            None,
+        )
+        .expect("a completion");
+        assert_eq!(deltas(&c), (0, 0, 0));
+        let c = completion(
+            &r,
+            ReservationStatus::Canceling,
+            ReservationStatus::Canceled,
+            &result(OpCode::Succeeded, 10, false),
+            None,
+        )
+        .expect("a completion");
+        assert_eq!(deltas(&c), (3, -3, 0));
+    }
+
+    #[test]
+    fn a_refund_after_confirm_comes_from_sold_and_counts_what_it_returned() {
+        let r = row(ReservationStatus::Refunding, "op_refund_1_r1");
+        let c = completion(
+            &r,
+            ReservationStatus::Refunding,
+            ReservationStatus::Confirmed,
+            &result(OpCode::Succeeded, 9, false),
+            Some("r1"),
+        )
+        .expect("a completion");
+        assert_eq!(deltas(&c), (2, 0, -2));
+        assert_eq!(c.refunded_add, 2);
+        assert_eq!(c.outbox[0].payload["data"]["refund_id"], "r1");
+    }
+
+    #[test]
+    fn a_pair_no_step_produces_is_refused() {
+        let r = row(ReservationStatus::Reserved, "op");
+        assert!(completion(
+            &r,
+            ReservationStatus::Reserved,
+            ReservationStatus::Confirmed,
+            &result(OpCode::Succeeded, 0, false),
+            None,
+        )
+        .is_err());
+    }
+}

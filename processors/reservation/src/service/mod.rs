@@ -1,0 +1,248 @@
+//! The reservation service: one type, its configuration and what its operations answer.
+//! The operations live beside it, one concern a file:
+//!
+//! - [`try_path`]: Try (seed §6), idempotent on (order_item_id, dish_id);
+//! - [`intents`]: Confirm, MarkCreated, Cancel and Refund (seed §8, §9), each a CAS into an
+//!   intermediate status followed by its step, and conflict reports;
+//! - [`step`]: running (or resuming) the Redis step of an intermediate status and committing
+//!   its completion: also what the recovery worker calls;
+//! - [`completion`]: the pure decision of what a finished step commits (the next status and
+//!   the outbox rows), unit-tested like the projector's `decide`.
+
+mod completion;
+mod intents;
+mod step;
+mod try_path;
+
+use crate::error::ServiceError;
+use crate::operations::{OpsConfig, StockOps};
+use crate::view::StuckView;
+use chrono::{DateTime, TimeDelta, Utc};
+use chrono_tz::Tz;
+use sqlx::MySqlPool;
+use std::sync::Arc;
+use std::time::Duration;
+use stocksvr_core::events::OrderType;
+use stocksvr_core::reservation::ReservationStatus;
+use stocksvr_core::snowflake::SnowflakeGenerator;
+use stocksvr_store::lua::LuaExecutor;
+use stocksvr_store::reservations::{self as repo, Reservation};
+
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Time zone of merchants without a `merchant_settings` row.
+    pub default_timezone: Tz,
+    /// A RESERVED row past `created_at + hold_ttl` is alerted (never cancelled).
+    pub hold_ttl: TimeDelta,
+    /// How far in the past a scheduled order's processing_time may lie.
+    pub scheduled_grace: TimeDelta,
+    /// Largest quantity one Try may reserve.
+    pub max_quantity: u32,
+    /// Immediate retries of a Redis call whose outcome is unknown, before the row is left
+    /// to the recovery worker.
+    pub unknown_retries: usize,
+    /// First delay before the recovery worker retries a failed step; doubles per attempt.
+    pub recovery_delay: TimeDelta,
+    /// Longest delay between two recovery attempts.
+    pub recovery_max_delay: TimeDelta,
+    /// Failed attempts after which recovery gives up: the row is marked dead and alerted.
+    pub recovery_max_attempts: u32,
+    /// Time-to-live of Redis operation records (idempotency window).
+    pub op_ttl: Duration,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        Self {
+            default_timezone: chrono_tz::UTC,
+            hold_ttl: TimeDelta::minutes(30),
+            scheduled_grace: TimeDelta::minutes(5),
+            max_quantity: 999,
+            unknown_retries: 3,
+            recovery_delay: TimeDelta::seconds(1),
+            recovery_max_delay: TimeDelta::minutes(5),
+            recovery_max_attempts: 20,
+            op_ttl: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+/// One dish of one order item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TryRequest {
+    pub order_id: u64,
+    pub order_item_id: u64,
+    pub merchant_id: u64,
+    pub dish_id: u64,
+    pub quantity: u32,
+    pub order_type: OrderType,
+    pub processing_time: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TryReply {
+    pub reservation: Reservation,
+    /// False when this request repeated an earlier Try of the same item and dish.
+    pub created: bool,
+}
+
+/// What Confirm, Cancel, Refund and MarkCreated ended in.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IntentOutcome {
+    /// The step ran (or had already run: `already` true) and the row is in its new status.
+    Done {
+        reservation: Box<Reservation>,
+        already: bool,
+    },
+    /// Too early (e.g. Confirm while the Try is PREPARING): retry later.
+    NotYet { status: ReservationStatus },
+    /// Incompatible with the current status: report it, do not retry.
+    Conflict {
+        status: ReservationStatus,
+        reason: &'static str,
+    },
+}
+
+pub struct ReservationService {
+    pool: MySqlPool,
+    lua: Arc<LuaExecutor>,
+    ids: SnowflakeGenerator,
+    config: ServiceConfig,
+    /// Woken after every commit that wrote outbox rows, so the relay publishes at once
+    /// instead of at its next poll.
+    outbox_written: Option<Arc<tokio::sync::Notify>>,
+    /// Bucket init, adjust and lifecycle through the operation WAL (also the lazy init).
+    ops: StockOps,
+}
+
+impl ReservationService {
+    pub fn new(
+        pool: MySqlPool,
+        lua: Arc<LuaExecutor>,
+        ids: SnowflakeGenerator,
+        config: ServiceConfig,
+    ) -> Self {
+        let ops = StockOps::new(pool.clone(), lua.clone(), OpsConfig::default());
+        Self {
+            pool,
+            lua,
+            ids,
+            config,
+            outbox_written: None,
+            ops,
+        }
+    }
+
+    /// Wakes `relay` after each commit that wrote outbox rows.
+    pub fn with_outbox_waker(mut self, relay: Arc<tokio::sync::Notify>) -> Self {
+        self.ops = self.ops.with_outbox_waker(relay.clone());
+        self.outbox_written = Some(relay);
+        self
+    }
+
+    /// Replaces the stock-operation settings (lease, retries, archive TTL).
+    pub fn with_ops_config(mut self, config: OpsConfig) -> Self {
+        let mut ops = StockOps::new(self.pool.clone(), self.lua.clone(), config);
+        if let Some(relay) = &self.outbox_written {
+            ops = ops.with_outbox_waker(relay.clone());
+        }
+        self.ops = ops;
+        self
+    }
+
+    /// Bucket init, adjust and lifecycle (the operation WAL).
+    pub fn ops(&self) -> &StockOps {
+        &self.ops
+    }
+
+    fn outbox_committed(&self) {
+        if let Some(waker) = &self.outbox_written {
+            waker.notify_one();
+        }
+    }
+
+    pub fn config(&self) -> &ServiceConfig {
+        &self.config
+    }
+
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    pub fn lua(&self) -> &LuaExecutor {
+        &self.lua
+    }
+
+    pub async fn get(&self, id: u64) -> Result<Option<Reservation>, ServiceError> {
+        Ok(repo::find(&self.pool, id).await?)
+    }
+
+    pub async fn list_order(&self, order_id: u64) -> Result<Vec<Reservation>, ServiceError> {
+        Ok(repo::list_by_order(&self.pool, order_id).await?)
+    }
+
+    async fn load(&self, id: u64) -> Result<Reservation, ServiceError> {
+        repo::find(&self.pool, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))
+    }
+
+    /// Exponential backoff for the next recovery attempt of a row that failed `retry_count` times.
+    fn retry_delay(&self, retry_count: u32) -> TimeDelta {
+        let factor = 1i32 << retry_count.min(20);
+        (self.config.recovery_delay * factor).min(self.config.recovery_max_delay)
+    }
+
+    /// Stuck (intermediate and failing or overdue) and dead reservations, oldest first.
+    pub async fn list_stuck(
+        &self,
+        dead_only: bool,
+        limit: u32,
+    ) -> Result<Vec<StuckView>, ServiceError> {
+        Ok(repo::list_stuck(&self.pool, dead_only, limit)
+            .await?
+            .iter()
+            .map(StuckView::from_row)
+            .collect())
+    }
+
+    /// An operator's "retry now": clears the dead mark and backoff, then resumes the step
+    /// with its stored operation id (a finished row is returned as it is).
+    pub async fn retry_now(&self, id: u64) -> Result<StuckView, ServiceError> {
+        if !repo::revive(&self.pool, id).await? {
+            return Err(ServiceError::NotFound(id));
+        }
+        let row = self.load(id).await?;
+        let row = match self.run_step(row).await {
+            Ok(row) => row,
+            // The failure is recorded on the row (retry_count, last_error); show it.
+            Err(e) if !matches!(e, ServiceError::Mysql(_)) => {
+                tracing::warn!(reservation_id = id, error = %e, "operator retry failed");
+                self.load(id).await?
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(StuckView::from_row(&row))
+    }
+
+    /// Runs (or resumes) the Redis step of an intermediate status with its stored operation
+    /// id and completes it in MySQL. This is also what the recovery worker calls.
+    pub async fn resume(&self, id: u64) -> Result<Reservation, ServiceError> {
+        let row = self.load(id).await?;
+        self.run_step(row).await
+    }
+}
+
+/// The `outcome` label of a failed operation.
+fn error_label(e: &ServiceError) -> &'static str {
+    match e {
+        ServiceError::Invalid { .. } => "invalid",
+        ServiceError::NotFound(_) => "not_found",
+        ServiceError::BucketNotFound(_) => "bucket_not_found",
+        ServiceError::BucketUnavailable { .. } => "bucket_unavailable",
+        ServiceError::OverRefund { .. } => "over_refund",
+        ServiceError::OutcomeUnknown { .. } => "unknown",
+        ServiceError::Mysql(_) => "unavailable",
+        ServiceError::Inconsistent { .. } => "inconsistent",
+    }
+}

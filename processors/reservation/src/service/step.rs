@@ -1,0 +1,226 @@
+//! Running (or resuming) the Redis step of an intermediate status with its stored operation
+//! id, and committing its completion: the Try path, the intents and the recovery worker all
+//! come through here, so every crash window of seed §10.2 has one way out.
+
+use super::completion::{completion, rejection};
+use super::ReservationService;
+use crate::error::ServiceError;
+use crate::failpoint::{self, Place};
+use crate::operations::OpsError;
+use stocksvr_core::bucket::{BucketKey, BucketState};
+use stocksvr_core::model::{OpCode, OpResult};
+use stocksvr_core::reservation::{self as rules, Completion as Next, ReservationStatus};
+use stocksvr_store::lua::{retry_unknown, ExecError, Step};
+use stocksvr_store::reservations::{self as repo, Completion, Reservation};
+use stocksvr_telemetry::names;
+
+impl ReservationService {
+    /// The script call of `status`'s step, an UNKNOWN outcome retried with the same
+    /// operation id (see [`retry_unknown`]).
+    async fn call_step(
+        &self,
+        status: ReservationStatus,
+        bucket: &BucketKey,
+        row: &Reservation,
+    ) -> Result<OpResult, ExecError> {
+        let op = row.current_operation_id.as_str();
+        let step = match status {
+            ReservationStatus::Preparing => Step::Try {
+                quantity: row.quantity,
+            },
+            ReservationStatus::Confirming => Step::Confirm,
+            ReservationStatus::Canceling => Step::Cancel {
+                quantity: row.quantity,
+            },
+            ReservationStatus::Refunding => Step::Refund {
+                quantity: row.pending_quantity,
+            },
+            other => {
+                return Err(ExecError::InvalidArgument(format!(
+                    "no Redis step runs in {}",
+                    other.name()
+                )))
+            }
+        };
+        retry_unknown(self.config.unknown_retries, op, step.name(), || async {
+            let reply = self.lua.step(bucket, row.id, op, step).await;
+            failpoint::reply_lost(status, op, reply)
+        })
+        .await
+    }
+
+    pub(super) async fn run_step(&self, row: Reservation) -> Result<Reservation, ServiceError> {
+        let status = row.status()?;
+        if !status.is_intermediate() {
+            return Ok(row);
+        }
+        failpoint::at(status, Place::BeforeRedis)?;
+        let keys = BucketKey::new(row.merchant_id, row.dish_id, row.stock_date);
+        let mut result = self.call_step(status, &keys, &row).await;
+        if status == ReservationStatus::Preparing
+            && matches!(&result, Ok(r) if r.code == OpCode::BucketMissing)
+        {
+            match self.init_bucket(&row).await {
+                Ok(true) => result = self.call_step(status, &keys, &row).await,
+                // The day was closed before its bucket ever reached Redis: refuse the Try
+                // as the script refuses one on a CLOSED bucket.
+                Ok(false) => {
+                    let completion = rejection(&row, "BUCKET_CLOSED", None);
+                    if repo::complete_step(&self.pool, row.id, status, row.version, &completion)
+                        .await?
+                    {
+                        self.outbox_committed();
+                    }
+                    return self.load(row.id).await;
+                }
+                Err(e) => {
+                    // Counted like any failed step, so recovery backs off and, past its
+                    // bound, marks the row dead and alerts instead of retrying for ever.
+                    if !matches!(e, ServiceError::Mysql(_)) {
+                        repo::record_failure(
+                            &self.pool,
+                            row.id,
+                            status,
+                            &e.to_string(),
+                            self.retry_delay(row.retry_count),
+                        )
+                        .await?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let result = match result {
+            Ok(r) => r,
+            Err(e) => {
+                let unknown = e.is_unknown();
+                repo::record_failure(
+                    &self.pool,
+                    row.id,
+                    status,
+                    &e.to_string(),
+                    self.retry_delay(row.retry_count),
+                )
+                .await?;
+                return Err(if unknown {
+                    ServiceError::OutcomeUnknown {
+                        reservation_id: row.id,
+                        status,
+                        reason: e.to_string(),
+                    }
+                } else {
+                    ServiceError::Inconsistent {
+                        reservation_id: row.id,
+                        reason: e.to_string(),
+                    }
+                });
+            }
+        };
+        if status == ReservationStatus::Preparing && result.code == OpCode::Fenced {
+            metrics::counter!(names::FENCE_HITS, "kind" => "hanging_prevented").increment(1);
+        }
+        if status == ReservationStatus::Canceling && result.empty_rollback {
+            metrics::counter!(names::FENCE_HITS, "kind" => "empty_rollback").increment(1);
+        }
+        let completion =
+            if status == ReservationStatus::Preparing && result.code == OpCode::BucketClosed {
+                Some(rejection(&row, "BUCKET_CLOSED", None))
+            } else {
+                match rules::after_redis(status, result.code, result.fence) {
+                    Next::Advance { to } => {
+                        let refund_id = if status == ReservationStatus::Refunding {
+                            repo::find_refund_by_operation(&self.pool, &row.current_operation_id)
+                                .await?
+                                .map(|r| r.refund_key)
+                                .filter(|k| !k.is_empty())
+                        } else {
+                            None
+                        };
+                        Some(
+                            completion(&row, status, to, &result, refund_id.as_deref()).map_err(
+                                |reason| ServiceError::Inconsistent {
+                                    reservation_id: row.id,
+                                    reason,
+                                },
+                            )?,
+                        )
+                    }
+                    Next::YieldToCancel => None,
+                    Next::RefundRefused { to } => Some(Completion {
+                        to,
+                        expected_redis_version: None,
+                        refunded_add: 0,
+                        reject_reason: None,
+                        outbox: Vec::new(),
+                    }),
+                    Next::Inconsistent { reason } => {
+                        repo::record_failure(
+                            &self.pool,
+                            row.id,
+                            status,
+                            reason,
+                            self.retry_delay(row.retry_count),
+                        )
+                        .await?;
+                        tracing::error!(
+                            reservation_id = row.id,
+                            reason,
+                            outcome = result.code.name(),
+                            phase = result.fence.name(),
+                            "reservation inconsistent with its fence"
+                        );
+                        return Err(ServiceError::Inconsistent {
+                            reservation_id: row.id,
+                            reason: reason.to_string(),
+                        });
+                    }
+                }
+            };
+        if let Some(completion) = completion {
+            failpoint::at(status, Place::BeforeCommit)?;
+            let landed = if status == ReservationStatus::Refunding {
+                repo::complete_refund(&self.pool, &row, &completion).await?
+            } else {
+                repo::complete_step(&self.pool, row.id, status, row.version, &completion).await?
+            };
+            if !landed {
+                tracing::debug!(
+                    reservation_id = row.id,
+                    "completion lost its CAS; another actor finished first"
+                );
+            } else if !completion.outbox.is_empty() {
+                self.outbox_committed();
+            }
+        }
+        self.load(row.id).await
+    }
+
+    /// Lazy initialisation when a Try finds no bucket in Redis: the same WAL row and Lua
+    /// path as the daily job (never a direct SET from the request), keyed by bucket and
+    /// baseline version, so twenty concurrent first Trys initialise once.
+    /// False (nothing done) when the day is no longer OPEN.
+    async fn init_bucket(&self, row: &Reservation) -> Result<bool, ServiceError> {
+        let baseline = repo::find_baseline(&self.pool, &row.stock_bucket_id)
+            .await?
+            .ok_or_else(|| ServiceError::BucketNotFound(row.stock_bucket_id.clone()))?;
+        if u8::try_from(baseline.bucket_status).ok() != Some(BucketState::Open.code()) {
+            return Ok(false);
+        }
+        self.ops
+            .ensure_bucket(&baseline)
+            .await
+            .map(|()| true)
+            .map_err(|e| match e {
+                OpsError::Mysql(e) => ServiceError::Mysql(e),
+                OpsError::BucketLost { .. } => ServiceError::Inconsistent {
+                    reservation_id: row.id,
+                    reason: e.to_string(),
+                },
+                other => ServiceError::OutcomeUnknown {
+                    reservation_id: row.id,
+                    status: ReservationStatus::Preparing,
+                    reason: format!("initialising bucket {}: {other}", baseline.stock_bucket_id),
+                },
+            })
+    }
+}

@@ -1,0 +1,180 @@
+//! Try (seed §6): idempotent on (order_item_id, dish_id). A repeat returns the first outcome
+//! (finishing a Try left PREPARING); a CANCELED reservation is never revived.
+
+use super::{error_label, ReservationService, TryReply, TryRequest};
+use crate::error::ServiceError;
+use crate::failpoint;
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use std::time::Instant;
+use stocksvr_core::bucket::{self, BucketKey, BucketState};
+use stocksvr_core::events::OrderType;
+use stocksvr_core::reservation::{self as rules, ReservationStatus};
+use stocksvr_store::reservations::{self as repo, InsertOutcome, NewReservation, Reservation};
+use stocksvr_telemetry::names;
+
+impl ReservationService {
+    /// The merchant's zone, or the default when none is configured or it is unreadable.
+    pub async fn timezone(&self, merchant_id: u64) -> Result<Tz, ServiceError> {
+        Ok(match repo::merchant_timezone(&self.pool, merchant_id).await? {
+            Some(name) => bucket::parse_timezone(&name).unwrap_or_else(|e| {
+                tracing::warn!(merchant_id, %e, "merchant time zone unreadable; using the default");
+                self.config.default_timezone
+            }),
+            None => self.config.default_timezone,
+        })
+    }
+
+    /// The bucket a Try of `req` uses: chosen by order type in the merchant's time zone.
+    pub async fn bucket_for(
+        &self,
+        req: &TryRequest,
+        now: DateTime<Utc>,
+    ) -> Result<BucketKey, ServiceError> {
+        let tz = self.timezone(req.merchant_id).await?;
+        let date = bucket::bucket_date_for(
+            req.order_type,
+            now,
+            req.processing_time,
+            tz,
+            self.config.scheduled_grace,
+        )
+        .map_err(|e| ServiceError::Invalid {
+            field: "processing_time",
+            message: e.to_string(),
+        })?;
+        Ok(BucketKey::new(req.merchant_id, req.dish_id, date))
+    }
+
+    fn validate(&self, req: &TryRequest) -> Result<(), ServiceError> {
+        let invalid = |field, message: String| Err(ServiceError::Invalid { field, message });
+        if req.quantity == 0 || req.quantity > self.config.max_quantity {
+            return invalid(
+                "quantity",
+                format!(
+                    "must be between 1 and {}, got {}",
+                    self.config.max_quantity, req.quantity
+                ),
+            );
+        }
+        for (field, value) in [
+            ("order_id", req.order_id),
+            ("order_item_id", req.order_item_id),
+            ("merchant_id", req.merchant_id),
+            ("dish_id", req.dish_id),
+        ] {
+            if value == 0 {
+                return invalid(field, "must be a positive id".into());
+            }
+        }
+        if req.order_type == OrderType::Scheduled && req.processing_time.is_none() {
+            return invalid("processing_time", "required for a SCHEDULED order".into());
+        }
+        Ok(())
+    }
+
+    /// Try (seed §6): idempotent on (order_item_id, dish_id). A repeat returns the first
+    /// outcome (finishing a Try left PREPARING); a CANCELED reservation is never revived.
+    #[tracing::instrument(skip_all, fields(order_id = req.order_id, order_item_id = req.order_item_id, dish_id = req.dish_id), err)]
+    pub async fn try_reserve(&self, req: &TryRequest) -> Result<TryReply, ServiceError> {
+        let started = Instant::now();
+        let result = self.try_reserve_inner(req).await;
+        let outcome = match &result {
+            Ok(reply) => reply.reservation.status_name(),
+            Err(e) => error_label(e),
+        };
+        metrics::counter!(names::RESERVATION_OPERATIONS, "operation" => "try", "outcome" => outcome.to_string()).increment(1);
+        metrics::histogram!(names::RESERVATION_OPERATION_SECONDS, "operation" => "try")
+            .record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn try_reserve_inner(&self, req: &TryRequest) -> Result<TryReply, ServiceError> {
+        self.validate(req)?;
+        if let Some(existing) =
+            repo::find_by_item(&self.pool, req.order_item_id, req.dish_id).await?
+        {
+            return self.repeat_try(existing, req).await;
+        }
+        let now = Utc::now();
+        let key = self.bucket_for(req, now).await?;
+        let bucket_id = key.stock_bucket_id();
+        let baseline = repo::find_baseline(&self.pool, &bucket_id)
+            .await?
+            .ok_or_else(|| ServiceError::BucketNotFound(bucket_id.clone()))?;
+        if baseline.stock_status != 1 {
+            return Err(ServiceError::BucketUnavailable {
+                bucket: bucket_id,
+                reason: "the dish's stock is disabled",
+            });
+        }
+        if u8::try_from(baseline.bucket_status).ok() != Some(BucketState::Open.code()) {
+            return Err(ServiceError::BucketUnavailable {
+                bucket: bucket_id,
+                reason: "the bucket is closed for new reservations",
+            });
+        }
+        let id = self.ids.next_id().map_err(|e| ServiceError::Inconsistent {
+            reservation_id: 0,
+            reason: format!("snowflake: {e}"),
+        })?;
+        let expire_from = match (req.order_type, req.processing_time) {
+            (OrderType::Scheduled, Some(p)) => p.max(now),
+            _ => now,
+        };
+        let new = NewReservation {
+            id,
+            order_id: req.order_id,
+            order_item_id: req.order_item_id,
+            merchant_id: req.merchant_id,
+            dish_id: req.dish_id,
+            stock_bucket_id: bucket_id,
+            stock_date: key.stock_date,
+            quantity: req.quantity,
+            order_type: req.order_type.code() as i8,
+            processing_time: req.processing_time.map(|t| t.naive_utc()),
+            expire_at: (expire_from + self.config.hold_ttl).naive_utc(),
+            try_operation_id: rules::try_operation_id(id),
+        };
+        failpoint::hit("try.before_insert")?;
+        match repo::insert_preparing(&self.pool, &new).await? {
+            InsertOutcome::Inserted => {}
+            // A concurrent duplicate of this Try inserted first.
+            InsertOutcome::Existing(existing) => return self.repeat_try(*existing, req).await,
+        }
+        let row = self.load(id).await?;
+        let row = self.run_step(row).await?;
+        Ok(TryReply {
+            reservation: row,
+            created: true,
+        })
+    }
+
+    async fn repeat_try(
+        &self,
+        existing: Reservation,
+        req: &TryRequest,
+    ) -> Result<TryReply, ServiceError> {
+        if existing.order_id != req.order_id
+            || existing.merchant_id != req.merchant_id
+            || existing.quantity != req.quantity
+        {
+            return Err(ServiceError::Invalid {
+                field: "order_item_id",
+                message: format!(
+                    "item {} dish {} is already reserved as reservation {} with different order, merchant or quantity",
+                    req.order_item_id, req.dish_id, existing.id
+                ),
+            });
+        }
+        let row = if existing.status()? == ReservationStatus::Preparing {
+            self.run_step(existing).await?
+        } else {
+            existing
+        };
+        Ok(TryReply {
+            reservation: row,
+            created: false,
+        })
+    }
+}

@@ -1,0 +1,486 @@
+//! The Redis Lua executor: every change of a bucket's sellable numbers is one atomic script
+//! (`lua/*.lua`) that checks, moves the quantities, bumps the bucket version, advances the
+//! reservation fence and records its result under the operation id (seed §5).
+//!
+//! # Outcomes and errors
+//!
+//! A call that reached Redis and ran returns `Ok(OpResult)`, whatever the business outcome
+//! (`Succeeded`, `Insufficient`, `Fenced`, …). `Err(ExecError::Unknown)` means the script may or
+//! may not have run (timeout, dropped connection, I/O failure, a server busy or failing over):
+//! **the caller must never treat it as a failure**. It keeps the reservation / WAL row in its
+//! intermediate state and retries with the **same operation id** ([`retry_unknown`]); the op
+//! record makes the retry return the first result instead of applying the change twice.
+//!
+//! # Keys
+//!
+//! One bucket is one hash tag `{merchant_id:dish_id:yyyy-mm-dd}`, so every key a script touches
+//! lives in one cluster slot. The layout is [`BucketKey`]'s (`processors/core/src/bucket.rs`);
+//! the keys are built there and passed in `KEYS`, never inside Lua.
+
+mod error;
+mod reply;
+
+pub use error::{outcome_unknown, ExecError};
+
+use backon::{ExponentialBuilder, Retryable};
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use stocksvr_core::bucket::{BucketKey, BucketState};
+use stocksvr_core::model::{Fence, FencePhase, OpResult};
+use stocksvr_telemetry::names;
+
+/// Default lifetime of an op record (and of a finished fence): it has to cover the longest
+/// order lifecycle + the longest message retry + the reconciliation window + a margin (seed
+/// §5.3). Deployments override it through `LuaExecutor::new`.
+pub const DEFAULT_OP_TTL: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+// Each script is `_common.lua` (shared helpers: result layout, op record, fence, invariant
+// checks) followed by the script's own file; EVAL has no `require`, so the prelude is
+// concatenated at compile time and the hash Redis caches is that of the whole text.
+macro_rules! lua_script {
+    ($file:literal) => {
+        concat!(
+            include_str!("../../../../lua/_common.lua"),
+            include_str!(concat!("../../../../lua/", $file))
+        )
+    };
+}
+
+pub const TRY_LUA: &str = lua_script!("try.lua");
+pub const CONFIRM_LUA: &str = lua_script!("confirm.lua");
+pub const CANCEL_LUA: &str = lua_script!("cancel.lua");
+pub const REFUND_LUA: &str = lua_script!("refund.lua");
+pub const INIT_BUCKET_LUA: &str = lua_script!("init_bucket.lua");
+pub const ADJUST_LUA: &str = lua_script!("adjust.lua");
+pub const SET_STATE_LUA: &str = lua_script!("set_state.lua");
+
+/// Largest bucket total the scripts accept (Lua numbers are doubles: exact to 2^53).
+pub const MAX_TOTAL: i64 = 1 << 50;
+
+/// One step of a reservation, each its own script over the same three keys (stock hash,
+/// fence, op record) and arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// `available -= qty, reserved += qty`, fence RESERVED; refused when the bucket is
+    /// missing or not OPEN (`BucketMissing`, `BucketClosed`), the fence is already past
+    /// RESERVED (`Fenced`, anti-hanging), or stock is short (`Insufficient`).
+    Try { quantity: u32 },
+    /// Only from fence RESERVED: what is still held moves from reserved to sold. A second
+    /// Confirm with another operation id is a `Conflict` (replays carry the same id).
+    Confirm,
+    /// From RESERVED the held quantity goes back; with no fence a CANCELED fence of `quantity`
+    /// is written and no stock added (empty rollback); CONFIRMED/REFUNDED is a `Conflict`.
+    Cancel { quantity: u32 },
+    /// From RESERVED (reserved -> available) or CONFIRMED (sold -> available); partial refunds
+    /// add up; more than what is left is `OverRefund`.
+    Refund { quantity: u32 },
+}
+
+impl Step {
+    /// The `action` the op record stores, and the metric label.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Step::Try { .. } => "try",
+            Step::Confirm => "confirm",
+            Step::Cancel { .. } => "cancel",
+            Step::Refund { .. } => "refund",
+        }
+    }
+
+    fn quantity(self) -> Option<u32> {
+        match self {
+            Step::Try { quantity } | Step::Cancel { quantity } | Step::Refund { quantity } => {
+                Some(quantity)
+            }
+            Step::Confirm => None,
+        }
+    }
+}
+
+/// The stock hash as stored (a plain read, not part of any script).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StockNumbers {
+    pub total: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+    pub version: u64,
+    pub state: BucketState,
+    pub baseline_version: u64,
+    pub deficit: i64,
+    pub updated_at_ms: i64,
+}
+
+/// The reservation fence as stored: the [`Fence`] plus the operations that moved it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceRecord {
+    pub fence: Fence,
+    pub try_op: Option<String>,
+    pub confirm_op: Option<String>,
+    pub cancel_op: Option<String>,
+    pub last_refund_op: Option<String>,
+    /// Bucket version when the fence was last written (0 if the bucket did not exist).
+    pub version: u64,
+    pub updated_at_ms: i64,
+}
+
+struct Scripts {
+    try_reserve: Script,
+    confirm: Script,
+    cancel: Script,
+    refund: Script,
+    init_bucket: Script,
+    adjust: Script,
+    set_state: Script,
+}
+
+/// Runs the inventory scripts over one multiplexed, reconnecting connection. Cheap to clone.
+///
+/// Scripts are sent with EVALSHA: redis-rs 1.x `ScriptInvocation::invoke_async`
+/// (`redis-1.8.1/src/script.rs`) sends `EVALSHA <sha1>` and, on a `NOSCRIPT` error, sends
+/// `SCRIPT LOAD` and repeats the EVALSHA once; so the text travels only after a restart, a
+/// failover or a `SCRIPT FLUSH`. Timeouts come from the `ConnectionManager` configuration
+/// (`crate::connect_redis` sets a response timeout) and surface as `ExecError::Unknown`.
+#[derive(Clone)]
+pub struct LuaExecutor {
+    conn: ConnectionManager,
+    scripts: Arc<Scripts>,
+    op_ttl_ms: u64,
+}
+
+impl std::fmt::Debug for LuaExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LuaExecutor")
+            .field("op_ttl_ms", &self.op_ttl_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LuaExecutor {
+    /// `op_ttl` is how long op records (and fences out of RESERVED) live; see
+    /// [`DEFAULT_OP_TTL`]. A RESERVED fence never expires.
+    pub fn new(conn: ConnectionManager, op_ttl: Duration) -> Self {
+        let op_ttl_ms = u64::try_from(op_ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        Self {
+            conn,
+            scripts: Arc::new(Scripts {
+                try_reserve: Script::new(TRY_LUA),
+                confirm: Script::new(CONFIRM_LUA),
+                cancel: Script::new(CANCEL_LUA),
+                refund: Script::new(REFUND_LUA),
+                init_bucket: Script::new(INIT_BUCKET_LUA),
+                adjust: Script::new(ADJUST_LUA),
+                set_state: Script::new(SET_STATE_LUA),
+            }),
+            op_ttl_ms,
+        }
+    }
+
+    /// One reservation step of `reservation_id` in `bucket` under `operation_id`.
+    pub async fn step(
+        &self,
+        bucket: &BucketKey,
+        reservation_id: u64,
+        operation_id: &str,
+        step: Step,
+    ) -> Result<OpResult, ExecError> {
+        check_op(operation_id)?;
+        let script = match step {
+            Step::Try { .. } => &self.scripts.try_reserve,
+            Step::Confirm => &self.scripts.confirm,
+            Step::Cancel { .. } => &self.scripts.cancel,
+            Step::Refund { .. } => &self.scripts.refund,
+        };
+        let mut args = vec![reservation_id.to_string(), operation_id.to_string()];
+        if let Some(quantity) = step.quantity() {
+            check_qty(quantity)?;
+            args.push(quantity.to_string());
+        }
+        args.push(self.op_ttl_ms.to_string());
+        self.run(
+            step.name(),
+            script,
+            operation_id,
+            &[
+                bucket.stock_key(),
+                bucket.fence_key(reservation_id),
+                bucket.op_key(operation_id),
+            ],
+            &args,
+        )
+        .await
+    }
+
+    /// Creates the bucket (version 1, OPEN; `created`). An existing bucket is left as it is
+    /// (`Succeeded`, not `created`) whatever its baseline: only a bucket that came into being
+    /// may be booked as an init, and a newer total goes through [`adjust`](Self::adjust).
+    pub async fn init_bucket(
+        &self,
+        bucket: &BucketKey,
+        operation_id: &str,
+        total: i64,
+        baseline_version: u64,
+    ) -> Result<OpResult, ExecError> {
+        check_op(operation_id)?;
+        check_total(total)?;
+        self.run(
+            "init_bucket",
+            &self.scripts.init_bucket,
+            operation_id,
+            &[bucket.stock_key(), bucket.op_key(operation_id)],
+            &[
+                operation_id.to_string(),
+                total.to_string(),
+                baseline_version.to_string(),
+                self.op_ttl_ms.to_string(),
+            ],
+        )
+        .await
+    }
+
+    /// Sets a new total: `available = max(0, new_total - reserved - sold)`, `deficit =
+    /// max(0, reserved + sold - new_total)`. `expected_version` makes it a CAS on the bucket
+    /// version; a `baseline_version` older than the stored one is a stale adjust (`Conflict`).
+    pub async fn adjust(
+        &self,
+        bucket: &BucketKey,
+        operation_id: &str,
+        new_total: i64,
+        expected_version: Option<u64>,
+        baseline_version: u64,
+    ) -> Result<OpResult, ExecError> {
+        check_op(operation_id)?;
+        check_total(new_total)?;
+        self.run(
+            "adjust",
+            &self.scripts.adjust,
+            operation_id,
+            &[bucket.stock_key(), bucket.op_key(operation_id)],
+            &[
+                operation_id.to_string(),
+                new_total.to_string(),
+                expected_version.map(|v| v.to_string()).unwrap_or_default(),
+                baseline_version.to_string(),
+                self.op_ttl_ms.to_string(),
+            ],
+        )
+        .await
+    }
+
+    /// Moves the bucket forward along OPEN -> CLOSED -> ARCHIVED (backwards is a `Conflict`,
+    /// ARCHIVED while stock is still reserved too). On ARCHIVED the stock key gets
+    /// `archive_expire` to live (whole seconds, rounded up; `None` keeps it).
+    pub async fn set_state(
+        &self,
+        bucket: &BucketKey,
+        operation_id: &str,
+        state: BucketState,
+        archive_expire: Option<Duration>,
+    ) -> Result<OpResult, ExecError> {
+        check_op(operation_id)?;
+        let expire_secs = archive_expire
+            .map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
+            .unwrap_or(0);
+        self.run(
+            "set_state",
+            &self.scripts.set_state,
+            operation_id,
+            &[bucket.stock_key(), bucket.op_key(operation_id)],
+            &[
+                operation_id.to_string(),
+                state.name().to_string(),
+                expire_secs.to_string(),
+                self.op_ttl_ms.to_string(),
+            ],
+        )
+        .await
+    }
+
+    /// The stock hash, or `None` when the bucket does not exist. Errors carry an empty
+    /// operation id (a read has none).
+    pub async fn read_bucket(&self, bucket: &BucketKey) -> Result<Option<StockNumbers>, ExecError> {
+        let key = bucket.stock_key();
+        let map = self.hgetall(&key).await?;
+        if map.is_empty() {
+            return Ok(None);
+        }
+        let protocol = |detail: String| ExecError::Protocol {
+            operation_id: String::new(),
+            detail: format!("{key}: {detail}"),
+        };
+        let state = map.get("state").map(String::as_str).unwrap_or_default();
+        Ok(Some(StockNumbers {
+            total: reply::field(&map, "total").map_err(protocol)?,
+            available: reply::field(&map, "available").map_err(protocol)?,
+            reserved: reply::field(&map, "reserved").map_err(protocol)?,
+            sold: reply::field(&map, "sold").map_err(protocol)?,
+            version: reply::field(&map, "version").map_err(protocol)?,
+            state: BucketState::from_name(state)
+                .ok_or_else(|| protocol(format!("unknown state {state:?}")))?,
+            baseline_version: reply::field(&map, "baseline_version").map_err(protocol)?,
+            deficit: reply::field(&map, "deficit").map_err(protocol)?,
+            updated_at_ms: reply::field(&map, "updated_at").map_err(protocol)?,
+        }))
+    }
+
+    /// The reservation fence, or `None` (phase NONE).
+    pub async fn read_fence(
+        &self,
+        bucket: &BucketKey,
+        reservation_id: u64,
+    ) -> Result<Option<FenceRecord>, ExecError> {
+        let key = bucket.fence_key(reservation_id);
+        let map = self.hgetall(&key).await?;
+        if map.is_empty() {
+            return Ok(None);
+        }
+        let protocol = |detail: String| ExecError::Protocol {
+            operation_id: String::new(),
+            detail: format!("{key}: {detail}"),
+        };
+        let op = |name: &str| map.get(name).filter(|s| !s.is_empty()).cloned();
+        let phase = map.get("phase").map(String::as_str).unwrap_or_default();
+        Ok(Some(FenceRecord {
+            fence: Fence {
+                phase: FencePhase::from_name(phase)
+                    .ok_or_else(|| protocol(format!("unknown phase {phase:?}")))?,
+                quantity: reply::field(&map, "quantity").map_err(protocol)?,
+                refunded: reply::field(&map, "refunded").map_err(protocol)?,
+            },
+            try_op: op("try_op"),
+            confirm_op: op("confirm_op"),
+            cancel_op: op("cancel_op"),
+            last_refund_op: op("last_refund_op"),
+            version: reply::field(&map, "version").map_err(protocol)?,
+            updated_at_ms: reply::field(&map, "updated_at").map_err(protocol)?,
+        }))
+    }
+
+    async fn hgetall(&self, key: &str) -> Result<HashMap<String, String>, ExecError> {
+        // The manager multiplexes one connection; a clone is a handle, not a new socket.
+        let mut conn = self.conn.clone();
+        redis::cmd("HGETALL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| ExecError::from_redis("", e))
+    }
+
+    async fn run(
+        &self,
+        action: &'static str,
+        script: &Script,
+        operation_id: &str,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<OpResult, ExecError> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(key.as_str());
+        }
+        for arg in args {
+            invocation.arg(arg.as_str());
+        }
+        let mut conn = self.conn.clone();
+        let reply: Value = match invocation.invoke_async(&mut conn).await {
+            Ok(reply) => reply,
+            Err(e) => {
+                let err = ExecError::from_redis(operation_id, e);
+                if err.is_invariant_violation() {
+                    metrics::counter!(names::LUA_INVARIANT_REFUSALS, "script" => action)
+                        .increment(1);
+                    tracing::error!(action, operation_id, error = %err, "oversell alarm: the stored numbers break an invariant; the script refused to move them");
+                } else {
+                    tracing::warn!(action, operation_id, error = %err, "inventory script failed");
+                }
+                return Err(err);
+            }
+        };
+        let result = reply::parse_reply(operation_id, reply)?;
+        tracing::debug!(
+            action,
+            operation_id,
+            outcome = result.code.name(),
+            version = result.version,
+            replayed = result.replayed,
+            "inventory script"
+        );
+        Ok(result)
+    }
+}
+
+/// Runs `call` and repeats it while its outcome is unknown, up to `retries` more times with a
+/// short jittered backoff, then gives the last error back. Safe only because every script call
+/// carries its operation id: a repeat of a call that did run replays the first result instead
+/// of applying the change twice (the one place this rule is written).
+pub async fn retry_unknown<T, F, Fut>(
+    retries: usize,
+    operation_id: &str,
+    what: &'static str,
+    call: F,
+) -> Result<T, ExecError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, ExecError>>,
+{
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_millis(500))
+        .with_max_times(retries)
+        .with_jitter();
+    call.retry(backoff)
+        .when(ExecError::is_unknown)
+        .notify(|e, after| {
+            metrics::counter!(names::REDIS_UNKNOWN_OUTCOMES, "operation" => what).increment(1);
+            tracing::warn!(operation_id, error = %e, ?after, "redis outcome unknown; retrying with the same operation id");
+        })
+        .await
+}
+
+fn check_op(operation_id: &str) -> Result<(), ExecError> {
+    if operation_id.is_empty() {
+        return Err(ExecError::InvalidArgument(
+            "operation_id must not be empty".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn check_qty(qty: u32) -> Result<(), ExecError> {
+    if qty == 0 {
+        return Err(ExecError::InvalidArgument("quantity must be >= 1".into()));
+    }
+    Ok(())
+}
+
+fn check_total(total: i64) -> Result<(), ExecError> {
+    if !(0..=MAX_TOTAL).contains(&total) {
+        return Err(ExecError::InvalidArgument(format!(
+            "total must be within 0..={MAX_TOTAL}, got {total}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_name_their_script_and_carry_a_quantity_where_it_has_one() {
+        assert_eq!(Step::Try { quantity: 2 }.quantity(), Some(2));
+        assert_eq!(Step::Confirm.quantity(), None);
+        assert_eq!(Step::Refund { quantity: 1 }.name(), "refund");
+    }
+
+    #[test]
+    fn totals_stay_where_doubles_are_exact() {
+        assert!(check_total(MAX_TOTAL).is_ok());
+        assert!(check_total(MAX_TOTAL + 1).is_err());
+        assert!(check_total(-1).is_err());
+    }
+}

@@ -1,0 +1,137 @@
+//! The one reply layout every script returns (see `lua/_common.lua`):
+//! `{code, version, total, available, reserved, sold, phase, empty_rollback, replayed, deficit}`.
+
+use super::ExecError;
+use redis::Value;
+use std::collections::HashMap;
+use stocksvr_core::events::StockAfter;
+use stocksvr_core::model::{FencePhase, OpCode, OpResult};
+
+/// The reply of a script as the shared [`OpResult`]. `phase` is a fence phase for the
+/// reservation steps, `INITIALIZED` / `UNCHANGED` for an init, empty otherwise.
+pub fn parse_reply(operation_id: &str, reply: Value) -> Result<OpResult, ExecError> {
+    let protocol = |detail: String| ExecError::Protocol {
+        operation_id: operation_id.to_string(),
+        detail,
+    };
+    let items = match reply {
+        Value::Array(items) if items.len() == 10 => items,
+        other => {
+            return Err(protocol(format!(
+                "expected a 10-element array, got {other:?}"
+            )))
+        }
+    };
+    let text = |i: usize| {
+        value_text(&items[i])
+            .ok_or_else(|| protocol(format!("item {i} is not text: {:?}", items[i])))
+    };
+    let int = |i: usize| {
+        value_int(&items[i])
+            .ok_or_else(|| protocol(format!("item {i} is not an integer: {:?}", items[i])))
+    };
+    let flag = |i: usize| match int(i)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        n => Err(protocol(format!("item {i} is not a 0/1 flag: {n}"))),
+    };
+
+    let code = text(0)?;
+    let code =
+        OpCode::from_name(&code).ok_or_else(|| protocol(format!("unknown code {code:?}")))?;
+    let version = u64::try_from(int(1)?).map_err(|_| protocol("negative version".into()))?;
+    let phase = text(6)?;
+    Ok(OpResult {
+        code,
+        empty_rollback: flag(7)?,
+        replayed: flag(8)?,
+        created: phase == "INITIALIZED",
+        after: StockAfter {
+            total: int(2)?,
+            available: int(3)?,
+            reserved: int(4)?,
+            sold: int(5)?,
+        },
+        deficit: int(9)?,
+        version,
+        fence: FencePhase::from_name(&phase).unwrap_or(FencePhase::None),
+    })
+}
+
+/// A numeric field of a hash read back with HGETALL.
+pub fn field<T: std::str::FromStr>(map: &HashMap<String, String>, name: &str) -> Result<T, String> {
+    let raw = map
+        .get(name)
+        .ok_or_else(|| format!("field {name} missing"))?;
+    raw.parse()
+        .map_err(|_| format!("field {name} is not a number: {raw:?}"))
+}
+
+fn value_text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}
+
+fn value_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        // Replays read numbers back from the op record hash; the script converts them with
+        // tonumber, but accept text too so a reply is never rejected for its encoding.
+        other => value_text(other)?.parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn reply(code: &str, phase: &str) -> Value {
+        Value::Array(vec![
+            bulk(code),
+            Value::Int(7),
+            Value::Int(10),
+            Value::Int(5),
+            Value::Int(3),
+            Value::Int(2),
+            bulk(phase),
+            Value::Int(0),
+            Value::Int(1),
+            Value::Int(0),
+        ])
+    }
+
+    #[test]
+    fn replies_parse_into_the_shared_result() {
+        let r = parse_reply("op", reply("SUCCEEDED", "RESERVED")).expect("parses");
+        assert_eq!(r.code, OpCode::Succeeded);
+        assert_eq!(r.version, 7);
+        assert_eq!(r.after.available, 5);
+        assert_eq!(r.fence, FencePhase::Reserved);
+        assert!(r.replayed && !r.empty_rollback && !r.created);
+        let init = parse_reply("op", reply("SUCCEEDED", "INITIALIZED")).expect("parses");
+        assert!(init.created);
+        assert_eq!(init.fence, FencePhase::None);
+        let missing = parse_reply("op", reply("BUCKET_MISSING", "")).expect("parses");
+        assert_eq!(missing.code, OpCode::BucketMissing);
+    }
+
+    #[test]
+    fn malformed_replies_are_protocol_errors() {
+        assert!(matches!(
+            parse_reply("op", Value::Array(vec![bulk("NOPE")])),
+            Err(ExecError::Protocol { .. })
+        ));
+        assert!(matches!(
+            parse_reply("op", reply("WHAT", "")),
+            Err(ExecError::Protocol { .. })
+        ));
+    }
+}
