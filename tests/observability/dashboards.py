@@ -36,9 +36,14 @@ COMMIT_RATE = (
     '(rate(stocksvr_consumer_group_committed_offset{group=~"$group"}[5m]))'
 )
 INST = 'instance=~"$instance"'
-# Reservation service outcomes that are failures of stocksvr itself (a REJECTED Try or an
-# invalid request is an answer, not a failure).
-FAILED_OUTCOMES = 'outcome=~"unknown|inconsistent|.*error.*"'
+# Reservation service outcomes that are failures of stocksvr itself, from the values the
+# catalog documents for stocksvr_reservation_operations_total: a dependency unavailable, a
+# Redis outcome unknown, Redis and MySQL inconsistent, a bucket whose Redis key is lost. A
+# REJECTED Try, an invalid request, a conflict or a Try of a failed order (order_failed) is
+# an answer, not a failure.
+FAILED_OUTCOMES = 'outcome=~"unavailable|unknown|inconsistent|bucket_lost"'
+# The topic the time wheel emits InventoryConfirmDue on, inside any kafka.topic_namespace.
+SCHEDULE_TOPIC = 'topic=~"(.+[.])?inventory[.]schedule[.]v1"'
 
 
 def q(expr, legend, ref=None):
@@ -193,8 +198,8 @@ VARIABLES = {
 def overview():
     b = Board("stocksvr-overview", "stocksvr / Overview",
               "Traffic, errors, latency, lag, backlogs, stuck work, dead letters and "
-              "consistency of stocksvr. Details: the Pipeline, Reservations and Consistency "
-              "dashboards.", ["instance", "group"])
+              "consistency of stocksvr. Details: the Pipeline, Reservations, Scheduled "
+              "confirms and Consistency dashboards.", ["instance", "group"])
 
     b.row("Health")
     b.stat("Dependencies not ready", "Dependencies (Kafka, registry, MySQL, Redis) whose "
@@ -235,7 +240,8 @@ def overview():
          [q(f"sum by (operation, outcome) (rate(stocksvr_reservation_operations_total{{{INST}}}"
             "[$__rate_interval]))", "{{operation}} {{outcome}}")])
     b.ts("Reservation failures", "Share of service operations that failed in stocksvr "
-         "(unknown outcome, MySQL error, inconsistent), by operation.", "percentunit",
+         "(dependency unavailable, unknown outcome, inconsistent, bucket lost), by operation.",
+         "percentunit",
          # `or ... * 0`: an operation without failures has no failure series at all; it
          # shows 0, not "no data".
          [q(f"(sum by (operation) (rate(stocksvr_reservation_operations_total{{{INST},"
@@ -283,10 +289,14 @@ def overview():
          "recovery shows as a line that does not return to 0.", "short",
          [q("max by (status) (stocksvr_reservations_intermediate)", "{{status}}"),
           q("max(stocksvr_reservations_stale)", "stale (RESERVED past expiry)")], min=0)
-    b.ts("Oldest intermediate reservation", "Age of the oldest reservation per intermediate "
-         "status (alert: StocksvrReservationStuck > 10 min).", "s",
+    b.ts("Oldest stuck work", "Age of the oldest reservation per intermediate status "
+         "(alert: StocksvrReservationStuck > 10 min) and of the oldest order event deferred "
+         "until its predecessor is applied (alert: StocksvrOrderEventsDeferredTooLong "
+         "> 15 min).", "s",
          [q("max by (status) (stocksvr_reservations_intermediate_oldest_seconds)",
-            "{{status}}")], min=0)
+            "{{status}}"),
+          q("max(stocksvr_order_events_deferred_oldest_seconds)", "deferred order event")],
+         min=0)
     b.ts("Dead work", "Reservations and WAL rows marked dead, per 15 min.", "short",
          [q("sum(increase(stocksvr_reservations_dead_total[15m]))", "reservations"),
           q("sum by (action) (increase(stocksvr_wal_dead_total[15m]))", "wal {{action}}")],
@@ -300,6 +310,12 @@ def overview():
          "instance and processor.", "short",
          [q(f"sum by (instance, processor) (stocksvr_consumer_paused_partitions{{{INST}}})",
             "{{instance}} {{processor}}")], min=0)
+    b.ts("Overdue and deferred", "Scheduled reservations still CREATED_RESERVED past "
+         "processing time + grace at the last scan (alert: StocksvrScheduledConfirmsOverdue "
+         "after 10 min), and order events deferred until their predecessor is applied.",
+         "short",
+         [q("max(stocksvr_schedule_overdue)", "scheduled confirms overdue"),
+          q("max(stocksvr_order_events_deferred)", "deferred order events")], min=0)
 
     b.row("Consistency")
     b.ts("Consistent buckets", "Consistent / checked buckets in the reconciler's last pass.",
@@ -321,7 +337,8 @@ def overview():
 def pipeline():
     b = Board("stocksvr-pipeline", "stocksvr / Pipeline and lag",
               "Consumer lag read from the broker (every stocksvr group, with or without "
-              "members), processors, the outbox relay and the projector.",
+              "members), processors, deferred order events, dead-letter operations, the "
+              "outbox relay and the projector.",
               ["instance", "group"])
 
     b.row("Consumer groups")
@@ -384,42 +401,105 @@ def pipeline():
             "paused {{processor}}"),
           q(f"sum by (processor, dependency) (increase(stocksvr_consumer_pauses_total{{{INST}}}"
             "[15m]))", "pauses {{processor}} {{dependency}}")], min=0)
-    b.ts("Dead letters", "Records dead-lettered per second by processor, topic and class; "
-         "dead letters parked per second by the dead-letter processor.", "ops",
-         [q(f"sum by (processor, topic, class) (rate(stocksvr_events_dead_lettered_total"
-            f"{{{INST}}}[$__rate_interval]))", "{{processor}} {{topic}} {{class}}"),
-          q(f"sum by (topic, class) (rate(stocksvr_dead_letters_parked_total{{{INST}}}"
-            "[$__rate_interval]))", "parked {{topic}} {{class}}")], min=0)
+    b.ts("Records produced", "Records produced to Kafka and acknowledged per second, by "
+         "topic.", "ops",
+         [q(f"sum by (topic) (rate(stocksvr_events_produced_total{{{INST}}}"
+            "[$__rate_interval]))", "{{topic}}")], min=0)
 
-    b.row("Outbox and projection")
+    b.row("Deferred order events")
+    b.ts("Deferred order events", "Order events parked until their predecessor is applied "
+         "(a RefundRequested before its OrderCreated, say). They leave as soon as the "
+         "predecessor arrives; a count that only grows means predecessors are missing.",
+         "short", [q("max(stocksvr_order_events_deferred)", "deferred")], w=12, min=0)
+    b.ts("Oldest deferred order event", "Age of the oldest parked order event; 0 when there "
+         "is none (alert: StocksvrOrderEventsDeferredTooLong above 15 min).", "s",
+         [q("max(stocksvr_order_events_deferred_oldest_seconds)", "oldest")], w=12, min=0,
+         thresholds=[(900, "red")])
+
+    b.row("Dead-letter operations")
+    b.ts("Dead-lettered", "Records sent to <topic>.dlt per 15 min, by processor, origin "
+         "topic and class (invalid: can never apply; undecodable: not Avro of a known "
+         "schema). An outage never dead-letters.", "short",
+         [q(f"sum by (processor, topic, class) (increase(stocksvr_events_dead_lettered_total"
+            f"{{{INST}}}[15m]))", "{{processor}} {{topic}} {{class}}")], w=6, min=0)
+    b.ts("Parked", "Dead letters parked in MySQL per 15 min by dead-letter topic and class, "
+         "and parked ones not yet replayed or discarded.", "short",
+         [q(f"sum by (topic, class) (increase(stocksvr_dead_letters_parked_total{{{INST}}}"
+            "[15m]))", "{{topic}} {{class}}"),
+          q("max(stocksvr_dead_letters_parked)", "waiting for an operator")], w=6, min=0)
+    b.ts("Replayed and discarded", "Parked dead letters an operator put back on their "
+         "original topic (by that topic) or discarded, per 15 min. Counted by the process "
+         "that did it: /admin/dlq on a scraped instance shows here, a one-off `stocksvr dlq` "
+         "command does not.", "short",
+         [q(f"sum by (topic) (increase(stocksvr_dead_letters_replayed_total{{{INST}}}[15m]))",
+            "replayed {{topic}}"),
+          q(f"sum(increase(stocksvr_dead_letters_discarded_total{{{INST}}}[15m]))",
+            "discarded")], w=6, min=0)
+    b.ts("Foreign dead letters", "Records on a shared dead-letter topic written by another "
+         "deployment's consumer group, per 15 min: left alone, not parked here. Steady "
+         "numbers mean two deployments share a topic namespace.", "short",
+         [q(f"sum by (topic) (increase(stocksvr_dead_letters_foreign_total{{{INST}}}[15m]))",
+            "{{topic}}")], w=6, min=0)
+
+    b.row("Outbox relay")
     b.ts("Outbox backlog and growth", "Unsent rows and their growth per minute (seed 003: "
          "alert above 300 rows and 100 rows/min).", "short",
          [q("max(stocksvr_outbox_backlog)", "rows"),
           q("max(deriv(stocksvr_outbox_backlog[2m])) * 60", "growth per min"),
           q("max(predict_linear(stocksvr_outbox_backlog[15m], 1800))", "predicted in 30 min")])
-    b.ts("Outbox published", "Rows published per second, and failed publish rounds.", "ops",
-         [q(f"sum(rate(stocksvr_outbox_published_total{{{INST}}}[$__rate_interval]))",
-            "published"),
-          q(f"sum(rate(stocksvr_outbox_publish_failures_total{{{INST}}}[$__rate_interval]))",
-            "failed rounds")], min=0)
+    b.ts("Outbox published", "Rows published and acknowledged per second, by topic and "
+         "event type.", "ops",
+         [q(f"sum by (topic, event_type) (rate(stocksvr_outbox_published_total{{{INST}}}"
+            "[$__rate_interval]))", "{{topic}} {{event_type}}")], min=0)
+    b.ts("Outbox publish failures", "Rows whose publish failed per 15 min (retried with "
+         "backoff), by reason: encode (payload or schema: a person must look), delivery "
+         "(the broker refused), timeout (no acknowledgement in time).", "short",
+         [q(f"sum by (reason, topic, event_type) (increase("
+            f"stocksvr_outbox_publish_failures_total{{{INST}}}[15m]))",
+            "{{reason}} {{topic}} {{event_type}}")], min=0)
     b.ts("Outbox time to drain", "Backlog divided by the publish rate (capped at one day).",
          "s",
          [q("clamp_max(max(stocksvr_outbox_backlog) / clamp_min(sum(rate("
             "stocksvr_outbox_published_total[5m])), 1e-9), 86400)", "outbox")], min=0)
-    b.ts("Publish and projection delay p50 / p99", "Outbox row created to sent; event time "
-         "to booked by the projector.", "s",
-         [q(hist("stocksvr_outbox_publish_delay_seconds", "", 0.5), "publish p50"),
-          q(hist("stocksvr_outbox_publish_delay_seconds", "", 0.99), "publish p99"),
-          q(hist("stocksvr_projection_delay_seconds", "", 0.5), "projection p50"),
-          q(hist("stocksvr_projection_delay_seconds", "", 0.99), "projection p99")])
-    b.ts("Projected events", "Events booked per second by the projector, by event.", "ops",
+    b.ts("Batch publish time and publish delay p50 / p99", "Time to publish one claimed "
+         "batch (encode, send, acknowledgements, mark SENT); delay from an outbox row "
+         "created to sent.", "s",
+         [q(hist("stocksvr_outbox_batch_publish_seconds", "", 0.5, INST), "batch p50"),
+          q(hist("stocksvr_outbox_batch_publish_seconds", "", 0.99, INST), "batch p99"),
+          q(hist("stocksvr_outbox_publish_delay_seconds", "", 0.5), "delay p50"),
+          q(hist("stocksvr_outbox_publish_delay_seconds", "", 0.99), "delay p99")])
+    b.ts("Outbox purged", "SENT rows deleted by the purge after their retention, per 15 "
+         "min. 0 for a long time while traffic flows means the purge does not run and "
+         "inventory_outbox grows.", "short",
+         [q(f"sum(increase(stocksvr_outbox_purged_total{{{INST}}}[15m]))", "purged")], min=0)
+
+    b.row("Projector")
+    b.ts("Projected events", "Events booked per second by the projector, by event, and "
+         "projector transactions per second.", "ops",
          [q(f"sum by (event) (rate(stocksvr_projector_events_projected_total{{{INST}}}"
-            "[$__rate_interval]))", "{{event}}")], min=0)
-    b.ts("Produced and deferred", "Records produced per second by topic; order events "
-         "parked waiting for their predecessor.", "short",
-         [q(f"sum by (topic) (rate(stocksvr_events_produced_total{{{INST}}}"
-            "[$__rate_interval]))", "produced {{topic}}"),
-          q("max(stocksvr_order_events_deferred)", "deferred")], min=0)
+            "[$__rate_interval]))", "{{event}}"),
+          q(f"sum(rate(stocksvr_projector_batch_size_count{{{INST}}}[$__rate_interval]))",
+            "transactions")], min=0)
+    b.ts("Redelivered and late events", "Per second: events the inbox had seen already "
+         "(redelivery), events older than the snapshot's version (booked in the ledger, "
+         "snapshot left as it is), and events whose operation id already had a ledger row "
+         "under another event id.", "ops",
+         [q(f"sum(rate(stocksvr_projector_duplicates_total{{{INST}}}[$__rate_interval]))",
+            "duplicate"),
+          q(f"sum(rate(stocksvr_projector_stale_total{{{INST}}}[$__rate_interval]))",
+            "stale"),
+          q(f"sum(rate(stocksvr_projector_ledger_already_booked_total{{{INST}}}"
+            "[$__rate_interval]))", "ledger already booked")], min=0)
+    # The mean from _sum/_count, not histogram_quantile: the recorder gives every histogram
+    # the latency buckets (up to 10), so a quantile of a count above 10 would read 10.
+    b.ts("Events per transaction", "Mean number of events the projector books in one "
+         "transaction (larger batches when it catches up).", "short",
+         [q(f"sum(rate(stocksvr_projector_batch_size_sum{{{INST}}}[$__rate_interval])) / "
+            f"clamp_min(sum(rate(stocksvr_projector_batch_size_count{{{INST}}}"
+            "[$__rate_interval])), 1e-9)", "mean")], min=0)
+    b.ts("Projection delay p50 / p99", "Event time to booked in snapshot and ledger.", "s",
+         [q(hist("stocksvr_projection_delay_seconds", "", 0.5), "p50"),
+          q(hist("stocksvr_projection_delay_seconds", "", 0.99), "p99")])
     return b
 
 
@@ -481,17 +561,126 @@ def reservations():
          [q("sum by (script) (increase(stocksvr_lua_invariant_refusals_total[15m]))",
             "{{script}}")], min=0)
 
-    b.row("Operation WAL (bucket init, adjust, repair, rebuild)")
+    b.row("Operation WAL (bucket init, adjust, repair, rebuild, close, archive)")
     b.ts("WAL backlog", "Unfinished rows by action.", "short",
-         [q("max by (action) (stocksvr_wal_backlog)", "{{action}}")], min=0)
+         [q("max by (action) (stocksvr_wal_backlog)", "{{action}}")], w=6, min=0)
     b.ts("Oldest unfinished WAL row", "Age by action.", "s",
-         [q("max by (action) (stocksvr_wal_oldest_seconds)", "{{action}}")], min=0)
+         [q("max by (action) (stocksvr_wal_oldest_seconds)", "{{action}}")], w=6, min=0)
     b.ts("WAL outcomes", "Finished WAL operations per 15 min by action and outcome; dead rows; "
          "adjusts that left a deficit.", "short",
          [q("sum by (action, outcome) (increase(stocksvr_wal_operations_total[15m]))",
             "{{action}} {{outcome}}"),
           q("sum by (action) (increase(stocksvr_wal_dead_total[15m]))", "dead {{action}}"),
-          q("sum(increase(stocksvr_bucket_deficit_total[15m]))", "deficits")], min=0)
+          q("sum(increase(stocksvr_bucket_deficit_total[15m]))", "deficits")], w=6, min=0)
+    b.ts("Daily buckets prepared", "Buckets the daily job created ahead of the merchant's "
+         "day, per hour (an init WAL row each). Nothing for a whole day while merchants "
+         "have stock means tomorrow's buckets are missing: their first Try initialises them "
+         "lazily.", "short",
+         [q(f"sum(increase(stocksvr_daily_buckets_prepared_total{{{INST}}}[1h]))",
+            "prepared per hour")], w=6, min=0)
+    return b
+
+
+# ------------------------------------------------------------------------------------------
+# Scheduled confirms: the time wheel, the schedule processor and the DB scan (README,
+# processors/schedule). A SCHEDULED reservation waits in CREATED_RESERVED until its
+# processing_time; the wheel emits InventoryConfirmDue through the outbox, the processor
+# confirms, and the scan confirms whatever the wheel missed.
+
+def schedule():
+    b = Board("stocksvr-schedule", "stocksvr / Scheduled confirms",
+              "Scheduled orders confirmed at their processing_time: the Redis time wheel "
+              "(armed by order-lifecycle and the scan's load-ahead, claimed by every "
+              "instance's poller), InventoryConfirmDue through the outbox, the schedule "
+              "processor, and the DB scan that confirms what the wheel missed.", ["instance"])
+
+    b.row("Now")
+    b.stat("Overdue", "CREATED_RESERVED reservations past processing_time + grace at the "
+           "last scan (alert: StocksvrScheduledConfirmsOverdue after 10 min).", "short",
+           [q("max(stocksvr_schedule_overdue)", "overdue")], thresholds=[(1, "orange")])
+    b.stat("Oldest past due", "Age of the oldest CREATED_RESERVED reservation past its "
+           "processing time (alert: StocksvrReservationStuck above 10 min).", "s",
+           [q('max(stocksvr_reservations_intermediate_oldest_seconds'
+              '{status="CREATED_RESERVED_OVERDUE"})', "age")],
+           thresholds=[(300, "orange"), (600, "red")])
+    b.stat("Confirmed by the scan (1h)", "Reservations the scan confirmed itself in the last "
+           "hour because the wheel missed them (lost entry, emission or trigger late). A few "
+           "after a Redis failover are expected; a steady number is not.", "short",
+           [q(f'sum(increase(stocksvr_schedule_scan_redriven_total{{{INST},outcome="confirmed"}}'
+              "[1h])) or vector(0)", "confirmed")], thresholds=[(1, "orange")])
+    b.stat("Arm failures (1h)", "Time-wheel entries that could not be armed in the last "
+           "hour (Redis unavailable); the scan's load-ahead arms them later.", "short",
+           [q(f'sum(increase(stocksvr_schedule_armed_total{{{INST},outcome="failed"}}[1h]))',
+              "failed")], thresholds=[(1, "orange")])
+    b.stat("Lateness p99 (15m)", "99th percentile of how long after processing_time the "
+           "wheel emitted InventoryConfirmDue, over 15 min.", "s",
+           [q(f"histogram_quantile(0.99, sum by (le) (rate("
+              f"stocksvr_schedule_fire_lateness_seconds_bucket{{{INST}}}[15m])))", "p99")],
+           thresholds=[(1, "orange"), (5, "red")])
+    b.stat("Schedule topic lag", "Age of the oldest InventoryConfirmDue the schedule "
+           "processor has not consumed, measured at the broker.", "s",
+           [q(f"max(max by (group, topic, partition) (stocksvr_consumer_group_lag_seconds"
+              f"{{{SCHEDULE_TOPIC}}})) or vector(0)", "lag")],
+           thresholds=[(30, "orange"), (60, "red")])
+
+    b.row("Time wheel")
+    b.ts("Armed", "Time-wheel entries armed per second: by order-lifecycle when OrderCreated "
+         "parks a scheduled reservation, and by the scan's load-ahead for reservations due "
+         "soon; added, already present, or failed (Redis unavailable).", "ops",
+         [q(f"sum by (source, outcome) (rate(stocksvr_schedule_armed_total{{{INST}}}"
+            "[$__rate_interval]))", "{{source}} {{outcome}}")], min=0)
+    b.ts("Claimed", "Due entries claimed per second, by outcome: emitted (InventoryConfirmDue "
+         "written to the outbox), already_emitted (a repeated claim), later (a refund is under "
+         "way: the entry falls due again after the claim timeout), dropped with its reason "
+         "(already_confirming, terminal, not_created, unknown_reservation, not_scheduled, "
+         "not_an_id). unknown_reservation and not_created mean the wheel holds entries this "
+         "database did not park (a wheel_namespace shared between environments); not_an_id "
+         "a hand-made entry.",
+         "ops",
+         [q(f"sum by (outcome, reason) (rate(stocksvr_schedule_fired_total{{{INST}}}"
+            "[$__rate_interval]))", "{{outcome}} {{reason}}")], min=0)
+    b.ts("Fire lateness p50 / p99", "How long after processing_time the wheel emitted "
+         "InventoryConfirmDue (latency buckets: values above 10 s read as 10 s).", "s",
+         [q(hist("stocksvr_schedule_fire_lateness_seconds", "", 0.5, INST), "p50"),
+          q(hist("stocksvr_schedule_fire_lateness_seconds", "", 0.99, INST), "p99")], min=0)
+
+    b.row("Confirm")
+    b.ts("Triggers handled", "InventoryConfirmDue records the schedule processor handled per "
+         "second, by outcome (confirmed, already_confirmed, stale, lost_to_refund).", "ops",
+         [q(f"sum by (outcome) (rate(stocksvr_schedule_triggers_total{{{INST}}}"
+            "[$__rate_interval]))", "{{outcome}}")], min=0)
+    b.ts("Scan re-drives", "Overdue reservations the scan tried to confirm itself, per 15 "
+         "min, by outcome: confirmed (the wheel missed it), already_confirmed, not_yet, "
+         "conflict, failed (retried next round).", "short",
+         [q(f"sum by (outcome) (increase(stocksvr_schedule_scan_redriven_total{{{INST}}}"
+            "[15m]))", "{{outcome}}")], min=0)
+    b.ts("Overdue", "Reservations past processing_time + grace at the last scan, and "
+         "CREATED_RESERVED reservations past their processing time.", "short",
+         [q("max(stocksvr_schedule_overdue)", "overdue at the last scan"),
+          q('max(stocksvr_reservations_intermediate{status="CREATED_RESERVED_OVERDUE"})',
+            "CREATED_RESERVED past processing time")], min=0)
+    b.ts("Schedule processor", "Records of inventory.schedule.v1 settled per second by "
+         "outcome, retries, and records dead-lettered.", "ops",
+         [q(f'sum by (outcome) (rate(stocksvr_events_applied_total{{{INST},'
+            f'processor="schedule"}}[$__rate_interval]))', "{{outcome}}"),
+          q(f'sum(rate(stocksvr_processing_retries_total{{{INST},processor="schedule"}}'
+            "[$__rate_interval]))", "retries"),
+          q(f'sum(rate(stocksvr_events_dead_lettered_total{{{INST},processor="schedule"}}'
+            "[$__rate_interval]))", "dead-lettered")], min=0)
+    b.ts("Confirm latency p50 / p99", "Latency of the Confirm the processor and the scan "
+         "run (all Confirms of the service).", "s",
+         [q(hist("stocksvr_reservation_operation_seconds", "", 0.5,
+                 f'{INST},operation="confirm"'), "p50"),
+          q(hist("stocksvr_reservation_operation_seconds", "", 0.99,
+                 f'{INST},operation="confirm"'), "p99")])
+    b.ts("Emitted through the outbox", "InventoryConfirmDue rows published by the outbox "
+         "relay per second, and their publish failures per second.", "ops",
+         [q(f'sum(rate(stocksvr_outbox_published_total{{{INST},'
+            f'event_type="InventoryConfirmDue"}}[$__rate_interval])) or vector(0)',
+            "published"),
+          q(f'sum(rate(stocksvr_outbox_publish_failures_total{{{INST},'
+            f'event_type="InventoryConfirmDue"}}[$__rate_interval])) or vector(0)',
+            "failed")], min=0)
     return b
 
 
@@ -530,6 +719,11 @@ def consistency():
     b.ts("Oversell alarms", "Lua invariant refusals per 15 min.", "short",
          [q("sum by (script) (increase(stocksvr_lua_invariant_refusals_total[15m]))",
             "{{script}}")], min=0)
+    b.ts("Held back", "Buckets with a difference the last pass did not report yet, by why: "
+         "work in flight on the bucket, its Redis version moved during the comparison, or "
+         "seen for the first time (reported once a later pass sees it again). A line that "
+         "never returns to 0 is a difference that keeps escaping the report.", "short",
+         [q("max by (reason) (stocksvr_reconcile_held_back)", "{{reason}}")], min=0)
 
     b.row("Between the stores")
     b.ts("Publish delay p50 / p99", "Outbox row created to sent.", "s",
@@ -556,6 +750,7 @@ BOARDS = {
     "stocksvr-overview.json": overview,
     "stocksvr-pipeline.json": pipeline,
     "stocksvr-reservations.json": reservations,
+    "stocksvr-schedule.json": schedule,
     "stocksvr-consistency.json": consistency,
 }
 

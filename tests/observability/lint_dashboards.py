@@ -5,8 +5,11 @@ Checks, per dashboard: a unique uid and title; unique panel ids; every panel (ro
 a unit, a title and at least one target; every panel, target and query variable uses the
 provisioned datasource (uid `prometheus`) or the `$datasource` variable; every target has an
 expression and a unique refId; every template variable an expression uses is declared; every
-metric an expression names is in prometheus/metrics-catalog.json. Across dashboards: the
-provisioning files point at the same datasource uid and folder.
+metric an expression names is in prometheus/metrics-catalog.json; and against the catalog's
+labels (promql.py): every matcher, `by (...)` and `on (...)` names a label the series carry,
+every matched value a metric declares is one of its values, every `{{label}}` of a legend is a
+label of the query's result. Across dashboards: the provisioning files point at the same
+datasource uid and folder.
 
     python3 tests/observability/lint_dashboards.py [--self-test]
 
@@ -18,9 +21,10 @@ import re
 import sys
 
 import obslib
+import promql
 
 
-def lint_dashboard(name, dash, catalog_series):
+def lint_dashboard(name, dash, catalog_series, catalog):
     problems = []
 
     def bad(where, what):
@@ -40,6 +44,11 @@ def lint_dashboard(name, dash, catalog_series):
             for metric in obslib.metric_names(strip_label_values(text)):
                 if metric not in catalog_series:
                     bad(f"variable ${var['name']}", f"metric {metric} is not in the catalog")
+            m = re.match(r"\s*label_values\(\s*(\w+)\s*,\s*(\w+)\s*\)\s*$", text)
+            if m:
+                labels = promql.metric_labels(m.group(1), catalog)
+                if labels is not None and m.group(2) not in labels:
+                    bad(f"variable ${var['name']}", f"{m.group(1)} has no label {m.group(2)!r}")
         if var.get("multi") or var.get("includeAll"):
             if var.get("allValue") not in (None, ".*", ".+"):
                 bad(f"variable ${var['name']}", "All must mean .* (check_queries relies on it)")
@@ -87,6 +96,17 @@ def lint_dashboard(name, dash, catalog_series):
             for metric in obslib.metric_names(expr):
                 if metric not in catalog_series:
                     bad(twhere, f"metric {metric} is not in the catalog")
+            try:
+                substituted = obslib.substitute(expr, variables)
+            except KeyError:
+                continue  # reported above as an undeclared variable
+            found, labels = promql.check(substituted, catalog)
+            for problem in found:
+                bad(twhere, problem)
+            for label in re.findall(r"\{\{\s*(\w+)\s*\}\}", target.get("legendFormat", "")):
+                if labels is not None and label not in labels:
+                    bad(twhere, f"legend uses {{{{{label}}}}} but the result carries only "
+                                f"{', '.join(sorted(labels)) or 'no labels'}")
     return problems
 
 
@@ -160,9 +180,10 @@ def main():
                         help="directory of dashboard JSON files (default: grafana/dashboards)")
     args = parser.parse_args()
 
-    if args.self_test and self_test():
+    if args.self_test and (self_test() or promql.self_test()):
         return 1
-    catalog_series = obslib.series_names(obslib.load_catalog())
+    catalog = obslib.load_catalog()
+    catalog_series = obslib.series_names(catalog)
     dashboards = obslib.load_dashboards(obslib.Path(args.dashboards))
     problems = []
     if not dashboards:
@@ -170,7 +191,7 @@ def main():
     uids, titles = {}, {}
     panels = targets = 0
     for name, dash in dashboards:
-        problems += lint_dashboard(name, dash, catalog_series)
+        problems += lint_dashboard(name, dash, catalog_series, catalog)
         for key, seen in (("uid", uids), ("title", titles)):
             value = dash.get(key)
             if value in seen:

@@ -3,28 +3,39 @@
 
 Every alert: a unique name, severity critical or warning, the annotations summary, description
 and runbook, a runbook link to an existing section of docs/runbook.md, only metrics from
-prometheus/metrics-catalog.json (or Prometheus' own `up`), and in prometheus/tests/*.yml at
-least one case where it fires and one where it stays quiet. Every catalog metric is shown on a
-dashboard or used by a rule.
+prometheus/metrics-catalog.json (or Prometheus' own `up`) with the labels and label values the
+catalog gives them (promql.py), `$labels.x` in annotations only for labels the expression's
+result carries, and in prometheus/tests/*.yml at least one case where it fires and one where
+it stays quiet, whose input series carry only catalog labels and values (a case built on
+labels stocksvr never exports proves nothing). Every catalog metric is shown on a dashboard
+or used by a rule.
 
     tests/observability/lint_rules.py      (needs PyYAML: run with the observability venv)
 """
 
 import sys
 
+import re
+
 import yaml
 
 import obslib
+import promql
 
 SEVERITIES = {"critical", "warning"}
 ANNOTATIONS = ("summary", "description", "runbook")
 
 
-def rule_tests():
-    """alertname -> [number of firing cases, number of quiet cases]."""
+def rule_tests(catalog, problems):
+    """alertname -> [number of firing cases, number of quiet cases]; input series that do
+    not match the catalog go to `problems`."""
     cases = {}
     for path in sorted((obslib.REPO / "prometheus" / "tests").glob("*.yml")):
         for test in yaml.safe_load(path.read_text()).get("tests", []):
+            for series in test.get("input_series", []) or []:
+                for problem in promql.series_problems(series["series"], catalog):
+                    problems.append(f"prometheus/tests/{path.name} {test.get('name')!r}: "
+                                    f"{problem}")
             for case in test.get("alert_rule_test", []) or []:
                 counts = cases.setdefault(case["alertname"], [0, 0])
                 counts[0 if case.get("exp_alerts") else 1] += 1
@@ -32,10 +43,11 @@ def rule_tests():
 
 
 def main():
-    catalog_series = obslib.series_names(obslib.load_catalog())
+    catalog = obslib.load_catalog()
+    catalog_series = obslib.series_names(catalog)
     anchors = obslib.runbook_anchors()
-    tests = rule_tests()
     problems = []
+    tests = rule_tests(catalog, problems)
     seen = {}
     alerts = 0
     for file, group, rule in obslib.load_rules():
@@ -44,8 +56,17 @@ def main():
         for metric in obslib.metric_names(rule.get("expr", "")):
             if metric not in catalog_series and metric not in obslib.PROMETHEUS_SERIES:
                 problems.append(f"{where}: metric {metric} is not in the catalog")
+        found, labels = promql.check(rule.get("expr", ""), catalog)
+        problems += [f"{where}: {p}" for p in found]
         if "alert" not in rule:
             continue
+        if labels is not None:
+            labels |= set(rule.get("labels") or {})
+            for text in (rule.get("annotations") or {}).values():
+                for label in re.findall(r"\$labels\.(\w+)", str(text)):
+                    if label not in labels:
+                        problems.append(f"{where}: annotation uses $labels.{label}, which the "
+                                        f"expression's result does not carry")
         alerts += 1
         if name in seen:
             problems.append(f"{where}: alert name also used in {seen[name]}")

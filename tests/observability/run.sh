@@ -3,8 +3,10 @@
 #   1. promtool check config / check rules, and promtool test rules prometheus/tests/*.yml
 #      (one firing and one quiet case per alert);
 #   2. the dashboards are what dashboards.py generates, and lint_dashboards.py passes
-#      (ids, units, datasource, expressions, every metric in prometheus/metrics-catalog.json);
-#   3. lint_rules.py: severities, annotations, runbook sections, a firing and a quiet case each;
+#      (ids, units, datasource, expressions, every metric in prometheus/metrics-catalog.json,
+#      and with promql.py the labels, label values and legends against the catalog);
+#   3. lint_rules.py: severities, annotations, runbook sections, a firing and a quiet case each,
+#      labels and values of expressions and promtool input series against the catalog;
 #   4. check_compose.py: docker-compose.yml against the Compose specification schema, and
 #      every file it mounts exists.
 # The query check against a live Prometheus is separate: tests/observability/live.sh.
