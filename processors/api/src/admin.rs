@@ -20,7 +20,7 @@ use serde::Deserialize;
 use stocksvr_core::bucket::{self, BucketKey};
 use stocksvr_reservation::operations::WalView;
 use stocksvr_reservation::OpsError;
-use stocksvr_store::reservations::Baseline;
+use stocksvr_store::baselines::Baseline;
 use stocksvr_store::wal::{Refusal, WalStatus};
 
 pub fn admin_router(state: ApiState) -> Router {

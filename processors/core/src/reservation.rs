@@ -434,3 +434,89 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
+
+/// `inventory_reservation.sync_status`: has the MySQL projection caught up with the Redis
+/// version this reservation's last step produced?
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SyncStatus {
+    /// A step finished in Redis; its stock-change event is not booked yet.
+    Pending,
+    /// The projector booked the version the row expects.
+    Synced,
+    Retry,
+    Dead,
+}
+
+impl SyncStatus {
+    pub const fn code(self) -> u8 {
+        match self {
+            SyncStatus::Pending => 10,
+            SyncStatus::Synced => 20,
+            SyncStatus::Retry => 30,
+            SyncStatus::Dead => 40,
+        }
+    }
+
+    pub const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            10 => Some(SyncStatus::Pending),
+            20 => Some(SyncStatus::Synced),
+            30 => Some(SyncStatus::Retry),
+            40 => Some(SyncStatus::Dead),
+            _ => None,
+        }
+    }
+}
+
+/// `inventory_refund.status`: one refund request's progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RefundStatus {
+    InProgress,
+    Done,
+    /// Refused by Redis as more than held; nothing moved.
+    Refused,
+}
+
+impl RefundStatus {
+    pub const fn code(self) -> u8 {
+        match self {
+            RefundStatus::InProgress => 10,
+            RefundStatus::Done => 20,
+            RefundStatus::Refused => 30,
+        }
+    }
+
+    pub const fn from_code(code: u8) -> Option<Self> {
+        match code {
+            10 => Some(RefundStatus::InProgress),
+            20 => Some(RefundStatus::Done),
+            30 => Some(RefundStatus::Refused),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod code_tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip() {
+        for s in [
+            SyncStatus::Pending,
+            SyncStatus::Synced,
+            SyncStatus::Retry,
+            SyncStatus::Dead,
+        ] {
+            assert_eq!(SyncStatus::from_code(s.code()), Some(s));
+        }
+        for r in [
+            RefundStatus::InProgress,
+            RefundStatus::Done,
+            RefundStatus::Refused,
+        ] {
+            assert_eq!(RefundStatus::from_code(r.code()), Some(r));
+        }
+        assert_eq!(SyncStatus::from_code(0), None);
+    }
+}

@@ -102,8 +102,12 @@ impl OrderLifecycle {
         Ok(event)
     }
 
+    #[tracing::instrument(skip_all, fields(topic = record.topic(), partition = record.partition(), offset = record.offset(), event = %record.event.full_name, event_id, order_id))]
     async fn one(&self, record: &Record) -> Result<Applied, Failure> {
         let event = Self::decode(record)?;
+        let span = tracing::Span::current();
+        span.record("event_id", event.event_id());
+        span.record("order_id", event.order_id());
         let order_id = u64::try_from(event.order_id())
             .map_err(|_| Failure::Invalid(format!("order id {} is not valid", event.order_id())))?;
         let rows = self.service.list_order(order_id).await.map_err(classify)?;

@@ -3,14 +3,15 @@
 use crate::config::RelayConfig;
 use crate::error::{sqlx_is_retryable, RelayError};
 use crate::publish::{publish_batch, RowFailure};
-use crate::schedule::{jitter, retry_delay, Poller, Round};
 use crate::store::{self, Backlog, Failure};
 use backon::{ExponentialBuilder, Retryable};
 use rdkafka::producer::FutureProducer;
 use sqlx::MySqlPool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use stocksvr_core::backoff;
 use stocksvr_pipeline::codec::AvroCodec;
+use stocksvr_pipeline::periodic::{self, Cadence, Round};
 use stocksvr_pipeline::topics::Namespace;
 use stocksvr_telemetry::names;
 use tokio::sync::{watch, Notify};
@@ -127,11 +128,11 @@ impl OutboxRelay {
                     }
                     failed.push(Failure {
                         id: row.id,
-                        retry_after: retry_delay(
+                        retry_after: backoff::delay(
                             row.retry_count,
                             self.config.retry_initial,
                             self.config.retry_max,
-                            jitter(),
+                            backoff::jitter(),
                         ),
                         reason,
                     });
@@ -220,62 +221,49 @@ impl OutboxRelay {
         result.map(|_| ())
     }
 
-    async fn publish_loop(&self, mut stop: watch::Receiver<bool>) -> Result<(), RelayError> {
-        let mut poller = Poller::new(self.config.min_poll, self.config.max_poll);
+    async fn publish_loop(&self, stop: watch::Receiver<bool>) -> Result<(), RelayError> {
         let batch = self.config.batch_size as usize;
-        while !stopped(&stop) {
-            let round = match self.relay_once().await {
-                Ok(r) if r.claimed >= batch => Round::Full,
-                Ok(r) if r.claimed > 0 => Round::Partial,
-                Ok(_) => Round::Empty,
+        let cadence = Cadence::adaptive(self.config.min_poll, self.config.max_poll);
+        periodic::run("outbox relay", cadence, Some(&self.wake), stop, || async {
+            match self.relay_once().await {
+                Ok(r) if r.claimed >= batch => Ok(Round::Full),
+                Ok(r) if r.claimed > 0 => Ok(Round::Partial),
+                Ok(_) => Ok(Round::Empty),
                 Err(e) if e.is_retryable() => {
                     tracing::warn!(error = %e, "outbox relay round failed; backing off");
-                    Round::Failed
+                    Ok(Round::Failed)
                 }
-                Err(e) => return Err(e),
-            };
-            let sleep = poller.next(round);
-            if sleep.is_zero() {
-                continue;
+                Err(e) => Err(e),
             }
-            tokio::select! {
-                _ = tokio::time::sleep(sleep) => {}
-                _ = self.wake.notified() => poller.woken(),
-                _ = stop.changed() => {}
-            }
-        }
-        Ok(())
+        })
+        .await
     }
 
-    async fn purge_loop(&self, mut stop: watch::Receiver<bool>) -> Result<(), RelayError> {
-        while !stopped(&stop) {
+    async fn purge_loop(&self, stop: watch::Receiver<bool>) -> Result<(), RelayError> {
+        let cadence = Cadence::fixed(self.config.purge_every);
+        periodic::run("outbox purge", cadence, None, stop, || async {
             match self.purge_once().await {
-                Ok(_) => {}
+                Ok(_) => Ok(Round::Partial),
                 Err(e) if e.is_retryable() => {
-                    tracing::warn!(error = %e, "outbox purge failed; trying at the next interval")
+                    tracing::warn!(error = %e, "outbox purge failed; trying at the next interval");
+                    Ok(Round::Failed)
                 }
-                Err(e) => return Err(e),
+                Err(e) => Err(e),
             }
-            tokio::select! {
-                _ = tokio::time::sleep(self.config.purge_every) => {}
-                _ = stop.changed() => {}
-            }
-        }
-        Ok(())
+        })
+        .await
     }
 
-    async fn gauge_loop(&self, mut stop: watch::Receiver<bool>) -> Result<(), RelayError> {
-        while !stopped(&stop) {
+    async fn gauge_loop(&self, stop: watch::Receiver<bool>) -> Result<(), RelayError> {
+        let cadence = Cadence::fixed(self.config.gauge_every);
+        periodic::run("outbox gauges", cadence, None, stop, || async {
             // A gauge is best effort: a failed read leaves the last value and is logged.
             if let Err(e) = self.refresh_backlog().await {
                 tracing::warn!(error = %e, "reading the outbox backlog failed");
             }
-            tokio::select! {
-                _ = tokio::time::sleep(self.config.gauge_every) => {}
-                _ = stop.changed() => {}
-            }
-        }
-        Ok(())
+            Ok(Round::Partial)
+        })
+        .await
     }
 }
 
@@ -283,11 +271,6 @@ impl OutboxRelay {
 /// round ends there and writes nothing more, as a killed relay would.
 fn crash_point(point: &'static str) -> Result<(), RelayError> {
     stocksvr_failpoint::hit(point).map_err(|e| RelayError::Mysql(sqlx::Error::Io(e.into_io())))
-}
-
-/// Stop when asked, or when nobody is left who could ask.
-fn stopped(stop: &watch::Receiver<bool>) -> bool {
-    *stop.borrow() || stop.has_changed().is_err()
 }
 
 /// A processor spawns the relay on the runtime, so its futures must be `Send`; this fails to

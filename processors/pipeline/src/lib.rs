@@ -11,6 +11,7 @@ pub mod http;
 pub mod json;
 pub mod kafka;
 pub mod offsets;
+pub mod periodic;
 pub mod registry;
 pub mod telemetry;
 pub mod topics;

@@ -148,7 +148,7 @@ pub async fn advance_snapshot(
 }
 
 /// Advances the reservation's synced version (never backwards, so a stale event is
-/// harmless) and marks it SYNCED (20) once it reaches what the reservation expects. Both
+/// harmless) and marks it SYNCED once it reaches what the reservation expects. Both
 /// expressions use GREATEST(...) rather than the freshly assigned column so the result
 /// does not depend on whether the server evaluates assignments left to right.
 /// `false`: no such reservation (its row may live in another database, e.g. a replayed
@@ -162,11 +162,12 @@ pub async fn sync_reservation(
          SET synced_redis_version = GREATEST(synced_redis_version, ?), \
              sync_status = IF(expected_redis_version IS NOT NULL \
                               AND GREATEST(synced_redis_version, ?) >= expected_redis_version, \
-                              20, sync_status) \
+                              ?, sync_status) \
          WHERE id = ?",
     )
     .bind(sync.redis_version)
     .bind(sync.redis_version)
+    .bind(stocksvr_core::reservation::SyncStatus::Synced.code())
     .bind(sync.reservation_id)
     .execute(conn)
     .await?;

@@ -11,7 +11,9 @@ use stocksvr_core::events::{
     StockBaselineAdjustedData, StockBucketInitializedData, StockChangeData,
 };
 use stocksvr_core::model::OpResult;
-use stocksvr_store::reservations::{Baseline, NewOutbox, Reservation};
+use stocksvr_store::baselines::Baseline;
+use stocksvr_store::outbox::NewOutbox;
+use stocksvr_store::reservations::Reservation;
 use stocksvr_store::wal::WalRow;
 
 pub const PRODUCER: &str = "stocksvr";

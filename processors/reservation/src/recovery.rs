@@ -10,6 +10,7 @@ use crate::outbox;
 use crate::{ReservationService, ServiceError};
 use chrono::TimeDelta;
 use std::time::Duration;
+use stocksvr_pipeline::periodic::{self, Cadence, Round};
 use stocksvr_store::reservations as repo;
 use stocksvr_telemetry::names;
 use tokio::sync::watch;
@@ -102,23 +103,19 @@ async fn give_up_if_exhausted(service: &ReservationService, id: u64) -> Result<b
 pub async fn run(
     service: std::sync::Arc<ReservationService>,
     config: RecoveryConfig,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), ServiceError> {
-    tracing::info!(batch = config.batch, "recovery worker started");
-    loop {
-        let pause = match recover_once(&service, &config).await {
-            Ok(report) if report.resumed + report.failed >= config.batch as usize => Duration::ZERO,
-            Ok(_) => config.idle_poll,
+    let cadence = Cadence::adaptive(config.idle_poll, config.idle_poll * 10);
+    periodic::run("recovery worker", cadence, None, stop, || async {
+        Ok(match recover_once(&service, &config).await {
+            Ok(report) if report.resumed + report.failed >= config.batch as usize => Round::Full,
+            Ok(report) if report.resumed + report.failed > 0 => Round::Partial,
+            Ok(_) => Round::Empty,
             Err(e) => {
                 tracing::warn!(error = %e, "recovery round failed; retrying");
-                config.idle_poll * 5
+                Round::Failed
             }
-        };
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
-            _ = tokio::time::sleep(pause) => {}
-        }
-    }
-    tracing::info!("recovery worker stopped");
-    Ok(())
+        })
+    })
+    .await
 }

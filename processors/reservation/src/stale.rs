@@ -7,6 +7,7 @@
 use crate::outbox;
 use crate::{ReservationService, ServiceError};
 use std::time::Duration;
+use stocksvr_pipeline::periodic::{self, Cadence, Round};
 use stocksvr_store::reservations as repo;
 use stocksvr_telemetry::names;
 use tokio::sync::watch;
@@ -42,15 +43,19 @@ pub async fn alert_stale_once(
 pub async fn run(
     service: std::sync::Arc<ReservationService>,
     every: Duration,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), ServiceError> {
-    loop {
-        if let Err(e) = alert_stale_once(&service, 500).await {
-            tracing::warn!(error = %e, "stale-reservation scan failed; retrying");
-        }
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => return Ok(()),
-            _ = tokio::time::sleep(every) => {}
-        }
-    }
+    periodic::run(
+        "stale watcher",
+        Cadence::fixed(every),
+        None,
+        stop,
+        || async {
+            if let Err(e) = alert_stale_once(&service, 500).await {
+                tracing::warn!(error = %e, "stale-reservation scan failed; retrying");
+            }
+            Ok(Round::Partial)
+        },
+    )
+    .await
 }

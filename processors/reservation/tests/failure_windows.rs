@@ -362,11 +362,15 @@ async fn assert_settled(f: &Fixture, step: Step, id: u64, case: &str) {
         } else {
             PARTIAL_REFUND_ID
         };
-        let refund = repo::find_refund(&f.pool, id, key)
+        let refund = stocksvr_store::refunds::find_refund(&f.pool, id, key)
             .await
             .expect("refund row")
             .expect("refund recorded");
-        assert_eq!(refund.status, repo::REFUND_DONE, "{case}: refund row done");
+        assert_eq!(
+            refund.status,
+            stocksvr_core::reservation::RefundStatus::Done.code() as i8,
+            "{case}: refund row done"
+        );
     }
     let before = fingerprint(f, id).await;
     let again = worker_round(f).await;

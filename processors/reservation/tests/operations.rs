@@ -13,14 +13,13 @@ use stocksvr_core::model::OpCode;
 use stocksvr_reservation::operations::{self, init_operation_id};
 use stocksvr_reservation::{OpsConfig, OpsError, ServiceError};
 use stocksvr_store::lua::Step;
-use stocksvr_store::reservations as repo;
 use stocksvr_store::wal::{self, Refusal};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_concurrent_first_trys_initialise_the_bucket_once() {
     let f = Ops::new(OpsConfig::default()).await;
     // Baseline only, as the daily job would have left it had its Redis step failed.
-    repo::ensure_baseline(&f.pool, &f.baseline(f.today, 100))
+    stocksvr_store::baselines::ensure_baseline(&f.pool, &f.baseline(f.today, 100))
         .await
         .expect("baseline");
     assert!(f.redis(f.today).await.is_none());
@@ -150,7 +149,7 @@ async fn adjusting_below_reserved_plus_sold_leaves_zero_available_and_a_deficit(
     );
     assert_eq!(f.status(sold).await, "CONFIRMED");
     assert_eq!(f.status(held).await, "RESERVED");
-    let b = repo::find_baseline(&f.pool, &bucket)
+    let b = stocksvr_store::baselines::find_baseline(&f.pool, &bucket)
         .await
         .expect("b")
         .expect("baseline");
@@ -248,7 +247,7 @@ async fn a_closed_bucket_refuses_trys_but_settles_reservations_and_archives_only
 
     let archived = f.service.ops().archive(&bucket).await.expect("archive");
     assert!(archived.succeeded(), "{archived:?}");
-    let b = repo::find_baseline(&f.pool, &bucket)
+    let b = stocksvr_store::baselines::find_baseline(&f.pool, &bucket)
         .await
         .expect("b")
         .expect("baseline");
@@ -339,7 +338,7 @@ async fn the_daily_job_prepares_tomorrow_before_midnight_once() {
     let yesterday = f.today - TimeDelta::days(1);
     let tomorrow = f.today + TimeDelta::days(1);
     // The merchant's standing total, last set yesterday (as after a missed night).
-    repo::ensure_baseline(&f.pool, &f.baseline(yesterday, 25))
+    stocksvr_store::baselines::ensure_baseline(&f.pool, &f.baseline(yesterday, 25))
         .await
         .expect("baseline");
     let midnight: DateTime<Utc> = tomorrow.and_hms_opt(0, 0, 0).expect("t").and_utc();
@@ -365,7 +364,7 @@ async fn the_daily_job_prepares_tomorrow_before_midnight_once() {
     for day in [f.today, tomorrow] {
         let n = f.redis(day).await.expect("bucket prepared in Redis");
         assert_eq!((n.total, n.available, n.version), (25, 25, 1));
-        let b = repo::find_baseline(&f.pool, &f.bucket(day))
+        let b = stocksvr_store::baselines::find_baseline(&f.pool, &f.bucket(day))
             .await
             .expect("b")
             .expect("baseline");

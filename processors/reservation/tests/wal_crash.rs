@@ -10,7 +10,6 @@ use common::ops::{assert_conserved, Ops};
 use stocksvr_failpoint::{scenario, Action};
 use stocksvr_reservation::operations::{adjust_operation_id, init_operation_id};
 use stocksvr_reservation::{OpsConfig, OpsError};
-use stocksvr_store::reservations as repo;
 use stocksvr_store::wal::{self, WalStatus};
 
 /// The dead executor's lease runs out; one worker round then takes the row over.
@@ -76,7 +75,7 @@ async fn an_adjust_crashed_at_either_window_is_taken_over_and_applied_once() {
             "Redis moved only if the crash came after the script: {after_crash:?}"
         );
         // The baseline is committed with the WAL row, before Redis.
-        let b = repo::find_baseline(&f.pool, &bucket)
+        let b = stocksvr_store::baselines::find_baseline(&f.pool, &bucket)
             .await
             .expect("b")
             .expect("baseline");
@@ -123,7 +122,7 @@ async fn an_adjust_crashed_at_either_window_is_taken_over_and_applied_once() {
 async fn a_lazy_init_that_crashed_mid_try_converges_with_one_initialisation() {
     let fp = scenario();
     let f = Ops::new(OpsConfig::default()).await;
-    repo::ensure_baseline(&f.pool, &f.baseline(f.today, 30))
+    stocksvr_store::baselines::ensure_baseline(&f.pool, &f.baseline(f.today, 30))
         .await
         .expect("baseline");
     fp.arm("wal.before_complete", Action::Crash);

@@ -2,7 +2,8 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use stocksvr_core::events::{Envelope, EventData, InventoryConfirmDueData};
-use stocksvr_store::reservations::{NewOutbox, Reservation};
+use stocksvr_store::outbox::NewOutbox;
+use stocksvr_store::reservations::Reservation;
 
 /// RFC 3339 with milliseconds, as every stocksvr event writes times.
 pub fn rfc3339(t: DateTime<Utc>) -> String {

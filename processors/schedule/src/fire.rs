@@ -11,6 +11,7 @@ use sqlx::MySqlPool;
 use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_core::reservation::ReservationStatus;
+use stocksvr_pipeline::periodic::{self, Cadence, Round};
 use stocksvr_store::reservations as repo;
 use stocksvr_telemetry::names;
 use tokio::sync::watch;
@@ -137,7 +138,7 @@ impl Poller {
                 return Ok(());
             }
         };
-        let enqueued = repo::enqueue_once(&self.pool, &trigger).await?;
+        let enqueued = stocksvr_store::outbox::enqueue_once(&self.pool, &trigger).await?;
         if let (true, Some(relay)) = (enqueued, &self.relay) {
             relay.notify_one();
         }
@@ -196,20 +197,14 @@ impl Poller {
 
     /// Ticks until `stop` turns true. Failures are logged and the next tick tries again:
     /// whatever a failed tick claimed falls due again after the claim timeout.
-    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), ScheduleError> {
-        let mut tick = tokio::time::interval(self.tick);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
-                _ = tick.tick() => {}
-            }
+    pub async fn run(self, stop: watch::Receiver<bool>) -> Result<(), ScheduleError> {
+        periodic::run("time wheel poller", Cadence::fixed(self.tick), None, stop, || async {
             if let Err(e) = self.tick_once().await {
                 tracing::warn!(error = %e, "time wheel tick failed; claimed entries fire again after the claim timeout");
             }
-        }
-        tracing::info!("time wheel poller stopped");
-        Ok(())
+            Ok(Round::Partial)
+        })
+        .await
     }
 }
 

@@ -15,6 +15,7 @@ use crate::{store, ScheduleConfig, ScheduleError, TimeWheel};
 use chrono::{NaiveDateTime, TimeDelta, Utc};
 use std::sync::Arc;
 use std::time::Duration;
+use stocksvr_pipeline::periodic::{self, Cadence, Round};
 use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError};
 use stocksvr_telemetry::names;
 use tokio::sync::watch;
@@ -169,18 +170,22 @@ impl Scanner {
 
     /// Rounds every `interval` until `stop` turns true; a failed round is logged and the
     /// next one tries again.
-    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), ScheduleError> {
-        loop {
-            match self.scan_once().await {
-                Ok(report) => tracing::debug!(?report, "schedule scan"),
-                Err(e) => tracing::warn!(error = %e, "schedule scan failed; retrying next round"),
-            }
-            tokio::select! {
-                _ = stop.wait_for(|s| *s) => break,
-                _ = tokio::time::sleep(self.interval) => {}
-            }
-        }
-        tracing::info!("schedule scan stopped");
-        Ok(())
+    pub async fn run(self, stop: watch::Receiver<bool>) -> Result<(), ScheduleError> {
+        periodic::run(
+            "schedule scan",
+            Cadence::fixed(self.interval),
+            None,
+            stop,
+            || async {
+                match self.scan_once().await {
+                    Ok(report) => tracing::debug!(?report, "schedule scan"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "schedule scan failed; retrying next round")
+                    }
+                }
+                Ok(Round::Partial)
+            },
+        )
+        .await
     }
 }

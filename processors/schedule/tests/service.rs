@@ -15,8 +15,8 @@ use stocksvr_schedule::fire::Poller;
 use stocksvr_schedule::scan::Scanner;
 use stocksvr_schedule::ScheduleSettings;
 use stocksvr_schedule::{ScheduleConfig, TimeWheel};
+use stocksvr_store::baselines::Baseline;
 use stocksvr_store::lua::LuaExecutor;
-use stocksvr_store::reservations::{self as repo, Baseline};
 use stocksvr_test_support::TestDb;
 
 fn seed() -> u64 {
@@ -70,7 +70,7 @@ impl Fixture {
         })
         .expect("config");
         let merchant_id = 3_000_000 + s % 1_000_000_000;
-        repo::set_merchant_timezone(&pool, merchant_id, "UTC")
+        stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, "UTC")
             .await
             .expect("tz");
         Self {
@@ -86,7 +86,7 @@ impl Fixture {
     }
 
     async fn baseline(&self, date: NaiveDate, total: i64) {
-        repo::ensure_baseline(
+        stocksvr_store::baselines::ensure_baseline(
             &self.pool,
             &Baseline {
                 stock_bucket_id: BucketKey::new(self.merchant_id, self.dish_id, date)

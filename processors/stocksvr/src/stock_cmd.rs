@@ -14,8 +14,8 @@ use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_pipeline::config::redact_url;
 use stocksvr_reservation::operations::WalView;
 use stocksvr_reservation::{ReservationService, ServiceConfig, StockOps};
+use stocksvr_store::baselines::Baseline;
 use stocksvr_store::lua::LuaExecutor;
-use stocksvr_store::reservations::{self as repo, Baseline};
 use stocksvr_store::wal::WalStatus;
 
 #[derive(Subcommand)]
@@ -145,13 +145,16 @@ pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result
             let timezone = match timezone {
                 Some(name) => {
                     bucket::parse_timezone(&name)?;
-                    repo::set_merchant_timezone(&pool, merchant_id, &name).await?;
+                    stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, &name)
+                        .await?;
                     name
                 }
-                None => match repo::merchant_timezone(&pool, merchant_id).await? {
-                    Some(name) => name,
-                    None => settings.reservation.default_timezone.clone(),
-                },
+                None => {
+                    match stocksvr_store::baselines::merchant_timezone(&pool, merchant_id).await? {
+                        Some(name) => name,
+                        None => settings.reservation.default_timezone.clone(),
+                    }
+                }
             };
             let tz = bucket::parse_timezone(&timezone)?;
             let date = match date {
@@ -173,7 +176,7 @@ pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result
                     bucket_status: BucketState::Open.code() as i8,
                 })
                 .await?;
-            let stored = repo::find_baseline(&pool, &key.stock_bucket_id())
+            let stored = stocksvr_store::baselines::find_baseline(&pool, &key.stock_bucket_id())
                 .await?
                 .context("baseline missing right after its insert")?;
             eprintln!(

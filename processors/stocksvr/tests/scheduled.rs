@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_schedule::TimeWheel;
-use stocksvr_store::reservations::{self as repo, Baseline};
+use stocksvr_store::baselines::Baseline;
 
 struct Scheduled {
     shop: Shop,
@@ -90,7 +90,7 @@ impl Scheduled {
     /// A bucket of `dish_id` for `date` (the day of a processing_time; `shop` made today's
     /// of its dish).
     async fn bucket(&self, dish_id: u64, date: NaiveDate, total: i64) {
-        repo::ensure_baseline(
+        stocksvr_store::baselines::ensure_baseline(
             &self.pool,
             &Baseline {
                 stock_bucket_id: BucketKey::new(self.shop.merchant_id, dish_id, date)

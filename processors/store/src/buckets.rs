@@ -1,7 +1,7 @@
 //! Read-side queries about buckets: unfinished reservations (archive waits for them), the
 //! dishes the daily job carries forward, and the projected snapshot.
 
-use crate::reservations::Baseline;
+use crate::baselines::Baseline;
 use chrono::{NaiveDate, NaiveDateTime, TimeDelta};
 use sqlx::MySqlPool;
 use stocksvr_core::reservation::ReservationStatus;

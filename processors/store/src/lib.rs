@@ -1,8 +1,11 @@
 //! MySQL and Redis access for stocksvr: connection set-up, the embedded schema migrations
 //! and (in later modules) the repositories and the Redis Lua executor.
 
+pub mod baselines;
 pub mod buckets;
 pub mod lua;
+pub mod outbox;
+pub mod refunds;
 pub mod reservations;
 pub mod wal;
 pub mod wheel;

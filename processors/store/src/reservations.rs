@@ -2,9 +2,10 @@
 //! `(status, version)`; a change that finishes a Redis step commits its outbox rows in the
 //! same transaction, so an event exists if and only if the state change does.
 
+use crate::outbox::{insert_outbox, write_outbox, NewOutbox};
 use chrono::{NaiveDate, NaiveDateTime, Utc};
-use sqlx::{MySql, MySqlPool, Transaction};
-use stocksvr_core::reservation::ReservationStatus;
+use sqlx::{MySql, MySqlPool};
+use stocksvr_core::reservation::{ReservationStatus, SyncStatus};
 
 /// `inventory_reservation` row.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -100,17 +101,6 @@ pub struct NewReservation {
     pub processing_time: Option<NaiveDateTime>,
     pub expire_at: NaiveDateTime,
     pub try_operation_id: String,
-}
-
-/// An event to publish, written in the same transaction as the state change it announces.
-#[derive(Debug, Clone)]
-pub struct NewOutbox {
-    pub event_id: String,
-    pub aggregate_id: u64,
-    pub event_type: String,
-    pub topic: String,
-    pub partition_key: String,
-    pub payload: serde_json::Value,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -272,7 +262,7 @@ pub async fn complete_step(
     let done = sqlx::query(
         "UPDATE inventory_reservation SET status = ?, \
          expected_redis_version = COALESCE(?, expected_redis_version), \
-         sync_status = IF(? IS NULL, sync_status, 10), \
+         sync_status = IF(? IS NULL, sync_status, ?), \
          refunded_quantity = refunded_quantity + ?, pending_quantity = 0, resume_status = NULL, \
          reject_reason = COALESCE(?, reject_reason), retry_count = 0, last_error = NULL, \
          version = version + 1, updated_at = ? WHERE id = ? AND status = ? AND version = ?",
@@ -280,6 +270,7 @@ pub async fn complete_step(
     .bind(completion.to.code() as i8)
     .bind(completion.expected_redis_version)
     .bind(completion.expected_redis_version)
+    .bind(SyncStatus::Pending.code())
     .bind(completion.refunded_add)
     .bind(completion.reject_reason.as_deref())
     .bind(now)
@@ -295,42 +286,6 @@ pub async fn complete_step(
     insert_outbox(&mut tx, &completion.outbox).await?;
     tx.commit().await?;
     Ok(true)
-}
-
-pub async fn insert_outbox(
-    tx: &mut Transaction<'_, MySql>,
-    rows: &[NewOutbox],
-) -> Result<(), sqlx::Error> {
-    for row in rows {
-        write_outbox(&mut **tx, row, false).await?;
-    }
-    Ok(())
-}
-
-/// One outbox row; with `ignore`, a row whose event_id exists already is skipped (the
-/// returned count is then 0).
-pub(crate) async fn write_outbox<'e, E: sqlx::MySqlExecutor<'e>>(
-    exec: E,
-    row: &NewOutbox,
-    ignore: bool,
-) -> Result<u64, sqlx::Error> {
-    let now = now();
-    let verb = if ignore { "INSERT IGNORE" } else { "INSERT" };
-    let done = sqlx::query(&format!(
-        "{verb} INTO inventory_outbox (event_id, aggregate_id, event_type, topic, partition_key, \
-         payload, status, next_retry_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 10, ?, ?)"
-    ))
-    .bind(&row.event_id)
-    .bind(row.aggregate_id)
-    .bind(&row.event_type)
-    .bind(&row.topic)
-    .bind(&row.partition_key)
-    .bind(&row.payload)
-    .bind(now)
-    .bind(now)
-    .execute(exec)
-    .await?;
-    Ok(done.rows_affected())
 }
 
 /// Notes a failed attempt on an intermediate state without moving it: the recovery worker
@@ -355,233 +310,6 @@ pub async fn record_failure(
     .execute(pool)
     .await?;
     Ok(())
-}
-
-/// `inventory_refund` row: one per refund request.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct RefundRecord {
-    pub reservation_id: u64,
-    pub refund_key: String,
-    pub operation_id: String,
-    pub quantity: u32,
-    pub status: i8,
-    pub redis_version: Option<u64>,
-}
-
-pub const REFUND_IN_PROGRESS: i8 = 10;
-pub const REFUND_DONE: i8 = 20;
-/// Refused by Redis as more than held; nothing moved.
-pub const REFUND_REFUSED: i8 = 30;
-
-pub async fn find_refund(
-    pool: &MySqlPool,
-    reservation_id: u64,
-    refund_key: &str,
-) -> Result<Option<RefundRecord>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT reservation_id, refund_key, operation_id, quantity, status, redis_version \
-         FROM inventory_refund WHERE reservation_id = ? AND refund_key = ?",
-    )
-    .bind(reservation_id)
-    .bind(refund_key)
-    .fetch_optional(pool)
-    .await
-}
-
-/// One transaction: the refund request row and the CAS into REFUNDING. False when either
-/// the request was already recorded or the reservation changed first.
-pub async fn begin_refund(
-    pool: &MySqlPool,
-    reservation: &Reservation,
-    from: ReservationStatus,
-    refund_key: &str,
-    step: &Step<'_>,
-) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let now = now();
-    let inserted = sqlx::query(
-        "INSERT IGNORE INTO inventory_refund (reservation_id, refund_key, operation_id, quantity, status, \
-         created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(reservation.id)
-    .bind(refund_key)
-    .bind(step.operation_id)
-    .bind(step.pending_quantity)
-    .bind(REFUND_IN_PROGRESS)
-    .bind(now)
-    .bind(now)
-    .execute(&mut *tx)
-    .await?;
-    if inserted.rows_affected() != 1
-        || !begin_step(&mut tx, reservation.id, from, reservation.version, step).await?
-    {
-        tx.rollback().await?;
-        return Ok(false);
-    }
-    tx.commit().await?;
-    Ok(true)
-}
-
-/// Completes a refund: the reservation CAS, the refund row and the outbox in one transaction.
-pub async fn complete_refund(
-    pool: &MySqlPool,
-    reservation: &Reservation,
-    completion: &Completion,
-) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let now = now();
-    let done = sqlx::query(
-        "UPDATE inventory_reservation SET status = ?, \
-         expected_redis_version = COALESCE(?, expected_redis_version), sync_status = 10, \
-         refunded_quantity = refunded_quantity + ?, pending_quantity = 0, resume_status = NULL, \
-         retry_count = 0, last_error = NULL, version = version + 1, updated_at = ? \
-         WHERE id = ? AND status = ? AND version = ?",
-    )
-    .bind(completion.to.code() as i8)
-    .bind(completion.expected_redis_version)
-    .bind(completion.refunded_add)
-    .bind(now)
-    .bind(reservation.id)
-    .bind(ReservationStatus::Refunding.code() as i8)
-    .bind(reservation.version)
-    .execute(&mut *tx)
-    .await?;
-    if done.rows_affected() != 1 {
-        tx.rollback().await?;
-        return Ok(false);
-    }
-    sqlx::query(
-        "UPDATE inventory_refund SET status = ?, redis_version = ?, updated_at = ? WHERE operation_id = ?",
-    )
-    .bind(if completion.refunded_add > 0 { REFUND_DONE } else { REFUND_REFUSED })
-    .bind(completion.expected_redis_version)
-    .bind(now)
-    .bind(&reservation.current_operation_id)
-    .execute(&mut *tx)
-    .await?;
-    insert_outbox(&mut tx, &completion.outbox).await?;
-    tx.commit().await?;
-    Ok(true)
-}
-
-/// `dish_stock_baseline` as the Try path needs it.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct Baseline {
-    pub stock_bucket_id: String,
-    pub merchant_id: u64,
-    pub dish_id: u64,
-    pub stock_date: NaiveDate,
-    pub timezone: String,
-    pub total_stock: i64,
-    pub baseline_version: u64,
-    pub stock_status: i8,
-    pub bucket_status: i8,
-}
-
-pub async fn find_baseline(
-    pool: &MySqlPool,
-    bucket_id: &str,
-) -> Result<Option<Baseline>, sqlx::Error> {
-    read_baseline(pool, bucket_id, false).await
-}
-
-/// The baseline row, locked for the rest of the transaction with `for_update`.
-pub(crate) async fn read_baseline<'e, E: sqlx::MySqlExecutor<'e>>(
-    exec: E,
-    bucket_id: &str,
-    for_update: bool,
-) -> Result<Option<Baseline>, sqlx::Error> {
-    let lock = if for_update { " FOR UPDATE" } else { "" };
-    sqlx::query_as(&format!(
-        "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, timezone, total_stock, \
-         baseline_version, stock_status, bucket_status FROM dish_stock_baseline \
-         WHERE stock_bucket_id = ?{lock}"
-    ))
-    .bind(bucket_id)
-    .fetch_optional(exec)
-    .await
-}
-
-/// Creates the baseline row if missing (same bucket, same values: a no-op on repeat).
-pub async fn ensure_baseline(pool: &MySqlPool, b: &Baseline) -> Result<(), sqlx::Error> {
-    insert_baseline(pool, b).await
-}
-
-pub(crate) async fn insert_baseline<'e, E: sqlx::MySqlExecutor<'e>>(
-    exec: E,
-    b: &Baseline,
-) -> Result<(), sqlx::Error> {
-    let now = now();
-    sqlx::query(
-        "INSERT IGNORE INTO dish_stock_baseline (stock_bucket_id, merchant_id, dish_id, stock_date, \
-         timezone, total_stock, baseline_version, stock_status, bucket_status, created_at, updated_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&b.stock_bucket_id)
-    .bind(b.merchant_id)
-    .bind(b.dish_id)
-    .bind(b.stock_date)
-    .bind(&b.timezone)
-    .bind(b.total_stock)
-    .bind(b.baseline_version)
-    .bind(b.stock_status)
-    .bind(b.bucket_status)
-    .bind(now)
-    .bind(now)
-    .execute(exec)
-    .await?;
-    Ok(())
-}
-
-/// The merchant's IANA time zone, if configured.
-pub async fn merchant_timezone(
-    pool: &MySqlPool,
-    merchant_id: u64,
-) -> Result<Option<String>, sqlx::Error> {
-    let row: Option<(String,)> =
-        sqlx::query_as("SELECT timezone FROM merchant_settings WHERE merchant_id = ?")
-            .bind(merchant_id)
-            .fetch_optional(pool)
-            .await?;
-    Ok(row.map(|(tz,)| tz))
-}
-
-pub async fn set_merchant_timezone(
-    pool: &MySqlPool,
-    merchant_id: u64,
-    timezone: &str,
-) -> Result<(), sqlx::Error> {
-    let now = now();
-    sqlx::query(
-        "INSERT INTO merchant_settings (merchant_id, timezone, created_at, updated_at) VALUES (?, ?, ?, ?) \
-         ON DUPLICATE KEY UPDATE timezone = VALUES(timezone), updated_at = VALUES(updated_at)",
-    )
-    .bind(merchant_id)
-    .bind(timezone)
-    .bind(now)
-    .bind(now)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
-pub async fn find_refund_by_operation(
-    pool: &MySqlPool,
-    operation_id: &str,
-) -> Result<Option<RefundRecord>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT reservation_id, refund_key, operation_id, quantity, status, redis_version \
-         FROM inventory_refund WHERE operation_id = ?",
-    )
-    .bind(operation_id)
-    .fetch_optional(pool)
-    .await
-}
-
-/// Enqueues one event outside a state change (e.g. a conflict report). Idempotent on
-/// `event_id`: a redelivered trigger enqueues nothing new.
-pub async fn enqueue_once(pool: &MySqlPool, row: &NewOutbox) -> Result<bool, sqlx::Error> {
-    Ok(write_outbox(pool, row, true).await? == 1)
 }
 
 /// Claims up to `limit` reservations in an intermediate status whose `next_retry_at` passed,

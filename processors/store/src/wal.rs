@@ -10,9 +10,12 @@
 //! (still EXECUTING, still ours) committed together with the outbox rows, so an operation is
 //! applied and announced once even if two workers overlap.
 
-use crate::reservations::{insert_baseline, now, read_baseline, write_outbox, Baseline, NewOutbox};
+use crate::baselines::{insert_baseline, read_baseline, Baseline};
+use crate::outbox::{write_outbox, NewOutbox};
+use crate::reservations::now;
 use chrono::{NaiveDateTime, TimeDelta};
 use sqlx::{MySql, MySqlPool, Transaction};
+use stocksvr_core::bucket::BucketState;
 
 /// `inventory_operation_wal.action`. 1–3 are the seed's; close and archive are the bucket
 /// lifecycle steps of seed §12.4, which touch Redis without a reservation too.
@@ -273,15 +276,17 @@ pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<
     let b = baseline_for_update(&mut tx, bucket)
         .await?
         .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
-    if b.bucket_status == 30 {
+    if b.state() == Some(BucketState::Archived) {
         return Err(Refusal::Archived(bucket.to_string()));
     }
     sqlx::query(
-        "UPDATE dish_stock_baseline SET bucket_status = 20, updated_at = ? \
-         WHERE stock_bucket_id = ? AND bucket_status = 10",
+        "UPDATE dish_stock_baseline SET bucket_status = ?, updated_at = ? \
+         WHERE stock_bucket_id = ? AND bucket_status = ?",
     )
+    .bind(BucketState::Closed.code())
     .bind(now())
     .bind(bucket)
+    .bind(BucketState::Open.code())
     .execute(&mut *tx)
     .await?;
     insert_ignore(&mut tx, &wal).await?;

@@ -17,7 +17,8 @@ use stocksvr_outbox_relay::{OutboxRelay, RelayConfig, EVENT_ID_HEADER};
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::config::InfraSettings;
-use stocksvr_store::reservations::{insert_outbox, NewOutbox};
+use stocksvr_store::outbox::insert_outbox;
+use stocksvr_store::outbox::NewOutbox;
 use stocksvr_test_support::{TestDb, TestTopic};
 
 pub const PARTITIONS: i32 = 3;

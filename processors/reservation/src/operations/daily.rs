@@ -2,6 +2,7 @@
 //! midnight, tomorrow's, each carried forward from the dish's latest baseline.
 
 use super::*;
+use stocksvr_pipeline::periodic::{self, Cadence, Round};
 use stocksvr_telemetry::names;
 
 /// What a daily preparation round did.
@@ -149,14 +150,15 @@ impl Default for DailyConfig {
 pub async fn run_daily(
     service: Arc<crate::ReservationService>,
     config: DailyConfig,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), OpsError> {
     tracing::info!(
         interval_s = config.interval.as_secs(),
         lead_min = config.lead.num_minutes(),
         "daily bucket job started"
     );
-    loop {
+    let cadence = Cadence::fixed(config.interval);
+    periodic::run("daily bucket job", cadence, None, stop, || async {
         if let Err(e) = service
             .ops()
             .prepare_days(Utc::now(), config.lead, config.lookback_days)
@@ -164,13 +166,9 @@ pub async fn run_daily(
         {
             tracing::warn!(error = %e, "daily bucket round failed; retrying next round");
         }
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
-            _ = tokio::time::sleep(config.interval) => {}
-        }
-    }
-    tracing::info!("daily bucket job stopped");
-    Ok(())
+        Ok(Round::Partial)
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use super::view::parse_json;
 use super::*;
+use stocksvr_pipeline::periodic::{self, Cadence, Round};
 use stocksvr_telemetry::names;
 
 /// An injected crash looks to the caller like a connection that went away mid-request.
@@ -119,10 +120,11 @@ impl StockOps {
         reason: &str,
         dead: bool,
     ) -> Result<(), OpsError> {
-        let delay = {
-            let factor = 1i32 << row.retry_count.min(20);
-            (self.config.retry_delay * factor).min(self.config.max_retry_delay)
-        };
+        let delay = crate::service::chrono_backoff(
+            row.retry_count,
+            self.config.retry_delay,
+            self.config.max_retry_delay,
+        );
         let stuck = row.status().map(WalStatus::name).unwrap_or("UNKNOWN");
         let alert = dead.then(|| outbox::wal_dead(row, action, stuck, reason));
         let landed = wal::fail(&self.pool, row, owner, reason, delay, alert.as_ref()).await?;
@@ -154,6 +156,7 @@ impl StockOps {
         retry_unknown(self.config.unknown_retries, operation_id, "wal", f).await
     }
 
+    #[tracing::instrument(skip_all, fields(operation_id = %row.operation_id, bucket = %row.stock_bucket_id, action = row.action))]
     async fn step(&self, row: &WalRow) -> Result<Step, OpsError> {
         let Some(action) = row.action() else {
             return Ok(Step::Dead(format!(
@@ -163,7 +166,9 @@ impl StockOps {
         };
         // The current baseline: an adjust may have moved it on since the row was written,
         // and every script here is idempotent per operation id and baseline version.
-        let Some(baseline) = repo::find_baseline(&self.pool, &row.stock_bucket_id).await? else {
+        let Some(baseline) =
+            stocksvr_store::baselines::find_baseline(&self.pool, &row.stock_bucket_id).await?
+        else {
             return Ok(Step::Dead(format!(
                 "bucket {} has no baseline",
                 row.stock_bucket_id
@@ -413,23 +418,19 @@ pub async fn run_worker(
     ops: Arc<crate::ReservationService>,
     batch: u32,
     idle_poll: Duration,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), OpsError> {
-    tracing::info!(batch, "operation WAL worker started");
-    loop {
-        let pause = match ops.ops().work_once(batch).await {
-            Ok(r) if r.succeeded + r.failed + r.dead >= batch as usize => Duration::ZERO,
-            Ok(_) => idle_poll,
+    let cadence = Cadence::adaptive(idle_poll, idle_poll * 10);
+    periodic::run("operation WAL worker", cadence, None, stop, || async {
+        Ok(match ops.ops().work_once(batch).await {
+            Ok(r) if r.succeeded + r.failed + r.dead >= batch as usize => Round::Full,
+            Ok(r) if r.succeeded + r.failed + r.dead > 0 => Round::Partial,
+            Ok(_) => Round::Empty,
             Err(e) => {
                 tracing::warn!(error = %e, "WAL worker round failed; retrying");
-                idle_poll * 5
+                Round::Failed
             }
-        };
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
-            _ = tokio::time::sleep(pause) => {}
-        }
-    }
-    tracing::info!("operation WAL worker stopped");
-    Ok(())
+        })
+    })
+    .await
 }

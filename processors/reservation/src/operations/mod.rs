@@ -22,9 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_core::bucket::{self, BucketKey, BucketState};
 use stocksvr_core::model::{OpCode, OpResult};
+use stocksvr_store::baselines::Baseline;
 use stocksvr_store::buckets;
 use stocksvr_store::lua::{retry_unknown, ExecError, LuaExecutor, MAX_TOTAL};
-use stocksvr_store::reservations::{self as repo, Baseline};
 use stocksvr_store::wal::{self, NewWal, Refusal, WalAction, WalCompletion, WalRow, WalStatus};
 use tokio::sync::watch;
 

@@ -118,7 +118,7 @@ impl StockOps {
             field: "stock_bucket_id",
             message: e.to_string(),
         })?;
-        let baseline = repo::find_baseline(&self.pool, bucket_id).await?;
+        let baseline = stocksvr_store::baselines::find_baseline(&self.pool, bucket_id).await?;
         let keys = key;
         let redis = self
             .lua

@@ -50,7 +50,7 @@ impl ReservationService {
         .await
     }
 
-    #[tracing::instrument(skip(self, refund), err)]
+    #[tracing::instrument(skip(self, refund), fields(reservation_id = id, ?intent), err)]
     async fn apply(
         &self,
         id: u64,
@@ -96,9 +96,9 @@ impl ReservationService {
             // A refund request that already committed returns its first result, whatever
             // happened to the row since (the refund row is written in the completing TX).
             let committed = matches!(intent, Intent::Refund | Intent::PartialRefund)
-                && repo::find_refund(&self.pool, id, refund_key)
+                && stocksvr_store::refunds::find_refund(&self.pool, id, refund_key)
                     .await?
-                    .is_some_and(|r| r.status != repo::REFUND_IN_PROGRESS);
+                    .is_some_and(|r| r.settled());
             let decision = rules::decide_for_operation(
                 status,
                 intent,
@@ -160,7 +160,10 @@ impl ReservationService {
                                 pending_quantity: quantity,
                                 resume_status: Some(status),
                             };
-                            repo::begin_refund(&self.pool, &row, status, refund_key, &step).await?
+                            stocksvr_store::refunds::begin_refund(
+                                &self.pool, &row, status, refund_key, &step,
+                            )
+                            .await?
                         }
                         _ => {
                             let step = Step {
@@ -224,7 +227,7 @@ impl ReservationService {
         event.payload["data"]["reason_code"] = serde_json::Value::String(reason_code.to_string());
         metrics::counter!(names::RESERVATION_CONFLICTS, "reason" => reason_code.to_string())
             .increment(1);
-        let enqueued = repo::enqueue_once(&self.pool, &event).await?;
+        let enqueued = stocksvr_store::outbox::enqueue_once(&self.pool, &event).await?;
         if enqueued {
             self.outbox_committed();
         }

@@ -189,8 +189,11 @@ impl ReservationService {
 
     /// Exponential backoff for the next recovery attempt of a row that failed `retry_count` times.
     fn retry_delay(&self, retry_count: u32) -> TimeDelta {
-        let factor = 1i32 << retry_count.min(20);
-        (self.config.recovery_delay * factor).min(self.config.recovery_max_delay)
+        chrono_backoff(
+            retry_count,
+            self.config.recovery_delay,
+            self.config.recovery_max_delay,
+        )
     }
 
     /// Stuck (intermediate and failing or overdue) and dead reservations, oldest first.
@@ -245,4 +248,15 @@ fn error_label(e: &ServiceError) -> &'static str {
         ServiceError::Mysql(_) => "unavailable",
         ServiceError::Inconsistent { .. } => "inconsistent",
     }
+}
+
+/// [`stocksvr_core::backoff::jittered`] over chrono durations (what MySQL rows store).
+pub(crate) fn chrono_backoff(retry_count: u32, initial: TimeDelta, max: TimeDelta) -> TimeDelta {
+    let std = |d: TimeDelta| d.to_std().unwrap_or_default();
+    TimeDelta::from_std(stocksvr_core::backoff::jittered(
+        retry_count,
+        std(initial),
+        std(max),
+    ))
+    .unwrap_or(max)
 }

@@ -49,6 +49,7 @@ impl ReservationService {
         .await
     }
 
+    #[tracing::instrument(skip_all, fields(reservation_id = row.id, order_id = row.order_id, bucket = %row.stock_bucket_id, operation_id = %row.current_operation_id, status = row.status_name()))]
     pub(super) async fn run_step(&self, row: Reservation) -> Result<Reservation, ServiceError> {
         let status = row.status()?;
         if !status.is_intermediate() {
@@ -129,10 +130,13 @@ impl ReservationService {
                 match rules::after_redis(status, result.code, result.fence) {
                     Next::Advance { to } => {
                         let refund_id = if status == ReservationStatus::Refunding {
-                            repo::find_refund_by_operation(&self.pool, &row.current_operation_id)
-                                .await?
-                                .map(|r| r.refund_key)
-                                .filter(|k| !k.is_empty())
+                            stocksvr_store::refunds::find_refund_by_operation(
+                                &self.pool,
+                                &row.current_operation_id,
+                            )
+                            .await?
+                            .map(|r| r.refund_key)
+                            .filter(|k| !k.is_empty())
                         } else {
                             None
                         };
@@ -179,7 +183,7 @@ impl ReservationService {
         if let Some(completion) = completion {
             failpoint::at(status, Place::BeforeCommit)?;
             let landed = if status == ReservationStatus::Refunding {
-                repo::complete_refund(&self.pool, &row, &completion).await?
+                stocksvr_store::refunds::complete_refund(&self.pool, &row, &completion).await?
             } else {
                 repo::complete_step(&self.pool, row.id, status, row.version, &completion).await?
             };
@@ -200,7 +204,7 @@ impl ReservationService {
     /// baseline version, so twenty concurrent first Trys initialise once.
     /// False (nothing done) when the day is no longer OPEN.
     async fn init_bucket(&self, row: &Reservation) -> Result<bool, ServiceError> {
-        let baseline = repo::find_baseline(&self.pool, &row.stock_bucket_id)
+        let baseline = stocksvr_store::baselines::find_baseline(&self.pool, &row.stock_bucket_id)
             .await?
             .ok_or_else(|| ServiceError::BucketNotFound(row.stock_bucket_id.clone()))?;
         if u8::try_from(baseline.bucket_status).ok() != Some(BucketState::Open.code()) {

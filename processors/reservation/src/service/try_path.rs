@@ -16,7 +16,7 @@ use stocksvr_telemetry::names;
 impl ReservationService {
     /// The merchant's zone, or the default when none is configured or it is unreadable.
     pub async fn timezone(&self, merchant_id: u64) -> Result<Tz, ServiceError> {
-        Ok(match repo::merchant_timezone(&self.pool, merchant_id).await? {
+        Ok(match stocksvr_store::baselines::merchant_timezone(&self.pool, merchant_id).await? {
             Some(name) => bucket::parse_timezone(&name).unwrap_or_else(|e| {
                 tracing::warn!(merchant_id, %e, "merchant time zone unreadable; using the default");
                 self.config.default_timezone
@@ -99,7 +99,7 @@ impl ReservationService {
         let now = Utc::now();
         let key = self.bucket_for(req, now).await?;
         let bucket_id = key.stock_bucket_id();
-        let baseline = repo::find_baseline(&self.pool, &bucket_id)
+        let baseline = stocksvr_store::baselines::find_baseline(&self.pool, &bucket_id)
             .await?
             .ok_or_else(|| ServiceError::BucketNotFound(bucket_id.clone()))?;
         if baseline.stock_status != 1 {

@@ -12,8 +12,9 @@ use stocksvr_core::events::OrderType;
 use stocksvr_core::reservation::try_operation_id;
 use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_reservation::{ReservationService, ServiceConfig, TryRequest};
+use stocksvr_store::baselines::Baseline;
 use stocksvr_store::lua::LuaExecutor;
-use stocksvr_store::reservations::{self as repo, Baseline, InsertOutcome, NewReservation};
+use stocksvr_store::reservations::{self as repo, InsertOutcome, NewReservation};
 use stocksvr_test_support::TestDb;
 
 fn env_or(key: &str, default: &str) -> String {
@@ -61,7 +62,7 @@ pub async fn stores(config: &ServiceConfig) -> Stores {
         .await
         .expect("redis");
     let merchant_id = 1_000_000 + s % 1_000_000_000;
-    repo::set_merchant_timezone(&pool, merchant_id, "UTC")
+    stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, "UTC")
         .await
         .expect("tz");
     Stores {
@@ -118,7 +119,7 @@ impl Fixture {
 
     pub async fn baseline(&self, date: NaiveDate, total: i64) {
         let key = BucketKey::new(self.merchant_id, self.dish_id, date);
-        repo::ensure_baseline(
+        stocksvr_store::baselines::ensure_baseline(
             &self.pool,
             &Baseline {
                 stock_bucket_id: key.stock_bucket_id(),

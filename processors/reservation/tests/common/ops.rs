@@ -9,8 +9,8 @@ use stocksvr_core::events::OrderType;
 use stocksvr_reservation::{
     IntentOutcome, OpsConfig, ReservationService, ServiceConfig, TryRequest,
 };
+use stocksvr_store::baselines::Baseline;
 use stocksvr_store::lua::{LuaExecutor, StockNumbers};
-use stocksvr_store::reservations::Baseline;
 use stocksvr_store::wal;
 
 pub struct Ops {

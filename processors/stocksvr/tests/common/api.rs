@@ -5,7 +5,7 @@ use chrono::Utc;
 use serde_json::Value;
 use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
-use stocksvr_store::reservations::{self as repo, Baseline};
+use stocksvr_store::baselines::Baseline;
 
 pub struct Shop {
     /// The test's database, topics and groups.
@@ -32,11 +32,11 @@ pub async fn shop(total: i64) -> Shop {
     // be unique per test, not just per microsecond (parallel tests start together).
     let merchant_id = stocksvr_test_support::unique_id(2_000_000);
     let dish_id = 31;
-    repo::set_merchant_timezone(&pool, merchant_id, "UTC")
+    stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, "UTC")
         .await
         .expect("tz");
     let today = Utc::now().date_naive();
-    repo::ensure_baseline(
+    stocksvr_store::baselines::ensure_baseline(
         &pool,
         &Baseline {
             stock_bucket_id: BucketKey::new(merchant_id, dish_id, today).stock_bucket_id(),

@@ -1,0 +1,221 @@
+//! The one runner of every periodic task of stocksvr (the outbox relay, the reservation
+//! recovery worker, the stale-reservation watcher, the operation WAL worker, the daily bucket
+//! job, the time-wheel poller and the due scan): run a round, sleep as its outcome says, stop
+//! promptly on shutdown.
+//!
+//! The rhythm is seed 003's adaptive polling: no sleep while there is a backlog, `min` after a
+//! round that found some work, and doubling towards `max` while idle or failing, so an idle
+//! deployment costs a query every few seconds per task instead of several a second. A
+//! [`Notify`] wake-up (a commit in the same process) ends a sleep at once and resets it.
+
+use std::future::Future;
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+
+/// The outcome of one round, as far as the poll rhythm cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Round {
+    /// As many rows as a batch holds: there is a backlog.
+    Full,
+    /// Some rows, fewer than a batch.
+    Partial,
+    /// Nothing claimable.
+    Empty,
+    /// The database failed with a retryable error.
+    Failed,
+}
+
+/// Adaptive polling (seed 003): no sleep under backlog, `min` after a partial batch,
+/// doubling towards `max` while idle or failing. A wake-up resets it to `min`.
+/// The rhythm of one task.
+#[derive(Debug, Clone)]
+pub struct Poller {
+    min: Duration,
+    max: Duration,
+    idle: Duration,
+}
+
+impl Poller {
+    pub fn new(min: Duration, max: Duration) -> Self {
+        Self {
+            min,
+            max,
+            idle: min,
+        }
+    }
+
+    /// The sleep before the next round.
+    pub fn next(&mut self, round: Round) -> Duration {
+        match round {
+            Round::Full => {
+                self.idle = self.min;
+                Duration::ZERO
+            }
+            Round::Partial => {
+                self.idle = self.min;
+                self.min
+            }
+            Round::Empty | Round::Failed => {
+                let sleep = self.idle;
+                self.idle = (self.idle * 2).min(self.max);
+                sleep
+            }
+        }
+    }
+
+    /// A local transaction wrote rows: the next idle sleeps start short again.
+    pub fn woken(&mut self) {
+        self.idle = self.min;
+    }
+}
+
+/// How a task sleeps between rounds: `min` after some work, doubling to `max` while idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cadence {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+impl Cadence {
+    /// The same sleep after every round (a scan on a fixed interval).
+    pub const fn fixed(every: Duration) -> Self {
+        Self {
+            min: every,
+            max: every,
+        }
+    }
+
+    /// `min` after work, doubling to `max` while idle.
+    pub const fn adaptive(min: Duration, max: Duration) -> Self {
+        Self { min, max }
+    }
+}
+
+/// Runs `round` until `stop` turns true (or `round` fails fatally: its error is returned).
+/// A transient failure is the round's to log; it answers [`Round::Failed`] and the runner
+/// backs off like an idle round.
+pub async fn run<F, Fut, E>(
+    name: &'static str,
+    cadence: Cadence,
+    wake: Option<&Notify>,
+    mut stop: watch::Receiver<bool>,
+    mut round: F,
+) -> Result<(), E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Round, E>>,
+{
+    let mut poller = Poller::new(cadence.min, cadence.max.max(cadence.min));
+    tracing::info!(task = name, min = ?cadence.min, max = ?cadence.max, "periodic task started");
+    while !*stop.borrow() {
+        let outcome = round().await?;
+        let sleep = poller.next(outcome);
+        if sleep.is_zero() {
+            continue;
+        }
+        let woken = async {
+            match wake {
+                Some(n) => n.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = woken => poller.woken(),
+            changed = stop.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    tracing::info!(task = name, "periodic task stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn polling_is_fast_under_backlog_and_slows_when_idle() {
+        let mut p = Poller::new(20 * MS, 2000 * MS);
+        assert_eq!(p.next(Round::Full), Duration::ZERO);
+        assert_eq!(p.next(Round::Partial), 20 * MS);
+        let idle: Vec<_> = (0..9).map(|_| p.next(Round::Empty)).collect();
+        assert_eq!(
+            idle,
+            [20, 40, 80, 160, 320, 640, 1280, 2000, 2000].map(|m| m * MS)
+        );
+        // Work arriving resets the rhythm at once.
+        assert_eq!(p.next(Round::Full), Duration::ZERO);
+        assert_eq!(p.next(Round::Empty), 20 * MS);
+        assert_eq!(p.next(Round::Empty), 40 * MS);
+        p.woken();
+        assert_eq!(p.next(Round::Failed), 20 * MS);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_runner_sleeps_as_the_round_says_and_stops_on_the_signal() {
+        let rounds = Arc::new(AtomicUsize::new(0));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let counted = rounds.clone();
+        let task = tokio::spawn(async move {
+            run::<_, _, ()>(
+                "test",
+                Cadence::adaptive(100 * MS, 400 * MS),
+                None,
+                stop_rx,
+                move || {
+                    let n = counted.fetch_add(1, Ordering::SeqCst);
+                    // Three rounds of backlog, then idle.
+                    async move { Ok(if n < 3 { Round::Full } else { Round::Empty }) }
+                },
+            )
+            .await
+        });
+        tokio::time::sleep(50 * MS).await;
+        assert_eq!(
+            rounds.load(Ordering::SeqCst),
+            4,
+            "backlog rounds run back to back"
+        );
+        // Idle sleeps: 100, 200, 400, 400 ms after the 4th round.
+        tokio::time::sleep(1000 * MS).await;
+        assert_eq!(rounds.load(Ordering::SeqCst), 7);
+        stop_tx.send(true).expect("runner listening");
+        task.await.expect("joined").expect("clean stop");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_up_ends_an_idle_sleep() {
+        let wake = Arc::new(Notify::new());
+        let rounds = Arc::new(AtomicUsize::new(0));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (counted, waker) = (rounds.clone(), wake.clone());
+        let task = tokio::spawn(async move {
+            run::<_, _, ()>(
+                "test",
+                Cadence::fixed(Duration::from_secs(3600)),
+                Some(&waker),
+                stop_rx,
+                move || {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async { Ok(Round::Empty) }
+                },
+            )
+            .await
+        });
+        tokio::time::sleep(10 * MS).await;
+        assert_eq!(rounds.load(Ordering::SeqCst), 1);
+        wake.notify_one();
+        tokio::time::sleep(10 * MS).await;
+        assert_eq!(rounds.load(Ordering::SeqCst), 2, "woken before the hour");
+        stop_tx.send(true).expect("runner listening");
+        task.await.expect("joined").expect("clean stop");
+    }
+}

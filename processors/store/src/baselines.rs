@@ -1,0 +1,116 @@
+//! `dish_stock_baseline` (the merchant's total per bucket, seed §4.1) and the merchants'
+//! time zones: what a bucket is initialised, adjusted and rebuilt from.
+
+use crate::reservations::now;
+use chrono::NaiveDate;
+use sqlx::MySqlPool;
+
+/// `dish_stock_baseline` as the Try path needs it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Baseline {
+    pub stock_bucket_id: String,
+    pub merchant_id: u64,
+    pub dish_id: u64,
+    pub stock_date: NaiveDate,
+    pub timezone: String,
+    pub total_stock: i64,
+    pub baseline_version: u64,
+    pub stock_status: i8,
+    pub bucket_status: i8,
+}
+
+impl Baseline {
+    /// OPEN, CLOSED or ARCHIVED; None for a code no version of stocksvr writes.
+    pub fn state(&self) -> Option<stocksvr_core::bucket::BucketState> {
+        u8::try_from(self.bucket_status)
+            .ok()
+            .and_then(stocksvr_core::bucket::BucketState::from_code)
+    }
+}
+
+pub async fn find_baseline(
+    pool: &MySqlPool,
+    bucket_id: &str,
+) -> Result<Option<Baseline>, sqlx::Error> {
+    read_baseline(pool, bucket_id, false).await
+}
+
+/// The baseline row, locked for the rest of the transaction with `for_update`.
+pub(crate) async fn read_baseline<'e, E: sqlx::MySqlExecutor<'e>>(
+    exec: E,
+    bucket_id: &str,
+    for_update: bool,
+) -> Result<Option<Baseline>, sqlx::Error> {
+    let lock = if for_update { " FOR UPDATE" } else { "" };
+    sqlx::query_as(&format!(
+        "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, timezone, total_stock, \
+         baseline_version, stock_status, bucket_status FROM dish_stock_baseline \
+         WHERE stock_bucket_id = ?{lock}"
+    ))
+    .bind(bucket_id)
+    .fetch_optional(exec)
+    .await
+}
+
+/// Creates the baseline row if missing (same bucket, same values: a no-op on repeat).
+pub async fn ensure_baseline(pool: &MySqlPool, b: &Baseline) -> Result<(), sqlx::Error> {
+    insert_baseline(pool, b).await
+}
+
+pub(crate) async fn insert_baseline<'e, E: sqlx::MySqlExecutor<'e>>(
+    exec: E,
+    b: &Baseline,
+) -> Result<(), sqlx::Error> {
+    let now = now();
+    sqlx::query(
+        "INSERT IGNORE INTO dish_stock_baseline (stock_bucket_id, merchant_id, dish_id, stock_date, \
+         timezone, total_stock, baseline_version, stock_status, bucket_status, created_at, updated_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&b.stock_bucket_id)
+    .bind(b.merchant_id)
+    .bind(b.dish_id)
+    .bind(b.stock_date)
+    .bind(&b.timezone)
+    .bind(b.total_stock)
+    .bind(b.baseline_version)
+    .bind(b.stock_status)
+    .bind(b.bucket_status)
+    .bind(now)
+    .bind(now)
+    .execute(exec)
+    .await?;
+    Ok(())
+}
+
+/// The merchant's IANA time zone, if configured.
+pub async fn merchant_timezone(
+    pool: &MySqlPool,
+    merchant_id: u64,
+) -> Result<Option<String>, sqlx::Error> {
+    let row: Option<(String,)> =
+        sqlx::query_as("SELECT timezone FROM merchant_settings WHERE merchant_id = ?")
+            .bind(merchant_id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(row.map(|(tz,)| tz))
+}
+
+pub async fn set_merchant_timezone(
+    pool: &MySqlPool,
+    merchant_id: u64,
+    timezone: &str,
+) -> Result<(), sqlx::Error> {
+    let now = now();
+    sqlx::query(
+        "INSERT INTO merchant_settings (merchant_id, timezone, created_at, updated_at) VALUES (?, ?, ?, ?) \
+         ON DUPLICATE KEY UPDATE timezone = VALUES(timezone), updated_at = VALUES(updated_at)",
+    )
+    .bind(merchant_id)
+    .bind(timezone)
+    .bind(now)
+    .bind(now)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
