@@ -161,8 +161,7 @@ class Run:
                 try:
                     for role in ROLES:
                         if role in self.system.procs and not self.system.role_alive(role):
-                            self.system.reap(role)
-                            self.notes.append(f"role {role} exited by itself during the workload; restarted")
+                            self.role_exited(role, "the workload")
                             self.system.start_role(role)
                 finally:
                     self.faults.lock.release()
@@ -182,6 +181,22 @@ class Run:
             self.notes.append(f"{left} order events not acknowledged by Kafka at the end")
         self.times["workload"] = time.monotonic() - t0
 
+    def role_exited(self, role, during):
+        """A role process that ended without being killed by a fault: an anomaly (a dependency
+        fault must not stop a processor; seed 10, issue 9.4), with its exit status, the last
+        error it logged, and the faults of the 30 s before."""
+        p = self.system.procs.get(role)
+        rc = None if p is None else p.returncode
+        self.system.reap(role)
+        now = time.monotonic()
+        recent = []
+        for r in history_mod.load(self.history.path):
+            if r["kind"] == "fault_start" and now - r["mono"] < 30:
+                recent.append(f"{r['fault_kind']}@{r['wall'][11:19]}")
+        self.anomaly("role_exited", {"role": role, "returncode": rc, "pid": None if p is None else p.pid},
+                     f"exited by itself during {during} (restarted); faults in the 30 s before: "
+                     f"{recent or 'none'}; last error: {self.system.exit_reason(role)}")
+
     def heal(self):
         """Undo every fault: toxics off, servers running and continued, every role running."""
         s = self.system
@@ -196,19 +211,24 @@ class Run:
         s.stack_up()
         for role in ROLES:
             if not s.role_alive(role):
-                s.reap(role)
+                if role in s.procs:
+                    self.role_exited(role, "healing")
                 s.start_role(role)
 
     def quiesce(self, name):
         self.phase(f"quiescence ({name}): outbox empty, consumer lag 0, no intermediate reservation, "
                    f"WAL done, due scheduled confirms done, stale RESERVED rows alerted")
-        last = {}
+        shown = [0.0]
 
         def tick(p):
-            nonlocal last
-            if p != last:
-                log(f"  pending: {json.dumps(p)[:400]}")
-                last = p
+            for role in ROLES:
+                if role in self.system.procs and not self.system.role_alive(role):
+                    self.role_exited(role, f"quiescence ({name})")
+                    self.system.start_role(role)
+            # Progress every 10 s, short: the full last state goes to the history at the end.
+            if time.monotonic() - shown[0] >= 10:
+                shown[0] = time.monotonic()
+                log(f"  pending: {json.dumps(p)[:300]}")
         ok, secs, pending = self.state.wait_quiescent(self.a.quiesce_deadline, on_tick=tick,
                                                       hold_ttl_grace=45)
         self.history.record("quiescence", name=name, ok=ok, seconds=secs, pending=pending)
@@ -315,9 +335,10 @@ class Run:
             shown = collections.Counter()
             for x in self.anomalies:
                 shown[x["check"]] += 1
-                if shown[x["check"]] <= 15:
-                    lines.append(f"  ANOMALY {x['check']} {json.dumps(x['ids'], default=str)}: {x['detail']}")
-                elif shown[x["check"]] == 16:
+                if shown[x["check"]] <= 6:
+                    lines.append(f"  ANOMALY {x['check']} {json.dumps(x['ids'], default=str)}: "
+                                 f"{str(x['detail'])[:500]}")
+                elif shown[x["check"]] == 7:
                     lines.append(f"  ANOMALY {x['check']} ... (more in anomalies.jsonl)")
         text = "\n".join(lines)
         print(text, flush=True)

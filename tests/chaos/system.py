@@ -190,6 +190,21 @@ class System:
             self.history.record("role", role=role, action="exited", pid=p.pid, returncode=p.returncode)
             del self.procs[role]
 
+    def exit_reason(self, role):
+        """The last error a role logged in its latest run (its log is appended per start)."""
+        try:
+            with open(os.path.join(self.logs, f"role-{role}.log"), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 65536))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        last = text.split("==== start")[-1].splitlines()
+        for line in reversed(last):
+            if line.startswith("stocksvr:") or " ERROR " in line or "panicked" in line:
+                return line.strip()[:500]
+        return last[-1].strip()[:500] if last else None
+
     def kill_role(self, role, sig=signal.SIGKILL):
         p = self.procs.get(role)
         if p is None or p.poll() is not None:
