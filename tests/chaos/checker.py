@@ -156,6 +156,15 @@ class Checker:
                 req = self.requests.get(resp["op"], {})
                 self.add("oversell.read", {"bucket": req.get("bucket"), "op": resp["op"]},
                          f"read at {resp['wall']} saw {redis}")
+        for rec in self.records:
+            if rec["kind"] != "redis_read" or not rec.get("stock"):
+                continue
+            n += 1
+            st = rec["stock"]
+            bad = {k: st[k] for k in ("available", "reserved", "sold", "deficit") if int(st.get(k, 0) or 0) < 0}
+            if bad:
+                self.add("oversell.read", {"bucket": rec["bucket"], "seq": rec["seq"]},
+                         f"direct Redis read at {rec['wall']} saw {st}")
         self.stats["stock reads checked"] = n
 
     def check_buckets(self):

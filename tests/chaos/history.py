@@ -12,7 +12,7 @@ servers' logs), `kind`, and the fields of that kind. Kinds written by the suite:
   produce_ack      {event_id, topic, partition, offset, dup, intended_dlt}
   produce_error    {event_id, error}
   order            {order_id, fate, items, order_type, ...}  what the workload decided for an order
-  stock_read       {bucket, redis}                           a read of the Redis numbers
+  redis_read       {bucket, stock | error}                   a direct read of a stock hash (API reads are requests)
   fault_start      {fault, fault_kind, target, params}
   fault_end        {fault, fault_kind, target, ok, detail, seconds}
   role             {role, action, pid, ...}                 role process started/killed/stopped

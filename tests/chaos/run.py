@@ -16,6 +16,8 @@ import sys
 import time
 import traceback
 
+import redis as redis_lib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
@@ -116,7 +118,10 @@ class Run:
         if a.workers:
             cfg.workers = a.workers
         today = dt.datetime.now(dt.timezone.utc).date()
-        self.workload = Workload(self.history, [s.api_url(r) for r in API_ROLES], self.producer, a.seed, cfg, today)
+        reader = redis_lib.Redis(host="127.0.0.1", port=s.port["redis"], decode_responses=True,
+                                 socket_timeout=2, socket_connect_timeout=2)
+        self.workload = Workload(self.history, [s.api_url(r) for r in API_ROLES], self.producer, a.seed, cfg, today,
+                                 redis_direct=reader)
         buckets = self.workload.plan_buckets()
         for b in buckets:
             rc, out, err = s.cli("bucket", "init", "--merchant-id", str(b.merchant), "--dish-id", str(b.dish),

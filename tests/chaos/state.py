@@ -127,6 +127,11 @@ class State:
                           "AND processing_time < UTC_TIMESTAMP(3) - INTERVAL 60 SECOND")
         if rows and rows[0]["n"]:
             p["scheduled_overdue"] = rows[0]["n"]
+        # Scheduled confirms not due yet: their outcome is part of the check, so wait for them.
+        rows = self.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status = 25 AND dead = 0 "
+                          "AND processing_time >= UTC_TIMESTAMP(3) - INTERVAL 60 SECOND")
+        if rows and rows[0]["n"]:
+            p["scheduled_not_due"] = rows[0]["n"]
         # RESERVED rows the stale watcher (every 30 s) should have alerted by now.
         rows = self.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status = 20 AND dead = 0 "
                           "AND stale_alerted_at IS NULL AND expire_at < UTC_TIMESTAMP(3) - INTERVAL %s SECOND",

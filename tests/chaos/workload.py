@@ -262,7 +262,7 @@ class Config:
 
 
 class Workload:
-    def __init__(self, history, api_bases, producer, seed, cfg, date):
+    def __init__(self, history, api_bases, producer, seed, cfg, date, redis_direct=None):
         self.history = history
         self.api_bases = list(api_bases)
         self.producer = producer
@@ -270,6 +270,9 @@ class Workload:
         self.cfg = cfg
         self.date = date
         self.http = Http(history, cfg.http_timeout)
+        # A Redis client straight to the server: reads of the stock hash that do not depend on
+        # stocksvr answering (the no-oversell check looks at both kinds of reads).
+        self.redis_direct = redis_direct
         self.lock = threading.Lock()
         self.buckets = {}  # bucket_id -> Bucket
         self.stop_event = threading.Event()
@@ -611,6 +614,14 @@ class Workload:
             self.http.call("stock_read", "reader", "GET", rng.choice(self.api_bases),
                            f"/v1/stock/{b.merchant}/{b.dish}?date={b.date.isoformat()}", None,
                            bucket=b.bucket_id)
+            if self.redis_direct is not None:
+                key = f"inv:{{{b.merchant}:{b.dish}:{b.date.isoformat()}}}:stock"
+                try:
+                    h = self.redis_direct.hgetall(key)
+                except Exception as e:  # a stopped or killed Redis: no observation
+                    self.history.record("redis_read", bucket=b.bucket_id, error=f"{type(e).__name__}: {e}"[:200])
+                    continue
+                self.history.record("redis_read", bucket=b.bucket_id, stock=h)
 
     # ---- run ----------------------------------------------------------------------------
 
