@@ -28,6 +28,9 @@ expected. Checks (DESIGN: seed 000 sections 5, 12, 13; issues 9-11):
   dead_letter.unintended  a parked dead letter the workload did not send on purpose
   dead_letter.missing   an intended invalid record that was not parked
   http_5xx              an API answer 5xx other than 503 (the contract says 503 for outages)
+  api_error             an item error inside a 200 order answer other than unavailable, bucket not
+                        found/unavailable or invalid (e.g. reservation_not_found for a reservation
+                        that exists), with what became of the reservation
   quiescence            the system did not settle before the deadline (what was pending)
   replay                (replay.py) a table row or Redis key changed by a replay from earliest
 """
@@ -289,8 +292,16 @@ class Checker:
                 err = it.get("error") or {}
                 if err and err.get("error") not in ("unavailable", "mysql_unavailable", "redis_unavailable",
                                                     "bucket_not_found", "bucket_unavailable", "invalid_request"):
-                    self.add("http_5xx", {"op": resp["op"], "order_item_id": it.get("order_item_id")},
-                             f"item error inside a 200 order answer: {err}")
+                    # Name what became of a reservation the error message mentions.
+                    fate = ""
+                    m = re.search(r"reservation (\d+)", err.get("message", ""))
+                    if m:
+                        row = self.res.get(int(m.group(1)))
+                        fate = (f"; reservation {m.group(1)} exists, final status "
+                                f"{STATUS.get(row['status'])}" if row else f"; no row {m.group(1)}")
+                    self.add("api_error", {"op": resp["op"], "order_id": body.get("order_id"),
+                                           "order_item_id": it.get("order_item_id")},
+                             f"item error inside a 200 order answer at {resp['wall']}: {err}{fate}")
             views = [body.get("reservation")] if kind == "try" else [i.get("reservation") for i in body.get("items", [])]
             for v in views:
                 if v:

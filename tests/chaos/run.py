@@ -52,7 +52,7 @@ def parse_args(argv):
     ap.add_argument("--run-dir", help="default /tmp/stocksvr-chaos/seed<S>-<time>")
     ap.add_argument("--stop-cap", type=float, help="longest SIGSTOP/toxic fault, seconds (default 60; --ci 10)")
     ap.add_argument("--fault-gap", help="MIN,MAX seconds between faults (default 5,15; --ci 3,8)")
-    ap.add_argument("--quiesce-deadline", type=float, help="seconds (default 300; --ci 180)")
+    ap.add_argument("--quiesce-deadline", type=float, help="seconds (default 420; --ci 180)")
     ap.add_argument("--hold-ttl", type=int, help="reservation.hold_ttl_secs of the roles (default 60; --ci 30)")
     ap.add_argument("--workers", type=int, help="concurrent order clients (default 6; --ci 4)")
     ap.add_argument("--no-replay", action="store_true", help="skip the replay-from-earliest comparison")
@@ -60,7 +60,7 @@ def parse_args(argv):
     a = ap.parse_args(argv)
     a.stop_cap = a.stop_cap or (10.0 if a.ci else 60.0)
     a.fault_gap = tuple(float(x) for x in (a.fault_gap or ("3,8" if a.ci else "5,15")).split(","))
-    a.quiesce_deadline = a.quiesce_deadline or (180.0 if a.ci else 300.0)
+    a.quiesce_deadline = a.quiesce_deadline or (180.0 if a.ci else 420.0)
     a.hold_ttl = a.hold_ttl or (30 if a.ci else 60)
     return a
 
