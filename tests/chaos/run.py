@@ -361,6 +361,9 @@ class Run:
 
 def main(argv):
     a = parse_args(argv)
+    # SIGTERM (a CI timeout, Ctrl-C of the wrapper) unwinds like Ctrl-C: the finally block below
+    # still stops every process this run started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     run = Run(a)
     log(f"run folder {run.dir} (history.jsonl, summary.txt, anomalies.jsonl, logs/)")
     t0 = time.monotonic()

@@ -28,8 +28,8 @@ API_ROLES = ("order-lifecycle", "all")
 SERVERS = ("mariadb", "redis", "kafka", "registry")
 
 
-class SystemError_(RuntimeError):
-    pass
+class StackError(RuntimeError):
+    """A script of the private stack failed (its log says why)."""
 
 
 class System:
@@ -77,7 +77,7 @@ class System:
             log.flush()
             p = subprocess.run(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
         if check and p.returncode != 0:
-            raise SystemError_(f"scripts/{name} {' '.join(args)} failed with {p.returncode} "
+            raise StackError(f"scripts/{name} {' '.join(args)} failed with {p.returncode} "
                                f"(log: {self.logs}/{name}.log)")
         return p.returncode
 

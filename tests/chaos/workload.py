@@ -21,7 +21,6 @@ gives the same orders, fates and events; timing (and so the interleaving with fa
 
 import datetime as dt
 import heapq
-import json
 import os
 import random
 import struct
@@ -646,7 +645,3 @@ class Workload:
         with self.lock:
             return {bid: {"merchant": b.merchant, "dish": b.dish, "date": b.date.isoformat(), "hot": b.hot,
                           "totals": list(b.totals), "open": b.open} for bid, b in self.buckets.items()}
-
-
-def dumps(obj):
-    return json.dumps(obj, separators=(",", ":"))
