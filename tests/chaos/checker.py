@@ -18,7 +18,8 @@ expected. Checks (DESIGN: seed 000 sections 5, 12, 13; issues 9-11):
   fence                 the Redis fence of a reservation disagrees with its MySQL status
   not_terminal          a reservation neither terminal nor alerted (stale) nor marked dead
   hanging               a reservation still holding stock although its order failed
-                        (OrderCreatedFailed acknowledged by Kafka): issue 9.1
+                        (OrderCreatedFailed acknowledged by Kafka), e.g. a Try that arrived after
+                        the OrderCreatedFailed (workload fate late_try): issue 9.1
   order_outcome         a reservation whose final status / refunded quantity differs from what
                         the acknowledged order events imply
   stores_agree          per bucket: Redis vs ledger-derived vs snapshot vs reservation-derived
@@ -407,7 +408,7 @@ class Checker:
                 continue
             rows = self.by_order.get(oid, [])
             fate = o["fate"]
-            if fate in ("failed", "rejected", "try_failed"):
+            if fate in ("failed", "rejected", "try_failed", "late_try"):
                 for rid in rows:
                     st = STATUS.get(self.res[rid]["status"])
                     if st in HOLDING:

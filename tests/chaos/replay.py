@@ -64,9 +64,12 @@ def natural(table, r):
     return {k: r[k] for k in keys if k in r and r[k] is not None}
 
 
-def diff(a, b, limit=30):
-    """[(check, ids, detail)] for every difference between two dumps."""
+def diff(a, b, limit=30, counts=None):
+    """[(check, ids, detail)] for the differences between two dumps: one summary line per table
+    (and for Redis), then up to `limit` rows of each kind. `counts` (a dict) receives the
+    number of rows/keys that differ per check."""
     out = []
+    counts = {} if counts is None else counts
     for table in sorted(set(a["tables"]) | set(b["tables"])):
         ra, rb = a["tables"].get(table, {}), b["tables"].get(table, {})
         added = [k for k in rb if k not in ra]
@@ -75,6 +78,7 @@ def diff(a, b, limit=30):
         if not (added or removed or changed):
             continue
         check = f"replay.{table}"
+        counts[check] = len(added) + len(removed) + len(changed)
         out.append((check, {"table": table},
                     f"{len(added)} rows added, {len(removed)} removed, {len(changed)} changed by the replay"))
         for k in added[:limit]:
@@ -93,6 +97,7 @@ def diff(a, b, limit=30):
     removed = [k for k in ka if k not in kb]
     changed = [k for k in ka if k in kb and ka[k] != kb[k]]
     if added or removed or changed:
+        counts["replay.redis"] = len(added) + len(removed) + len(changed)
         out.append(("replay.redis", {"redis": "keys"},
                     f"{len(added)} keys added, {len(removed)} removed, {len(changed)} changed by the replay"))
         for k in added[:limit]:

@@ -269,7 +269,8 @@ class Run:
         self.quiesce("after replay")
         s.stop_all_roles()
         after = replay_mod.dump(self.state)
-        for check, ids, detail in replay_mod.diff(before, after):
+        self.replay_counts = {}
+        for check, ids, detail in replay_mod.diff(before, after, counts=self.replay_counts):
             self.anomaly(check, ids, detail)
         with open(os.path.join(self.dir, "dump-before-replay.json"), "w") as f:
             json.dump(before, f, sort_keys=True)
@@ -320,7 +321,10 @@ class Run:
         if getattr(self, "checker", None):
             for check, n in self.checker.per_check.items():
                 an[check] = max(an[check], n)
-        table("anomalies", sorted(an.items()), ("check", "count"))
+        # A replay anomaly is a table: count its differing rows (only 30 per kind are listed).
+        for check, n in getattr(self, "replay_counts", {}).items():
+            an[check] = n
+        table("anomalies", sorted(an.items()), ("check", "count (replay.*: rows or keys that differ)"))
         table("times", [(k, f"{v:.1f}s") for k, v in self.times.items()], ("phase", "seconds"))
         if getattr(self, "checker", None):
             table("state", list(self.checker.stats.items()), ("what", "n"))

@@ -248,6 +248,10 @@ class Config:
         self.p_cancel = 0.15
         self.p_refund = 0.2
         self.p_early_refund = 0.03
+        # The order service gave up on the order (OrderCreatedFailed without ids) before its Try
+        # reached stocksvr: a Try delayed in the network arrives after the failure (issue 9.1).
+        self.p_late_try = 0.01
+        self.late_try_delay = (2.0, 5.0)
         self.p_late = 0.05
         self.late_delay = (10.0, 25.0) if ci else (15.0, 45.0)
         self.p_dup = 0.12
@@ -380,6 +384,8 @@ class Workload:
                 order_type, processing_time = "SCHEDULED", rfc3339(pt)
         api_pick = rng.randrange(len(self.api_bases))
 
+        if rng.random() < cfg.p_late_try:
+            return self.late_try(rng, order_id, merchant, items, order_type, processing_time, api_pick, worker)
         outcome = self.try_items(order_id, merchant, items, order_type, processing_time, api_pick, worker)
         reserved = [i for i in items if outcome[i["order_item_id"]]["status"] == RESERVED]
         unknown = [i for i in items if outcome[i["order_item_id"]]["status"] is None]
@@ -450,6 +456,21 @@ class Workload:
         self.count(f"order fate {fate}")
         self.history.record("order", order_id=order_id, merchant_id=merchant, fate=fate, order_type=order_type,
                             processing_time=processing_time, items=items, events=events)
+
+    def late_try(self, rng, order_id, merchant, items, order_type, processing_time, api_pick, worker):
+        """OrderCreatedFailed (no reservation ids: the order service never got any) first, the
+        Try a few seconds later. The stock must not end up held: the late Try should be refused
+        (issue 9.1 asks for a 409), or at least cancelled."""
+        failed = self.emit(0.0, "OrderCreatedFailed", order_id,
+                           {"order_id": order_id, "merchant_id": merchant, "inventory_reservation_ids": [],
+                            "reason": "chaos: the order timed out before its Try arrived"}, rng, "failed", 1)
+        self.stop_event.wait(rng.uniform(*self.cfg.late_try_delay))
+        outcome = self.try_items(order_id, merchant, items, order_type, processing_time, api_pick, worker)
+        for i in items:
+            i.update(outcome[i["order_item_id"]])
+        self.count("order fate late_try")
+        self.history.record("order", order_id=order_id, merchant_id=merchant, fate="late_try", order_type=order_type,
+                            processing_time=processing_time, items=items, events=[failed])
 
     def try_items(self, order_id, merchant, items, order_type, processing_time, api_pick, worker):
         """Try until every item has a definite answer or the deadline passed. Returns
