@@ -324,7 +324,7 @@ class Run:
         # A replay anomaly is a table: count its differing rows (only 30 per kind are listed).
         for check, n in getattr(self, "replay_counts", {}).items():
             an[check] = n
-        table("anomalies", sorted(an.items()), ("check", "count (replay.*: rows or keys that differ)"))
+        table("anomalies (replay.*: rows or keys that differ)", sorted(an.items()), ("check", "count"))
         table("times", [(k, f"{v:.1f}s") for k, v in self.times.items()], ("phase", "seconds"))
         if getattr(self, "checker", None):
             table("state", list(self.checker.stats.items()), ("what", "n"))
