@@ -1,0 +1,410 @@
+#!/usr/bin/env python3
+"""The fault-injection run: private stack, roles, seeded workload and faults, quiescence,
+checker, replay, summary. Called by scripts/chaos (which builds the binary and the venv); see
+tests/chaos/README.md.
+
+Exit status: 0 no anomaly, 1 anomalies found, 2 the run itself failed (setup, a crash).
+"""
+
+import argparse
+import collections
+import datetime as dt
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+import redis as redis_lib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import faults as faults_mod  # noqa: E402
+import history as history_mod  # noqa: E402
+import replay as replay_mod  # noqa: E402
+from checker import Checker  # noqa: E402
+from state import State  # noqa: E402
+from system import API_ROLES, ROLES, SERVERS, System  # noqa: E402
+from workload import Config, EventProducer, Workload  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def log(msg):
+    print(f"chaos {time.strftime('%H:%M:%S')}: {msg}", flush=True)
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=5.0, help="workload duration (default 5)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--faults", default="", help="comma list of fault kinds/groups (default: all but "
+                    "redis-empty); 'none' for a run without faults. Kinds: " + ", ".join(faults_mod.ALL_KINDS))
+    ap.add_argument("--ci", action="store_true", help="short caps: stop/toxic faults <= 10 s, 3-8 s between "
+                    "faults, quiescence deadline 180 s, hold TTL 30 s, 4 workers")
+    ap.add_argument("--bin", required=True, help="the stocksvr binary to test")
+    ap.add_argument("--port-base", type=int, default=int(os.environ.get("CHAOS_PORT_BASE", "24000")),
+                    help="private stack ports (scripts/stack STACK_PORT_BASE; default 24000)")
+    ap.add_argument("--cache", default=os.environ.get("STACK_CACHE", os.path.join(REPO, ".stack", "cache")),
+                    help="download cache shared with the default stack (STACK_CACHE)")
+    ap.add_argument("--run-dir", help="default /tmp/stocksvr-chaos/seed<S>-<time>")
+    ap.add_argument("--stop-cap", type=float, help="longest SIGSTOP/toxic fault, seconds (default 60; --ci 10)")
+    ap.add_argument("--fault-gap", help="MIN,MAX seconds between faults (default 5,15; --ci 3,8)")
+    ap.add_argument("--quiesce-deadline", type=float, help="seconds (default 420; --ci 180)")
+    ap.add_argument("--hold-ttl", type=int, help="reservation.hold_ttl_secs of the roles (default 60; --ci 30)")
+    ap.add_argument("--workers", type=int, help="concurrent order clients (default 6; --ci 4)")
+    ap.add_argument("--no-replay", action="store_true", help="skip the replay-from-earliest comparison")
+    ap.add_argument("--keep", action="store_true", help="leave the private stack running at the end")
+    a = ap.parse_args(argv)
+    a.stop_cap = a.stop_cap or (10.0 if a.ci else 60.0)
+    a.fault_gap = tuple(float(x) for x in (a.fault_gap or ("3,8" if a.ci else "5,15")).split(","))
+    a.quiesce_deadline = a.quiesce_deadline or (180.0 if a.ci else 420.0)
+    a.hold_ttl = a.hold_ttl or (30 if a.ci else 60)
+    return a
+
+
+class Run:
+    def __init__(self, a):
+        self.a = a
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.dir = a.run_dir or os.path.join("/tmp/stocksvr-chaos", f"seed{a.seed}-{stamp}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.history = history_mod.History(os.path.join(self.dir, "history.jsonl"))
+        settings = {
+            "STOCKSVR__RESERVATION__HOLD_TTL_SECS": str(a.hold_ttl),
+            "STOCKSVR__LOG__FILTER": "info,librdkafka=warn,sqlx=warn",
+        }
+        self.system = System(REPO, self.dir, a.port_base, a.cache, a.bin, self.history, settings)
+        self.state = None
+        self.faults = None
+        self.workload = None
+        self.producer = None
+        self.times = collections.OrderedDict()
+        self.anomalies = []
+        self.notes = []
+        self.rebuild_available = False
+
+    def phase(self, name):
+        log(name)
+        self.history.record("phase", name=name)
+
+    def anomaly(self, check, ids, detail):
+        self.anomalies.append({"check": check, "ids": ids, "detail": detail})
+
+    # ---- setup --------------------------------------------------------------------------
+
+    def setup(self):
+        a, s = self.a, self.system
+        self.phase(f"setup: private stack in {s.stack_dir} on ports {a.port_base}+ (kafka {s.port['kafka']}, "
+                   f"mariadb {s.port['mariadb']}, redis {s.port['redis']}, registry {s.port['registry']})")
+        t0 = time.monotonic()
+        s.stack_up()
+        s.toxiproxy("up")
+        self.times["stack up"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        for args in (("migrate",), ("topics", "apply"), ("schemas", "register")):
+            rc, out, err = s.cli(*args, timeout=300)
+            if rc != 0:
+                raise RuntimeError(f"stocksvr {' '.join(args)} failed ({rc}): {(out + err)[-500:]}")
+        rc, out, err = s.cli("bucket", "--help")
+        self.rebuild_available = "rebuild" in out
+        self.notes.append("`stocksvr bucket rebuild` " + ("exists: redis-empty can run" if self.rebuild_available
+                          else "does not exist (issue 10): fault kind redis-empty stays off"))
+        self.state = State(s.port["mariadb"], s.port["redis"], s.kafka_direct)
+        self.producer = EventProducer(self.history, s.kafka_direct, s.registry_url, os.path.join(REPO, "schemas"))
+        cfg = Config(ci=a.ci)
+        if a.workers:
+            cfg.workers = a.workers
+        today = dt.datetime.now(dt.timezone.utc).date()
+        reader = redis_lib.Redis(host="127.0.0.1", port=s.port["redis"], decode_responses=True,
+                                 socket_timeout=2, socket_connect_timeout=2)
+        self.workload = Workload(self.history, [s.api_url(r) for r in API_ROLES], self.producer, a.seed, cfg, today,
+                                 redis_direct=reader)
+        buckets = self.workload.plan_buckets()
+        for b in buckets:
+            rc, out, err = s.cli("bucket", "init", "--merchant-id", str(b.merchant), "--dish-id", str(b.dish),
+                                 "--total", str(b.totals[0]), "--date", b.date.isoformat())
+            self.history.record("bucket_init", bucket=b.bucket_id, total=b.totals[0], hot=b.hot, rc=rc,
+                                output=(out + err)[-300:])
+            if rc != 0:
+                raise RuntimeError(f"stocksvr bucket init {b.bucket_id} failed ({rc}): {(out + err)[-300:]}")
+        # Warm the serializers: schema ids cached before any registry fault.
+        for name in ("OrderCreated", "OrderCreatedFailed", "OrderCanceled", "RefundRequested"):
+            with open(os.path.join(REPO, "schemas", "examples", f"{name}.json"), encoding="utf-8") as f:
+                self.producer.serialize(name, json.load(f))
+        self.producer.start()
+        for role in ROLES:
+            s.start_role(role)
+        for role in ROLES:
+            if not s.wait_healthy(role, 90):
+                raise RuntimeError(f"role {role} did not answer /healthz (log: {s.logs}/role-{role}.log)")
+        self.times["setup (migrate, topics, schemas, buckets, roles)"] = time.monotonic() - t0
+
+    # ---- the run ------------------------------------------------------------------------
+
+    def run_workload(self):
+        a = self.a
+        kinds = [] if a.faults == "none" else faults_mod.parse_kinds(a.faults)
+        if "redis-empty" in kinds and not self.rebuild_available:
+            kinds.remove("redis-empty")
+            self.notes.append("redis-empty was asked for but removed: no `stocksvr bucket rebuild`")
+        self.faults = faults_mod.Faults(self.system, self.history, a.seed, kinds, a.stop_cap, a.fault_gap,
+                                        self.rebuild_available)
+        self.phase(f"workload for {a.minutes} min, seed {a.seed}, faults: {', '.join(kinds) or 'none'}")
+        t0 = time.monotonic()
+        self.workload.start()
+        self.faults.start()
+        end = t0 + a.minutes * 60
+        next_report = t0 + 30
+        while time.monotonic() < end:
+            time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+            # A role that died by itself (not by a fault) is restarted, and recorded.
+            # (Not while a fault holds the lock: it may be restarting that role itself.)
+            if self.faults.lock.acquire(blocking=False):
+                try:
+                    for role in ROLES:
+                        if role in self.system.procs and not self.system.role_alive(role):
+                            self.role_exited(role, "the workload")
+                            self.system.start_role(role)
+                finally:
+                    self.faults.lock.release()
+            if time.monotonic() >= next_report:
+                next_report += 30
+                c = self.workload.counts
+                log(f"  {int(time.monotonic() - t0)}s: orders {self.workload.order_index}, trys "
+                    f"{c.get('try single', 0) + c.get('try order', 0)}, events acked {self.producer.acked}, "
+                    f"faults {sum(self.faults.counts.values())}")
+        self.phase("stopping faults and workload")
+        self.faults.stop()
+        alive = self.workload.stop()
+        if alive:
+            self.notes.append(f"workload threads still running at stop: {alive}")
+        left = self.producer.finish(180)
+        if left:
+            self.notes.append(f"{left} order events not acknowledged by Kafka at the end")
+        self.times["workload"] = time.monotonic() - t0
+
+    def role_exited(self, role, during):
+        """A role process that ended without being killed by a fault: an anomaly (a dependency
+        fault must not stop a processor; seed 10, issue 9.4), with its exit status, the last
+        error it logged, and the faults of the 30 s before."""
+        p = self.system.procs.get(role)
+        rc = None if p is None else p.returncode
+        self.system.reap(role)
+        now = time.monotonic()
+        recent = []
+        for r in history_mod.load(self.history.path):
+            if r["kind"] == "fault_start" and now - r["mono"] < 30:
+                recent.append(f"{r['fault_kind']}@{r['wall'][11:19]}")
+        self.anomaly("role_exited", {"role": role, "returncode": rc, "pid": None if p is None else p.pid},
+                     f"exited by itself during {during} (restarted); faults in the 30 s before: "
+                     f"{recent or 'none'}; last error: {self.system.exit_reason(role)}")
+
+    def heal(self):
+        """Undo every fault: toxics off, servers running and continued, every role running."""
+        s = self.system
+        s.toxi_reset()
+        for server in SERVERS:
+            pid = s.server_pid(server)
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        s.stack_up()
+        for role in ROLES:
+            if not s.role_alive(role):
+                if role in s.procs:
+                    self.role_exited(role, "healing")
+                s.start_role(role)
+
+    def quiesce(self, name):
+        self.phase(f"quiescence ({name}): outbox empty, consumer lag 0, no intermediate reservation, "
+                   f"WAL done, due scheduled confirms done, stale RESERVED rows alerted")
+        shown = [0.0]
+
+        def tick(p):
+            for role in ROLES:
+                if role in self.system.procs and not self.system.role_alive(role):
+                    self.role_exited(role, f"quiescence ({name})")
+                    self.system.start_role(role)
+            # Progress every 10 s, short: the full last state goes to the history at the end.
+            if time.monotonic() - shown[0] >= 10:
+                shown[0] = time.monotonic()
+                log(f"  pending: {json.dumps(p)[:300]}")
+        ok, secs, pending = self.state.wait_quiescent(self.a.quiesce_deadline, on_tick=tick,
+                                                      hold_ttl_grace=45)
+        self.history.record("quiescence", name=name, ok=ok, seconds=secs, pending=pending)
+        self.times[f"time to quiescence ({name})"] = secs
+        if not ok:
+            self.anomaly("quiescence", {"phase": name}, f"not quiescent after {secs}s: {json.dumps(pending)[:600]}")
+        return ok
+
+    def check(self):
+        self.phase("checking the history and the final state")
+        records = history_mod.load(self.history.path)
+        checker = Checker(records, self.workload.bucket_plan(), self.state)
+        found = checker.run()
+        self.anomalies.extend(found)
+        self.checker = checker
+        for check, n in checker.per_check.items():
+            if n > checker.limit:
+                self.notes.append(f"{check}: {n} anomalies, only the first {checker.limit} listed")
+
+    def replay(self):
+        s = self.system
+        self.phase("replay: roles stopped, dump, every group to earliest, roles again, dump, compare")
+        t0 = time.monotonic()
+        s.stop_all_roles()
+        before = replay_mod.dump(self.state)
+        failures = replay_mod.reset_offsets(s, self.state, self.history)
+        for group, topic, out in failures:
+            self.anomaly("replay", {"group": group, "topic": topic}, f"offsets reset failed: {out}")
+        for role in ROLES:
+            s.start_role(role)
+        for role in ROLES:
+            s.wait_healthy(role, 90)
+        self.quiesce("after replay")
+        s.stop_all_roles()
+        after = replay_mod.dump(self.state)
+        self.replay_counts = {}
+        for check, ids, detail in replay_mod.diff(before, after, counts=self.replay_counts):
+            self.anomaly(check, ids, detail)
+        with open(os.path.join(self.dir, "dump-before-replay.json"), "w") as f:
+            json.dump(before, f, sort_keys=True)
+        with open(os.path.join(self.dir, "dump-after-replay.json"), "w") as f:
+            json.dump(after, f, sort_keys=True)
+        self.times["replay"] = time.monotonic() - t0
+
+    # ---- summary ------------------------------------------------------------------------
+
+    def summary(self):
+        records = history_mod.load(self.history.path)
+        ops = collections.Counter()
+        http = collections.Counter()
+        for r in records:
+            if r["kind"] == "request":
+                ops[f"http {r['op_kind']}"] += 1
+            elif r["kind"] == "response":
+                http[f"{r['op_kind']} {r['status']}"] += 1
+            elif r["kind"] == "timeout":
+                http[f"{r['op_kind']} no answer"] += 1
+            elif r["kind"] == "produce_ack":
+                label = "invalid (intended dead letter)" if r.get("intended_dlt") else r.get("event_type")
+                ops[f"event acked {label}{' (duplicate)' if r.get('dup') else ''}"] += 1
+            elif r["kind"] == "produce_error":
+                ops["event NOT acked"] += 1
+            elif r["kind"] == "order":
+                ops[f"order fate {r['fate']}"] += 1
+        lines = []
+
+        def table(title, rows, headers):
+            lines.append("")
+            lines.append(title)
+            if not rows:
+                lines.append("  (none)")
+                return
+            w = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+            lines.append("  " + "  ".join(str(h).ljust(w[i]) for i, h in enumerate(headers)))
+            for r in rows:
+                lines.append("  " + "  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i])
+                                              for i, c in enumerate(r)))
+
+        table("operations", sorted(ops.items()), ("kind", "count"))
+        table("HTTP answers", sorted(http.items()), ("op status", "count"))
+        fc = self.faults.counts if self.faults else {}
+        table("faults", [(k, fc[k], f"{self.faults.seconds.get(k, 0):.0f}s") for k in sorted(fc)],
+              ("kind", "count", "time"))
+        an = collections.Counter(x["check"] for x in self.anomalies)
+        if getattr(self, "checker", None):
+            for check, n in self.checker.per_check.items():
+                an[check] = max(an[check], n)
+        # A replay anomaly is a table: count its differing rows (only 30 per kind are listed).
+        for check, n in getattr(self, "replay_counts", {}).items():
+            an[check] = n
+        table("anomalies (replay.*: rows or keys that differ)", sorted(an.items()), ("check", "count"))
+        table("times", [(k, f"{v:.1f}s") for k, v in self.times.items()], ("phase", "seconds"))
+        if getattr(self, "checker", None):
+            table("state", list(self.checker.stats.items()), ("what", "n"))
+        if self.faults and self.faults.failures:
+            lines.append("")
+            lines.append("faults that could not be injected:")
+            for k, d in self.faults.failures[:20]:
+                lines.append(f"  {k}: {d}")
+        if self.notes:
+            lines.append("")
+            lines.append("notes:")
+            for n in self.notes:
+                lines.append(f"  - {n}")
+        if self.anomalies:
+            lines.append("")
+            lines.append(f"anomalies ({len(self.anomalies)} listed; all in {self.dir}/anomalies.jsonl):")
+            shown = collections.Counter()
+            for x in self.anomalies:
+                shown[x["check"]] += 1
+                if shown[x["check"]] <= 6:
+                    lines.append(f"  ANOMALY {x['check']} {json.dumps(x['ids'], default=str)}: "
+                                 f"{str(x['detail'])[:500]}")
+                elif shown[x["check"]] == 7:
+                    lines.append(f"  ANOMALY {x['check']} ... (more in anomalies.jsonl)")
+        text = "\n".join(lines)
+        print(text, flush=True)
+        with open(os.path.join(self.dir, "summary.txt"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(self.dir, "anomalies.jsonl"), "w") as f:
+            for x in self.anomalies:
+                f.write(json.dumps(x, default=str) + "\n")
+                self.history.record("anomaly", **x)
+        with open(os.path.join(self.dir, "summary.json"), "w") as f:
+            json.dump({"seed": self.a.seed, "minutes": self.a.minutes, "operations": ops, "http": http,
+                       "faults": fc, "anomalies": an, "times": self.times, "notes": self.notes},
+                      f, indent=1, default=str)
+
+
+def main(argv):
+    a = parse_args(argv)
+    # SIGTERM (a CI timeout, Ctrl-C of the wrapper) unwinds like Ctrl-C: the finally block below
+    # still stops every process this run started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    run = Run(a)
+    log(f"run folder {run.dir} (history.jsonl, summary.txt, anomalies.jsonl, logs/)")
+    t0 = time.monotonic()
+    code = 2
+    try:
+        run.setup()
+        run.run_workload()
+        run.phase("healing: toxics removed, servers continued and up, every role running")
+        run.heal()
+        run.quiesce("after the workload")
+        run.check()
+        if not a.no_replay:
+            run.replay()
+        code = 1 if run.anomalies else 0
+    except Exception as e:
+        traceback.print_exc()
+        run.anomalies.append({"check": "run_failed", "ids": {}, "detail": f"{type(e).__name__}: {e}"})
+        code = 2
+    finally:
+        run.times["total"] = time.monotonic() - t0
+        try:
+            run.summary()
+        except Exception:
+            traceback.print_exc()
+        if run.state:
+            run.state.close()
+        if not a.keep:
+            log("stopping the roles, toxiproxy and the private stack")
+            run.system.kill_everything()
+        else:
+            log(f"--keep: the private stack stays up (STACK_DIR={run.system.stack_dir}, "
+                f"STACK_PORT_BASE={a.port_base})")
+        run.history.close()
+    verdict = {0: "no anomaly", 1: f"{len(run.anomalies)} anomalies", 2: "the run failed"}[code]
+    log(f"done in {time.monotonic() - t0:.0f}s: {verdict} (exit {code}); folder {run.dir}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,223 @@
+"""Reading the final state: MySQL rows, Redis keys, Kafka consumer lag; waiting for quiescence;
+dumps for the replay comparison.
+"""
+
+import json
+import time
+
+import pymysql
+import pymysql.cursors
+import redis as redis_lib
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+STATUS = {10: "PREPARING", 20: "RESERVED", 25: "CREATED_RESERVED", 30: "CONFIRMING", 40: "CONFIRMED",
+          50: "CANCELING", 60: "CANCELED", 70: "REJECTED", 80: "REFUNDING", 90: "REFUNDED"}
+INTERMEDIATE = (10, 30, 50, 80)
+TERMINAL = ("CONFIRMED", "CANCELED", "REJECTED", "REFUNDED")
+HOLDING = ("RESERVED", "CREATED_RESERVED")
+LEDGER_ACTION = {1: "INIT", 2: "TRY", 3: "CONFIRM", 4: "CANCEL", 5: "ADJUST", 6: "REFUND", 7: "REPAIR"}
+WAL_ACTION = {1: "INIT_BUCKET", 2: "ADJUST", 3: "REPAIR", 4: "CLOSE", 5: "ARCHIVE"}
+WAL_STATUS = {10: "INIT", 20: "EXECUTING", 30: "SUCCEEDED", 40: "RETRY", 50: "DEAD"}
+OUTBOX_SENT = 30
+
+# The consumer group of each processor and the topics it reads (dead-letter: every *.dlt).
+GROUP_TOPICS = {
+    "stocksvr.order-lifecycle": ["order.lifecycle.v1"],
+    "stocksvr.projector": ["inventory.stock-change.v1"],
+    "stocksvr.schedule": ["inventory.schedule.v1"],
+    "stocksvr.dead-letter": ["order.lifecycle.v1.dlt", "inventory.schedule.v1.dlt", "inventory.stock-change.v1.dlt"],
+}
+
+
+class State:
+    def __init__(self, mysql_port, redis_port, kafka_bootstrap):
+        self.mysql_args = dict(host="127.0.0.1", port=mysql_port, user="stocksvr", password="stocksvr",
+                               database="stocksvr", autocommit=True, connect_timeout=5, read_timeout=60,
+                               write_timeout=60, cursorclass=pymysql.cursors.DictCursor)
+        self.redis = redis_lib.Redis(host="127.0.0.1", port=redis_port, decode_responses=True,
+                                     socket_timeout=10, socket_connect_timeout=5)
+        self.kafka_bootstrap = kafka_bootstrap
+        self._admin = None
+        self._consumer = None
+
+    # ---- MySQL --------------------------------------------------------------------------
+
+    def query(self, sql, args=None):
+        conn = pymysql.connect(**self.mysql_args)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, args)
+                return list(cur.fetchall())
+        finally:
+            conn.close()
+
+    def tables(self):
+        return [list(r.values())[0] for r in self.query("SHOW TABLES")]
+
+    # ---- Kafka --------------------------------------------------------------------------
+
+    def admin(self):
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.kafka_bootstrap})
+        return self._admin
+
+    def consumer(self):
+        if self._consumer is None:
+            self._consumer = Consumer({"bootstrap.servers": self.kafka_bootstrap, "group.id": "chaos-checker",
+                                       "enable.auto.commit": False})
+        return self._consumer
+
+    def partitions(self, topic):
+        md = self.admin().list_topics(topic=topic, timeout=10)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            return []
+        return sorted(t.partitions)
+
+    def watermarks(self, topic):
+        out = {}
+        for p in self.partitions(topic):
+            out[p] = self.consumer().get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        return out
+
+    def committed(self, group):
+        fut = self.admin().list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
+        res = fut[group].result(timeout=15)
+        return {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions or []}
+
+    def lag(self):
+        """group -> {"topic:partition": records not yet committed} (only partitions with lag)."""
+        out = {}
+        for group, topics in GROUP_TOPICS.items():
+            committed = self.committed(group)
+            lags = {}
+            for topic in topics:
+                for p, (low, high) in self.watermarks(topic).items():
+                    c = committed.get((topic, p), -1001)
+                    start = c if c >= 0 else low
+                    if high - start > 0:
+                        lags[f"{topic}:{p}"] = high - start
+            if lags:
+                out[group] = lags
+        return out
+
+    def topic_records(self, topic):
+        return sum(high - low for low, high in self.watermarks(topic).values())
+
+    # ---- quiescence ---------------------------------------------------------------------
+
+    def pending(self, hold_ttl_grace=45):
+        """What keeps the system from being quiescent (empty dict = quiescent)."""
+        p = {}
+        rows = self.query("SELECT status, COUNT(*) n FROM inventory_outbox WHERE status <> %s GROUP BY status",
+                          (OUTBOX_SENT,))
+        if rows:
+            p["outbox"] = {str(r["status"]): r["n"] for r in rows}
+        rows = self.query("SELECT status, COUNT(*) n FROM inventory_reservation WHERE status IN (10,30,50,80) "
+                          "AND dead = 0 GROUP BY status")
+        if rows:
+            p["intermediate_reservations"] = {STATUS[r["status"]]: r["n"] for r in rows}
+        rows = self.query("SELECT status, COUNT(*) n FROM inventory_operation_wal WHERE status IN (10,20,40) "
+                          "GROUP BY status")
+        if rows:
+            p["wal"] = {WAL_STATUS[r["status"]]: r["n"] for r in rows}
+        # Scheduled confirms due (the wheel or the 30 s scan must have confirmed them).
+        rows = self.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status = 25 AND dead = 0 "
+                          "AND processing_time < UTC_TIMESTAMP(3) - INTERVAL 60 SECOND")
+        if rows and rows[0]["n"]:
+            p["scheduled_overdue"] = rows[0]["n"]
+        # Scheduled confirms not due yet: their outcome is part of the check, so wait for them.
+        rows = self.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status = 25 AND dead = 0 "
+                          "AND processing_time >= UTC_TIMESTAMP(3) - INTERVAL 60 SECOND")
+        if rows and rows[0]["n"]:
+            p["scheduled_not_due"] = rows[0]["n"]
+        # RESERVED rows the stale watcher (every 30 s) should have alerted by now.
+        rows = self.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status = 20 AND dead = 0 "
+                          "AND stale_alerted_at IS NULL AND expire_at < UTC_TIMESTAMP(3) - INTERVAL %s SECOND",
+                          (hold_ttl_grace,))
+        if rows and rows[0]["n"]:
+            p["stale_not_alerted"] = rows[0]["n"]
+        rows = self.query("SELECT COUNT(*) n, TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(3), MAX(expire_at)) s "
+                          "FROM inventory_reservation WHERE status = 20 AND dead = 0 AND stale_alerted_at IS NULL")
+        if rows and rows[0]["n"]:
+            p["reserved_not_yet_stale"] = {"rows": rows[0]["n"], "latest_expiry_in_s": rows[0]["s"]}
+        lag = self.lag()
+        if lag:
+            p["consumer_lag"] = lag
+        return p
+
+    def wait_quiescent(self, deadline_s, stable_s=3.0, tick=1.0, on_tick=None, hold_ttl_grace=45):
+        """Poll until nothing is pending twice, stable_s apart. Returns (ok, seconds, last pending)."""
+        t0 = time.monotonic()
+        end = t0 + deadline_s
+        last = None
+        quiet_since = None
+        while True:
+            try:
+                last = self.pending(hold_ttl_grace)
+            except (pymysql.MySQLError, KafkaException, OSError) as e:
+                last = {"error": f"{type(e).__name__}: {e}"}
+            now = time.monotonic()
+            if not last:
+                quiet_since = quiet_since or now
+                if now - quiet_since >= stable_s:
+                    return True, round(now - t0, 1), {}
+            else:
+                quiet_since = None
+            if now > end:
+                return False, round(now - t0, 1), last
+            if on_tick:
+                on_tick(last)
+            time.sleep(tick)
+
+    # ---- Redis --------------------------------------------------------------------------
+
+    def redis_keys(self, pattern="*"):
+        return sorted(self.redis.scan_iter(match=pattern, count=1000))
+
+    def redis_dump(self):
+        """key -> (type, value) for every key; hashes as dicts, sorted sets as [member, score]."""
+        out = {}
+        for k in self.redis_keys():
+            t = self.redis.type(k)
+            if t == "hash":
+                v = self.redis.hgetall(k)
+            elif t == "string":
+                v = self.redis.get(k)
+            elif t == "zset":
+                v = [[m, s] for m, s in self.redis.zrange(k, 0, -1, withscores=True)]
+            elif t == "set":
+                v = sorted(self.redis.smembers(k))
+            elif t == "list":
+                v = self.redis.lrange(k, 0, -1)
+            else:
+                v = None
+            out[k] = (t, v)
+        return out
+
+    def close(self):
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def jsonable(v):
+    if isinstance(v, (bytes, bytearray)):
+        try:
+            return v.decode()
+        except UnicodeDecodeError:
+            return "0x" + v.hex()
+    if hasattr(v, "isoformat"):
+        return v.isoformat()
+    if v is not None and not isinstance(v, (int, float, str, bool, list, dict)):
+        return str(v)
+    return v
+
+
+def row(r):
+    return {k: jsonable(v) for k, v in r.items()}
+
+
+def dumps(v):
+    return json.dumps(v, sort_keys=True, default=str)

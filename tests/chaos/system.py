@@ -1,0 +1,273 @@
+"""The system under test: a private stack (scripts/stack with its own STACK_DIR and port base),
+toxiproxy in front of MySQL, Redis and Kafka (scripts/toxiproxy), and the stocksvr roles as
+separate processes pointed at the proxies.
+
+Ports (B = --port-base): the servers as scripts/stack documents (mariadb B+7, redis B+80,
+registry B+81, kafka B+92), the proxies at server + 100 (B+107, B+180, B+192), the toxiproxy
+API at B+174, and the roles' HTTP listeners at B+41..B+46 (see ROLES).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+# role name -> (stocksvr subcommand, HTTP port offset). `order-lifecycle` and `all` serve the API.
+ROLES = {
+    "order-lifecycle": ("order-lifecycle", 41),
+    "outbox-relay": ("outbox-relay", 42),
+    "projector": ("projector", 43),
+    "dead-letter": ("dead-letter", 44),
+    "schedule": ("schedule", 45),
+    "all": ("all", 46),
+}
+API_ROLES = ("order-lifecycle", "all")
+SERVERS = ("mariadb", "redis", "kafka", "registry")
+
+
+class StackError(RuntimeError):
+    """A script of the private stack failed (its log says why)."""
+
+
+class System:
+    def __init__(self, repo, run_dir, base, cache, binary, history, settings):
+        self.repo = repo
+        self.run_dir = run_dir
+        self.base = base
+        self.binary = binary
+        self.history = history
+        self.settings = settings  # extra STOCKSVR__ variables for the roles
+        self.stack_dir = os.path.join(run_dir, "stack")
+        self.logs = os.path.join(run_dir, "logs")
+        os.makedirs(self.logs, exist_ok=True)
+        self.env = dict(os.environ)
+        self.env.update(
+            STACK_DIR=self.stack_dir,
+            STACK_CACHE=cache,
+            STACK_PORT_BASE=str(base),
+            STACK_KAFKA_PROXIED="1",
+        )
+        # Never inherit a caller's STOCKSVR__ settings (e.g. the shared stack's): every
+        # value the roles and commands see is set below.
+        for k in list(self.env):
+            if k.startswith("STOCKSVR__") or k == "STOCKSVR_CONFIG":
+                del self.env[k]
+        self.port = {
+            "mariadb": base + 7,
+            "redis": base + 80,
+            "registry": base + 81,
+            "kafka": base + 92,
+        }
+        self.proxy_port = {"mysql": base + 107, "redis": base + 180, "kafka": base + 192}
+        self.toxiproxy_api = f"http://127.0.0.1:{base + 174}"
+        self.registry_url = f"http://127.0.0.1:{self.port['registry']}/apis/ccompat/v7"
+        self.kafka_direct = f"127.0.0.1:{self.port['kafka']}"
+        self.procs = {}  # role -> Popen
+        self.started_at = {}
+
+    # ---- scripts -------------------------------------------------------------------------
+
+    def _script(self, name, *args, timeout=600, check=True):
+        cmd = [os.path.join(self.repo, "scripts", name), *args]
+        with open(os.path.join(self.logs, f"{name}.log"), "a") as log:
+            log.write(f"\n$ {' '.join(cmd)}\n")
+            log.flush()
+            p = subprocess.run(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+        if check and p.returncode != 0:
+            raise StackError(f"scripts/{name} {' '.join(args)} failed with {p.returncode} "
+                               f"(log: {self.logs}/{name}.log)")
+        return p.returncode
+
+    def stack_up(self, *servers, timeout=600):
+        return self._script("stack", "up", *(servers or SERVERS), timeout=timeout)
+
+    def stack_down(self):
+        return self._script("stack", "down", timeout=300, check=False)
+
+    def server_pid(self, server):
+        p = subprocess.run([os.path.join(self.repo, "scripts", "stack"), "pid", server], env=self.env,
+                           capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            return None
+        return int(p.stdout.strip())
+
+    def toxiproxy(self, *args, timeout=900, check=True):
+        return self._script("toxiproxy", *args, timeout=timeout, check=check)
+
+    # ---- toxiproxy API -------------------------------------------------------------------
+
+    def toxi(self, method, path, body=None, timeout=5):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.toxiproxy_api + path, data=data, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                raw = r.read()
+                return r.status, (json.loads(raw) if raw else None)
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+
+    def add_toxic(self, proxy, name, toxic_type, attributes, stream="downstream"):
+        return self.toxi("POST", f"/proxies/{proxy}/toxics",
+                         {"name": name, "type": toxic_type, "stream": stream, "toxicity": 1.0,
+                          "attributes": attributes})
+
+    def remove_toxic(self, proxy, name):
+        return self.toxi("DELETE", f"/proxies/{proxy}/toxics/{name}")
+
+    def toxi_reset(self):
+        return self.toxi("POST", "/reset")
+
+    # ---- stocksvr commands ---------------------------------------------------------------
+
+    def direct_env(self):
+        """stocksvr settings straight to the servers (setup, operator commands, checker)."""
+        env = dict(self.env)
+        env.update({
+            "STOCKSVR__KAFKA__BROKERS": self.kafka_direct,
+            "STOCKSVR__REGISTRY__URL": self.registry_url,
+            "STOCKSVR__MYSQL__URL": f"mysql://stocksvr:stocksvr@127.0.0.1:{self.port['mariadb']}/stocksvr",
+            "STOCKSVR__REDIS__URL": f"redis://127.0.0.1:{self.port['redis']}/",
+            "STOCKSVR__HTTP__LISTEN": f"127.0.0.1:{self.base + 88}",
+            "STOCKSVR__KAFKA__TOPICS_FILE": os.path.join(self.repo, "topics.yaml"),
+            "RUST_LOG": "warn",
+        })
+        env.update(self.settings)
+        return env
+
+    def role_env(self, role):
+        """A role's settings: MySQL, Redis and Kafka through toxiproxy, the registry direct."""
+        env = self.direct_env()
+        env.update({
+            "STOCKSVR__KAFKA__BROKERS": f"127.0.0.1:{self.proxy_port['kafka']}",
+            "STOCKSVR__MYSQL__URL": f"mysql://stocksvr:stocksvr@127.0.0.1:{self.proxy_port['mysql']}/stocksvr",
+            "STOCKSVR__REDIS__URL": f"redis://127.0.0.1:{self.proxy_port['redis']}/",
+            "STOCKSVR__HTTP__LISTEN": f"127.0.0.1:{self.role_port(role)}",
+            "STOCKSVR__KAFKA__CLIENT_ID": f"chaos-{role}",
+        })
+        env.pop("RUST_LOG", None)
+        return env
+
+    def cli(self, *args, timeout=120):
+        """Run a stocksvr command straight against the servers; (returncode, stdout, stderr)."""
+        p = subprocess.run([self.binary, *args], env=self.direct_env(), cwd=self.repo,
+                           capture_output=True, text=True, timeout=timeout)
+        with open(os.path.join(self.logs, "cli.log"), "a") as log:
+            log.write(f"\n$ stocksvr {' '.join(args)}\n-> {p.returncode}\n{p.stdout}{p.stderr}")
+        return p.returncode, p.stdout, p.stderr
+
+    # ---- roles ---------------------------------------------------------------------------
+
+    def role_port(self, role):
+        return self.base + ROLES[role][1]
+
+    def api_url(self, role):
+        return f"http://127.0.0.1:{self.role_port(role)}"
+
+    def start_role(self, role):
+        self.reap(role)
+        log = open(os.path.join(self.logs, f"role-{role}.log"), "a")
+        log.write(f"\n==== start {time.strftime('%H:%M:%S')} ====\n")
+        log.flush()
+        p = subprocess.Popen([self.binary, ROLES[role][0]], env=self.role_env(role), cwd=self.repo,
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        log.close()
+        self.procs[role] = p
+        self.started_at[role] = time.monotonic()
+        self.history.record("role", role=role, action="start", pid=p.pid)
+        return p.pid
+
+    def role_alive(self, role):
+        p = self.procs.get(role)
+        return p is not None and p.poll() is None
+
+    def reap(self, role):
+        p = self.procs.get(role)
+        if p is not None and p.poll() is not None:
+            self.history.record("role", role=role, action="exited", pid=p.pid, returncode=p.returncode)
+            del self.procs[role]
+
+    def exit_reason(self, role):
+        """The last error a role logged in its latest run (its log is appended per start)."""
+        try:
+            with open(os.path.join(self.logs, f"role-{role}.log"), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 65536))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        last = text.split("==== start")[-1].splitlines()
+        for line in reversed(last):
+            if line.startswith("stocksvr:") or " ERROR " in line or "panicked" in line:
+                return line.strip()[:500]
+        return last[-1].strip()[:500] if last else None
+
+    def kill_role(self, role, sig=signal.SIGKILL):
+        p = self.procs.get(role)
+        if p is None or p.poll() is not None:
+            return None
+        os.kill(p.pid, sig)
+        if sig == signal.SIGKILL:
+            p.wait(timeout=30)
+            self.history.record("role", role=role, action="killed", pid=p.pid, signal="SIGKILL")
+            del self.procs[role]
+        return p.pid
+
+    def stop_role(self, role, grace=25.0):
+        """SIGTERM, wait for the drain (README: within 15 s), SIGKILL after `grace` seconds."""
+        p = self.procs.get(role)
+        if p is None:
+            return None
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=30)
+                self.history.record("role", role=role, action="sigterm-ignored", pid=p.pid, grace=grace)
+        self.history.record("role", role=role, action="stopped", pid=p.pid, returncode=p.returncode)
+        del self.procs[role]
+        return p.returncode
+
+    def wait_healthy(self, role, deadline_s=60.0):
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if not self.role_alive(role):
+                return False
+            try:
+                with urllib.request.urlopen(self.api_url(role) + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        return True
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
+        return False
+
+    def stop_all_roles(self):
+        for role in list(self.procs):
+            self.stop_role(role)
+
+    def kill_everything(self):
+        """Last-resort cleanup: the roles we started, then the private servers and toxiproxy."""
+        for role, p in list(self.procs.items()):
+            if p.poll() is None:
+                p.kill()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+        self.procs.clear()
+        # A SIGSTOPped server would ignore the SIGTERM of `stack down`.
+        for s in SERVERS:
+            pid = self.server_pid(s)
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        self.toxiproxy("down", check=False, timeout=60)
+        self.stack_down()
