@@ -14,6 +14,7 @@ Example:
 """
 
 import argparse
+import faulthandler
 import os
 import json
 import struct
@@ -39,6 +40,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the record")
     ap.add_argument("--meta", action="store_true", help="wrap the value with key, position and schema id")
     args = ap.parse_args()
+    # A hang anywhere (a registry or broker call without a timeout) must end the process with
+    # the stack that hung, not run into the caller's limit with nothing to show.
+    faulthandler.dump_traceback_later(getattr(args, "timeout", 30.0) + 15, exit=True)
 
     deserializer = AvroDeserializer(SchemaRegistryClient({"url": args.registry}))
     consumer = Consumer({

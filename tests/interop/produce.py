@@ -17,6 +17,7 @@ Example:
 """
 
 import argparse
+import faulthandler
 import json
 import struct
 import sys
@@ -42,6 +43,9 @@ def main() -> int:
     ap.add_argument("--key", help="record key; default: the payload's partition_key field")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the ack")
     args = ap.parse_args()
+    # A hang anywhere (a registry or broker call without a timeout) must end the process with
+    # the stack that hung, not run into the caller's limit with nothing to show.
+    faulthandler.dump_traceback_later(getattr(args, "timeout", 30.0) + 15, exit=True)
 
     with open(args.schema_file, encoding="utf-8") as f:
         schema_str = f.read()

@@ -45,6 +45,17 @@ impl ApiError {
         }
     }
 
+    pub fn conflict(error: &'static str, field: Option<&str>, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::CONFLICT,
+            body: ErrorBody {
+                error,
+                field: field.map(str::to_string),
+                message: message.into(),
+            },
+        }
+    }
+
     pub fn not_found(error: &'static str, message: impl Into<String>) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,

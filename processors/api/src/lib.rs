@@ -23,8 +23,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_core::events::OrderType;
+use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_reservation::view::ReservationView;
-use stocksvr_reservation::{ReservationService, TryRequest};
+use stocksvr_reservation::{ReservationService, TryRequest, REJECTED_ORDER_FAILED};
+use stocksvr_store::deadline::Deadline;
+use stocksvr_store::reservations::Reservation;
 use tokio::sync::OnceCell;
 use utoipa::OpenApi;
 
@@ -220,10 +223,29 @@ pub fn router(state: ApiState) -> Router {
 }
 
 fn parse_id(field: &str, raw: &str) -> Result<u64, ApiError> {
-    raw.parse::<u64>()
-        .ok()
-        .filter(|v| *v > 0)
-        .ok_or_else(|| ApiError::invalid(field, format!("must be a positive integer, got {raw:?}")))
+    stocksvr_core::ids::parse_id(raw).map_err(|message| ApiError::invalid(field, message))
+}
+
+/// A Try whose order failed before it (the order fence, or an OrderCreatedFailed that won
+/// the race and cancelled it): a 409, since nothing is held and nothing will be.
+fn order_failed(reservation: &Reservation) -> Option<ApiError> {
+    let failed = reservation.reject_reason.as_deref() == Some(REJECTED_ORDER_FAILED)
+        || matches!(
+            reservation.status(),
+            Ok(ReservationStatus::Canceling | ReservationStatus::Canceled)
+        );
+    failed.then(|| {
+        ApiError::conflict(
+            "order_failed",
+            Some("order_id"),
+            format!(
+                "order {} failed (OrderCreatedFailed) before this Try could hold stock: nothing is held; reservation {} is {}",
+                reservation.order_id,
+                reservation.id,
+                reservation.status_name()
+            ),
+        )
+    })
 }
 
 /// Try one dish of one order item.
@@ -233,7 +255,7 @@ fn parse_id(field: &str, raw: &str) -> Result<u64, ApiError> {
         (status = 200, description = "Repeat of an earlier Try: its first outcome", body = TryResponse),
         (status = 400, description = "A field is invalid", body = ErrorBody),
         (status = 404, description = "No stock bucket for this dish and day", body = ErrorBody),
-        (status = 409, description = "Stock disabled or bucket closed", body = ErrorBody),
+        (status = 409, description = "Stock disabled, bucket closed, or the order failed before this Try (order_failed): nothing is held", body = ErrorBody),
         (status = 503, description = "Redis or MySQL unavailable; retry the same request", body = ErrorBody)))]
 async fn try_reservation(
     State(state): State<ApiState>,
@@ -252,6 +274,9 @@ async fn try_reservation(
             processing_time: body.processing_time,
         })
         .await?;
+    if let Some(refused) = order_failed(&reply.reservation) {
+        return Err(refused);
+    }
     let status = if reply.created {
         StatusCode::CREATED
     } else {
@@ -309,6 +334,13 @@ async fn try_order(
     let items: Vec<ItemOutcome> = results
         .into_iter()
         .map(|(item, result)| match result {
+            Ok(reply) if order_failed(&reply.reservation).is_some() => ItemOutcome {
+                order_item_id: item.order_item_id,
+                dish_id: item.dish_id,
+                status: Some(reply.reservation.status_name().to_string()),
+                error: order_failed(&reply.reservation).map(|e| e.body),
+                reservation: Some(ReservationView::from_row(&reply.reservation)),
+            },
             Ok(reply) => ItemOutcome {
                 order_item_id: item.order_item_id,
                 dish_id: item.dish_id,
@@ -407,6 +439,7 @@ async fn get_stock(
     )
     .bind(key.stock_bucket_id())
     .fetch_optional(service.pool())
+    .deadline()
     .await
     .map_err(|e| ApiError::unavailable(format!("mysql: {e}")))?;
     Ok(Json(StockResponse {

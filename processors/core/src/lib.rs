@@ -4,6 +4,7 @@
 pub mod backoff;
 pub mod bucket;
 pub mod events;
+pub mod ids;
 pub mod model;
 pub mod reservation;
 pub mod snowflake;

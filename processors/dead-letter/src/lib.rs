@@ -37,7 +37,6 @@ pub use store::{
     MAX_LIST_LIMIT,
 };
 
-use std::time::Duration;
 use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::consumer::LoopConfig;
 use stocksvr_pipeline::topics::{self, TopicSpec, TopicsError};
@@ -57,10 +56,6 @@ pub fn loop_config(topics: &[TopicSpec]) -> LoopConfig {
     config.raw = true;
     // One transaction per batch: parking is a row insert, cheap to group.
     config.max_batch = 50;
-    // Never give up on the database: the loop would dead-letter the dead letter to
-    // `<topic>.dlt.dlt`, which nobody consumes, and the record would be as good as lost.
-    config.max_retries = usize::MAX;
-    config.max_backoff = Duration::from_secs(30);
     config
 }
 
@@ -93,10 +88,5 @@ mod tests {
         assert!(config.raw);
         assert_eq!(config.max_batch, 50);
         assert_eq!(config.name, NAME);
-        assert_eq!(
-            config.max_retries,
-            usize::MAX,
-            "a dead letter is never given up"
-        );
     }
 }

@@ -11,6 +11,7 @@ use sqlx::MySqlPool;
 use std::time::Duration;
 use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::kafka;
+use stocksvr_store::deadline::Deadline;
 use stocksvr_telemetry::names;
 
 /// Header on a replayed record naming the dead letter it came from,
@@ -60,10 +61,11 @@ pub async fn replay(
     id: u64,
     force: bool,
 ) -> Result<ReplayOutcome, DlqError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     let row: Option<FullRow> = sqlx::query_as(&format!("{} FOR UPDATE", full_select()))
         .bind(id)
         .fetch_optional(&mut *tx)
+        .deadline()
         .await?;
     let parked = Parked::try_from(row.ok_or(DlqError::NotFound(id))?)?;
     let previous = parked.summary.status;
@@ -106,6 +108,7 @@ pub async fn replay(
     .bind(id)
     .bind(previous.code())
     .execute(&mut *tx)
+    .deadline()
     .await;
     let not_marked = |source: sqlx::Error| DlqError::NotMarked {
         id,
@@ -120,7 +123,7 @@ pub async fn replay(
         Ok(_) => return Err(not_marked(sqlx::Error::RowNotFound)),
         Err(e) => return Err(not_marked(e)),
     }
-    tx.commit().await.map_err(not_marked)?;
+    tx.commit().deadline().await.map_err(not_marked)?;
 
     metrics::counter!(names::DEAD_LETTERS_REPLAYED, "topic" => s.original_topic.clone())
         .increment(1);

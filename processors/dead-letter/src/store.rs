@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 use std::fmt;
 use std::str::FromStr;
+use stocksvr_store::deadline::Deadline;
 use stocksvr_telemetry::names;
 
 /// Upper bound of one `list` page, so one request cannot pull the whole table.
@@ -233,7 +234,7 @@ pub async fn list(pool: &MySqlPool, filter: &Filter) -> Result<Vec<ParkedSummary
     }
     q.push(" ORDER BY id LIMIT ")
         .push_bind(filter.limit.clamp(1, MAX_LIST_LIMIT));
-    let rows: Vec<SummaryRow> = q.build_query_as().fetch_all(pool).await?;
+    let rows: Vec<SummaryRow> = q.build_query_as().fetch_all(pool).deadline().await?;
     rows.into_iter().map(ParkedSummary::try_from).collect()
 }
 
@@ -242,6 +243,7 @@ pub async fn show(pool: &MySqlPool, id: u64) -> Result<Option<Parked>, DlqError>
     let row: Option<FullRow> = sqlx::query_as(&full_select())
         .bind(id)
         .fetch_optional(pool)
+        .deadline()
         .await?;
     row.map(Parked::try_from).transpose()
 }
@@ -267,6 +269,7 @@ pub async fn discard(pool: &MySqlPool, id: u64, reason: &str) -> Result<DiscardO
     .bind(id)
     .bind(Status::Parked.code())
     .execute(pool)
+    .deadline()
     .await?;
     if updated.rows_affected() == 1 {
         metrics::counter!(names::DEAD_LETTERS_DISCARDED).increment(1);
@@ -279,6 +282,7 @@ pub async fn discard(pool: &MySqlPool, id: u64, reason: &str) -> Result<DiscardO
         sqlx::query_as("SELECT status FROM inventory_dead_letter WHERE id = ?")
             .bind(id)
             .fetch_optional(pool)
+            .deadline()
             .await?;
     match status.map(|(code,)| (code, Status::from_code(code))) {
         None => Err(DlqError::NotFound(id)),

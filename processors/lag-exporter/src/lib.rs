@@ -107,6 +107,7 @@ pub async fn run(
         interval_secs = config.interval().as_secs(),
         "lag exporter started"
     );
+    export::register();
     let mut publisher = Publisher::default();
     let mut ticks = tokio::time::interval(config.interval());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -1,15 +1,21 @@
 //! order-lifecycle processor on `order.lifecycle.v1`: OrderCreated confirms instant orders
-//! and parks scheduled ones in CREATED_RESERVED; OrderCreatedFailed cancels every
-//! reservation of the order (a Try that never reached Redis becomes an empty rollback);
-//! OrderCanceled and RefundRequested refund (never cancel). A parked reservation is put on
-//! the schedule's time wheel, which confirms it at its processing_time.
+//! and parks scheduled ones in CREATED_RESERVED; OrderCreatedFailed fails the order (the
+//! order fence, then a cancel of every reservation it holds; a Try that never reached Redis
+//! becomes an empty rollback, one that arrives later is refused); OrderCanceled and
+//! RefundRequested refund (never cancel). A parked reservation is put on the schedule's time
+//! wheel, which confirms it at its processing_time.
 //!
 //! Delivery: at-least-once through the shared consumer loop; effects are applied once
 //! because every step is a CAS on the reservation state machine plus an idempotent Lua
-//! operation, so a redelivered event finds its work done. Records of one order (key
-//! order_id) stay in partition order, but correctness never depends on it: an event that
-//! arrives too early (its Try still PREPARING) is retried in place, a conflicting one
-//! (Confirm after Cancel) is reported to the order domain and not retried.
+//! operation, and a handled event is recorded in the consumer inbox, so a replay of the
+//! topic recognises it instead of judging it again against a later state.
+//!
+//! Order: records of one order (key order_id) are handled in partition order, but an event
+//! that cannot apply *yet* (a RefundRequested before its OrderCreated, an OrderCreated while
+//! its Try is still PREPARING) does not hold the partition: it is parked durably and applied
+//! as soon as the state it waits for is reached: right after the order's next event applies,
+//! or by the re-driver with backoff. Only an event that can never apply is dead-lettered; a
+//! conflicting one (Confirm after Cancel) is reported to the order domain and not retried.
 
 mod plan;
 
@@ -19,13 +25,18 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use stocksvr_core::events::{topics, EventKind};
 use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_pipeline::config::KafkaSettings;
-use stocksvr_pipeline::consumer::{Applied, Failure, Handler, LoopConfig, Record};
+use stocksvr_pipeline::consumer::{Applied, Failure, LoopConfig, Record, RecordHandler};
+use stocksvr_pipeline::periodic::{self, Cadence, Round};
 use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError};
+use stocksvr_store::order_events::{self, DeferredStatus, NewDeferred};
 use stocksvr_store::reservations::Reservation;
 use stocksvr_store::wheel::TimeWheel;
+use stocksvr_telemetry::names;
+use tokio::sync::watch;
 
 pub const NAME: &str = "order-lifecycle";
 
@@ -33,16 +44,36 @@ pub fn loop_config(kafka: &KafkaSettings) -> LoopConfig {
     LoopConfig::new(NAME, vec![kafka.topic(topics::ORDER_LIFECYCLE)])
 }
 
+/// The consumer group, which is also the inbox's and the parked events' `consumer_group`.
+pub fn group_name(kafka: &KafkaSettings) -> String {
+    format!("{}.{NAME}", kafka.group_prefix)
+}
+
+/// First delay before a parked event is tried again by the re-driver; doubles per attempt.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+/// Longest delay between two re-drives of a parked event.
+const MAX_RETRY: Duration = Duration::from_secs(300);
+
 pub struct OrderLifecycle {
     service: Arc<ReservationService>,
+    group: String,
     /// Where a parked scheduled reservation gets its timer; None: left to the schedule scan.
     wheel: Option<TimeWheel>,
 }
 
+/// What applying one event came to.
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    Settled(Applied),
+    /// It cannot apply yet; the reason names what it waits for.
+    Wait(String),
+}
+
 impl OrderLifecycle {
-    pub fn new(service: Arc<ReservationService>) -> Self {
+    pub fn new(service: Arc<ReservationService>, group: impl Into<String>) -> Self {
         Self {
             service,
+            group: group.into(),
             wheel: None,
         }
     }
@@ -56,36 +87,11 @@ impl OrderLifecycle {
 
     fn decode(record: &Record) -> Result<OrderEvent, Failure> {
         let name = record.event.full_name.as_str();
-        let invalid = |e: String| Failure::Invalid(format!("{name}: {e}"));
         let event = match EventKind::from_full_name(name) {
-            Some(EventKind::OrderCreated) => OrderEvent::Created(
-                record
-                    .event
-                    .clone()
-                    .into_typed(name)
-                    .map_err(|e| invalid(e.to_string()))?,
-            ),
-            Some(EventKind::OrderCreatedFailed) => OrderEvent::CreatedFailed(
-                record
-                    .event
-                    .clone()
-                    .into_typed(name)
-                    .map_err(|e| invalid(e.to_string()))?,
-            ),
-            Some(EventKind::OrderCanceled) => OrderEvent::Canceled(
-                record
-                    .event
-                    .clone()
-                    .into_typed(name)
-                    .map_err(|e| invalid(e.to_string()))?,
-            ),
-            Some(EventKind::RefundRequested) => OrderEvent::RefundRequested(
-                record
-                    .event
-                    .clone()
-                    .into_typed(name)
-                    .map_err(|e| invalid(e.to_string()))?,
-            ),
+            Some(EventKind::OrderCreated) => OrderEvent::Created(record.typed()?),
+            Some(EventKind::OrderCreatedFailed) => OrderEvent::CreatedFailed(record.typed()?),
+            Some(EventKind::OrderCanceled) => OrderEvent::Canceled(record.typed()?),
+            Some(EventKind::RefundRequested) => OrderEvent::RefundRequested(record.typed()?),
             _ => {
                 return Err(Failure::Invalid(format!(
                     "{name} is not an order lifecycle event"
@@ -98,8 +104,13 @@ impl OrderLifecycle {
             OrderEvent::Canceled(e) => e.check(name),
             OrderEvent::RefundRequested(e) => e.check(name),
         };
-        check.map_err(|e| invalid(e.to_string()))?;
+        check.map_err(|e| Failure::Invalid(format!("{name}: {e}")))?;
         Ok(event)
+    }
+
+    fn order_id(event: &OrderEvent) -> Result<u64, Failure> {
+        stocksvr_core::ids::check_id(u64::try_from(event.order_id()).unwrap_or(0))
+            .map_err(|e| Failure::Invalid(format!("order_id {}: {e}", event.order_id())))
     }
 
     #[tracing::instrument(skip_all, fields(topic = record.topic(), partition = record.partition(), offset = record.offset(), event = %record.event.full_name, event_id, order_id))]
@@ -108,9 +119,62 @@ impl OrderLifecycle {
         let span = tracing::Span::current();
         span.record("event_id", event.event_id());
         span.record("order_id", event.order_id());
-        let order_id = u64::try_from(event.order_id())
-            .map_err(|_| Failure::Invalid(format!("order id {} is not valid", event.order_id())))?;
-        let rows = self.service.list_order(order_id).await.map_err(classify)?;
+        let order_id = Self::order_id(&event)?;
+        let pool = self.service.pool();
+        if order_events::handled(pool, event.event_id(), &self.group)
+            .await
+            .map_err(|e| Failure::from_sqlx(&e))?
+        {
+            return Ok(Applied::Duplicate);
+        }
+        let applied = match self.apply(&event, order_id).await? {
+            Outcome::Settled(applied) => applied,
+            Outcome::Wait(waiting_for) => {
+                let parked = order_events::defer(
+                    pool,
+                    &NewDeferred {
+                        consumer_group: &self.group,
+                        order_id,
+                        event_id: event.event_id(),
+                        event_name: event.name(),
+                        topic: record.topic(),
+                        partition: record.partition(),
+                        offset: record.offset(),
+                        event: &event.to_json(),
+                        waiting_for: &waiting_for,
+                        first_retry: chrono::TimeDelta::from_std(FIRST_RETRY).unwrap_or_default(),
+                    },
+                )
+                .await
+                .map_err(|e| Failure::from_sqlx(&e))?;
+                if parked {
+                    tracing::info!(
+                        order_id,
+                        event_id = event.event_id(),
+                        waiting_for,
+                        "order event cannot apply yet: parked until its predecessor"
+                    );
+                }
+                Applied::Deferred
+            }
+        };
+        order_events::mark_handled(pool, event.event_id(), &self.group)
+            .await
+            .map_err(|e| Failure::from_sqlx(&e))?;
+        if applied != Applied::Deferred {
+            // This event may be what a parked one of the order waits for.
+            self.redrive(order_id).await?;
+        }
+        Ok(applied)
+    }
+
+    /// Applies `event` to its order's reservations.
+    async fn apply(&self, event: &OrderEvent, order_id: u64) -> Result<Outcome, Failure> {
+        let rows = self
+            .service
+            .list_order(order_id)
+            .await
+            .map_err(|e| e.failure())?;
         let known: HashMap<u64, Known> = rows
             .iter()
             .map(|r| {
@@ -123,23 +187,56 @@ impl OrderLifecycle {
                 )
             })
             .collect();
-        let ops = plan(&event, &known).map_err(Failure::Invalid)?;
-        let mut applied = Applied::Duplicate;
-        for (id, op) in ops {
-            let outcome = match &op {
-                Op::Confirm => self.service.confirm(id).await,
-                Op::MarkCreated => self.service.mark_created(id).await,
-                Op::Cancel => self.service.cancel(id).await,
-                Op::Refund {
-                    refund_id,
-                    quantity,
-                } => {
-                    self.service
-                        .refund(id, refund_id.as_deref(), *quantity)
-                        .await
+        let ops = plan(event, &known).map_err(Failure::Invalid)?;
+        let outcomes: Vec<(u64, Op, Result<IntentOutcome, ServiceError>)> = match event {
+            // The order fails as a whole: fence and cancel decisions in one transaction.
+            OrderEvent::CreatedFailed(e) => {
+                match self
+                    .service
+                    .fail_order(order_id, &e.event_id, e.data.reason.as_deref())
+                    .await
+                {
+                    Ok(outcomes) => outcomes
+                        .into_iter()
+                        .map(|(id, o)| (id, Op::Cancel, Ok(o)))
+                        .collect(),
+                    Err(e) => return Err(e.failure()),
                 }
             }
-            .map_err(classify)?;
+            _ => {
+                let mut outcomes = Vec::with_capacity(ops.len());
+                for (id, op) in ops {
+                    let result = match &op {
+                        Op::Confirm => self.service.confirm(id).await,
+                        Op::MarkCreated => self.service.mark_created(id).await,
+                        Op::Cancel => self.service.cancel(id).await,
+                        Op::Refund {
+                            refund_id,
+                            quantity,
+                        } => {
+                            self.service
+                                .refund(id, refund_id.as_deref(), *quantity)
+                                .await
+                        }
+                    };
+                    outcomes.push((id, op, result));
+                }
+                outcomes
+            }
+        };
+        let mut applied = Applied::Duplicate;
+        let mut waiting = Vec::new();
+        for (id, op, result) in outcomes {
+            let outcome = match result {
+                Ok(outcome) => outcome,
+                // The stores disagree on this reservation: the recovery worker owns it now
+                // (it settles it or marks it dead and alerts); the event waits for it.
+                Err(e @ ServiceError::Inconsistent { .. }) => {
+                    waiting.push(format!("reservation {id}: {e}"));
+                    continue;
+                }
+                Err(e) => return Err(e.failure()),
+            };
             if let (Op::MarkCreated, IntentOutcome::Done { reservation, .. }, Some(wheel)) =
                 (&op, &outcome, &self.wheel)
             {
@@ -148,15 +245,11 @@ impl OrderLifecycle {
             match outcome {
                 IntentOutcome::Done { already: false, .. } => applied = Applied::Applied,
                 IntentOutcome::Done { already: true, .. } => {}
-                // The Try (or a refund) has not settled yet: retry in place; the recovery
-                // worker settles it, and this event then applies.
-                IntentOutcome::NotYet { status } => {
-                    return Err(Failure::Retryable(format!(
-                        "reservation {id} is {} and cannot take {} yet",
-                        status.name(),
-                        op.name()
-                    )))
-                }
+                IntentOutcome::NotYet { status } => waiting.push(format!(
+                    "reservation {id} is {} and cannot take {} yet",
+                    status.name(),
+                    op.name()
+                )),
                 IntentOutcome::Conflict { status, reason } => {
                     let code = format!("CONFLICT_{}_IN_{}", op.name(), status.name());
                     tracing::warn!(
@@ -169,15 +262,135 @@ impl OrderLifecycle {
                     self.service
                         .report_conflict(id, event.event_id(), &code)
                         .await
-                        .map_err(classify)?;
+                        .map_err(|e| e.failure())?;
                     if applied == Applied::Duplicate {
                         applied = Applied::Conflict;
                     }
                 }
             }
         }
-        Ok(applied)
+        Ok(if waiting.is_empty() {
+            Outcome::Settled(applied)
+        } else {
+            Outcome::Wait(waiting.join("; "))
+        })
     }
+
+    /// Applies the parked events of `order_id`, oldest first. Each one applies now (it is
+    /// settled), is reported as a conflict, or keeps waiting with its next attempt backed off.
+    /// Returns how many were settled.
+    pub async fn redrive(&self, order_id: u64) -> Result<usize, Failure> {
+        let pool = self.service.pool();
+        let parked = order_events::waiting_of_order(pool, &self.group, order_id)
+            .await
+            .map_err(|e| Failure::from_sqlx(&e))?;
+        let mut settled = 0;
+        for d in parked {
+            let event = match OrderEvent::from_json(&d.event_name, d.event_json.clone()) {
+                Ok(event) => event,
+                Err(reason) => {
+                    // Written by this code, so this is a bug; keep it out of every round.
+                    tracing::error!(deferred_id = d.id, reason, "parked order event unreadable");
+                    order_events::settle(pool, d.id, DeferredStatus::Reported)
+                        .await
+                        .map_err(|e| Failure::from_sqlx(&e))?;
+                    continue;
+                }
+            };
+            let outcome = match self.apply(&event, order_id).await {
+                Ok(outcome) => outcome,
+                // Can never apply (the order's reservations changed under it): report it as
+                // settled; it was dead-letter material only once it could not wait any more.
+                Err(Failure::Invalid(reason)) => {
+                    tracing::warn!(deferred_id = d.id, event_id = %d.event_id, reason, "parked order event can no longer apply");
+                    Outcome::Settled(Applied::Conflict)
+                }
+                Err(other) => return Err(other),
+            };
+            match outcome {
+                Outcome::Settled(applied) => {
+                    let status = if applied == Applied::Conflict {
+                        DeferredStatus::Reported
+                    } else {
+                        DeferredStatus::Applied
+                    };
+                    order_events::settle(pool, d.id, status)
+                        .await
+                        .map_err(|e| Failure::from_sqlx(&e))?;
+                    settled += 1;
+                    tracing::info!(order_id, event_id = %d.event_id, waited_s = (chrono::Utc::now().naive_utc() - d.created_at).num_milliseconds() as f64 / 1000.0, "parked order event applied");
+                }
+                Outcome::Wait(waiting_for) => {
+                    let delay =
+                        stocksvr_core::backoff::jittered(d.attempts, FIRST_RETRY, MAX_RETRY);
+                    order_events::retry_later(
+                        pool,
+                        d.id,
+                        chrono::TimeDelta::from_std(delay).unwrap_or_default(),
+                        &waiting_for,
+                    )
+                    .await
+                    .map_err(|e| Failure::from_sqlx(&e))?;
+                }
+            }
+        }
+        Ok(settled)
+    }
+
+    /// One round of the re-driver: the orders whose parked events are due, and the gauges.
+    pub async fn redrive_due(&self, orders: u32) -> Result<Round, Failure> {
+        let pool = self.service.pool();
+        let due = order_events::due_orders(pool, &self.group, orders)
+            .await
+            .map_err(|e| Failure::from_sqlx(&e))?;
+        for order_id in &due {
+            self.redrive(*order_id).await?;
+        }
+        let (waiting, oldest) = order_events::waiting_summary(pool, &self.group)
+            .await
+            .map_err(|e| Failure::from_sqlx(&e))?;
+        metrics::gauge!(names::ORDER_EVENTS_DEFERRED).set(waiting as f64);
+        let age = oldest
+            .map(|t| {
+                (chrono::Utc::now().naive_utc() - t)
+                    .num_milliseconds()
+                    .max(0) as f64
+                    / 1000.0
+            })
+            .unwrap_or(0.0);
+        metrics::gauge!(names::ORDER_EVENTS_DEFERRED_OLDEST_SECONDS).set(age);
+        Ok(match due.len() {
+            n if n >= orders as usize => Round::Full,
+            0 => Round::Empty,
+            _ => Round::Partial,
+        })
+    }
+}
+
+impl RecordHandler for OrderLifecycle {
+    fn handle_one<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, Result<Applied, Failure>> {
+        self.one(record).boxed()
+    }
+}
+
+/// Re-drives parked order events until `stop`: every half second while some are due, backing
+/// off to 30 s while none are (an order's own next event re-drives it at once anyway).
+pub async fn run_redriver(
+    handler: Arc<OrderLifecycle>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), Failure> {
+    let cadence = Cadence::adaptive(Duration::from_millis(500), Duration::from_secs(30));
+    periodic::run("deferred order events", cadence, None, stop, || async {
+        Ok(match handler.redrive_due(100).await {
+            Ok(round) => round,
+            Err(Failure::Fatal(reason)) => return Err(Failure::Fatal(reason)),
+            Err(e) => {
+                tracing::warn!(failure = ?e, "re-driving parked order events failed; retrying");
+                Round::Failed
+            }
+        })
+    })
+    .await
 }
 
 /// Puts a reservation that OrderCreated just parked (or found parked, on a redelivery) on
@@ -203,37 +416,6 @@ pub async fn arm_created(wheel: &TimeWheel, reservation: &Reservation) {
             "failed"
         }
     };
-    metrics::counter!(stocksvr_telemetry::names::SCHEDULE_ARMED, "source" => "order_created", "outcome" => outcome).increment(1);
-}
-
-/// Service errors into the loop's three classes.
-fn classify(e: ServiceError) -> Failure {
-    match e {
-        ServiceError::Invalid { .. }
-        | ServiceError::OverRefund { .. }
-        | ServiceError::NotFound(_) => Failure::Invalid(e.to_string()),
-        ServiceError::BucketNotFound(_) | ServiceError::BucketUnavailable { .. } => {
-            Failure::Invalid(e.to_string())
-        }
-        // Redis/MySQL unavailable, or a row that needs the recovery worker: retry, then DLT.
-        ServiceError::OutcomeUnknown { .. }
-        | ServiceError::Mysql(_)
-        | ServiceError::Inconsistent { .. } => Failure::Retryable(e.to_string()),
-    }
-}
-
-impl Handler for OrderLifecycle {
-    fn handle<'a>(
-        &'a self,
-        batch: &'a [Record],
-    ) -> BoxFuture<'a, Result<Vec<Result<Applied, Failure>>, Failure>> {
-        async move {
-            let mut results = Vec::with_capacity(batch.len());
-            for record in batch {
-                results.push(self.one(record).await);
-            }
-            Ok(results)
-        }
-        .boxed()
-    }
+    metrics::counter!(names::SCHEDULE_ARMED, "source" => "order_created", "outcome" => outcome)
+        .increment(1);
 }

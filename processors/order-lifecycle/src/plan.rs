@@ -17,6 +17,44 @@ pub enum OrderEvent {
 }
 
 impl OrderEvent {
+    /// The record name's last part (`OrderCreated`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            OrderEvent::Created(_) => "OrderCreated",
+            OrderEvent::CreatedFailed(_) => "OrderCreatedFailed",
+            OrderEvent::Canceled(_) => "OrderCanceled",
+            OrderEvent::RefundRequested(_) => "RefundRequested",
+        }
+    }
+
+    /// The event as JSON, for parking it until it can apply.
+    pub fn to_json(&self) -> serde_json::Value {
+        let value = match self {
+            OrderEvent::Created(e) => serde_json::to_value(e),
+            OrderEvent::CreatedFailed(e) => serde_json::to_value(e),
+            OrderEvent::Canceled(e) => serde_json::to_value(e),
+            OrderEvent::RefundRequested(e) => serde_json::to_value(e),
+        };
+        // Plain structs of strings and numbers always serialize.
+        value.unwrap_or(serde_json::Value::Null)
+    }
+
+    /// A parked event back from its name and JSON.
+    pub fn from_json(name: &str, value: serde_json::Value) -> Result<Self, String> {
+        let e = |e: serde_json::Error| format!("parked {name} does not decode: {e}");
+        Ok(match name {
+            "OrderCreated" => OrderEvent::Created(serde_json::from_value(value).map_err(e)?),
+            "OrderCreatedFailed" => {
+                OrderEvent::CreatedFailed(serde_json::from_value(value).map_err(e)?)
+            }
+            "OrderCanceled" => OrderEvent::Canceled(serde_json::from_value(value).map_err(e)?),
+            "RefundRequested" => {
+                OrderEvent::RefundRequested(serde_json::from_value(value).map_err(e)?)
+            }
+            other => return Err(format!("{other} is not an order event")),
+        })
+    }
+
     pub fn event_id(&self) -> &str {
         match self {
             OrderEvent::Created(e) => &e.event_id,

@@ -7,6 +7,7 @@ use chrono::{NaiveDateTime, SubsecRound, TimeDelta};
 use sqlx::mysql::MySqlRow;
 use sqlx::{Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
 use std::time::Duration;
+use stocksvr_store::deadline::Deadline;
 
 /// `inventory_outbox.status` codes (see the migration).
 pub mod status {
@@ -102,11 +103,12 @@ pub async fn claim(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Clai
 /// Expired leases go first (a relay died mid-batch: the oldest work), then due retries,
 /// then new rows; retries back off, so they cannot crowd new rows out for long.
 async fn claim_once(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Claim, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
+    let mut conn = pool.acquire().deadline().await?;
     // Applies to the next transaction on this connection only.
     conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .deadline()
         .await?;
-    let mut tx = conn.begin().await?;
+    let mut tx = conn.begin().deadline().await?;
     let mut rows: Vec<MySqlRow> = Vec::new();
     for wanted in [status::SENDING, status::RETRY, status::PENDING] {
         let room = limit.saturating_sub(rows.len() as u32);
@@ -125,11 +127,12 @@ async fn claim_once(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Cla
             .bind(wanted)
             .bind(room)
             .fetch_all(&mut *tx)
+            .deadline()
             .await?,
         );
     }
     let Some(first) = rows.first() else {
-        tx.commit().await?;
+        tx.commit().deadline().await?;
         return Ok(Claim {
             rows: Vec::new(),
             lease_until: NaiveDateTime::default(),
@@ -165,8 +168,8 @@ async fn claim_once(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Cla
         ids.push_bind(row.id);
     }
     ids.push_unseparated(")");
-    update.build().execute(&mut *tx).await?;
-    tx.commit().await?;
+    update.build().execute(&mut *tx).deadline().await?;
+    tx.commit().deadline().await?;
     Ok(Claim {
         rows: claimed,
         lease_until,
@@ -185,7 +188,7 @@ pub async fn mark(
     if sent.is_empty() && failed.is_empty() {
         return Ok(marked);
     }
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     if !sent.is_empty() {
         let mut update = QueryBuilder::<MySql>::new("UPDATE inventory_outbox SET status = ");
         update
@@ -200,7 +203,12 @@ pub async fn mark(
             ids.push_bind(*id);
         }
         ids.push_unseparated(")");
-        marked.sent = update.build().execute(&mut *tx).await?.rows_affected();
+        marked.sent = update
+            .build()
+            .execute(&mut *tx)
+            .deadline()
+            .await?
+            .rows_affected();
     }
     for failure in failed {
         marked.retried += sqlx::query(
@@ -215,10 +223,11 @@ pub async fn mark(
         .bind(status::SENDING)
         .bind(lease_until)
         .execute(&mut *tx)
+        .deadline()
         .await?
         .rows_affected();
     }
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok(marked)
 }
 
@@ -244,6 +253,7 @@ pub async fn purge_batch(
     .bind(micros(retention))
     .bind(limit)
     .fetch_all(pool)
+    .deadline()
     .await?;
     if ids.is_empty() {
         return Ok((0, 0));
@@ -255,7 +265,12 @@ pub async fn purge_batch(
         list.push_bind(*id);
     }
     list.push_unseparated(")");
-    let deleted = delete.build().execute(pool).await?.rows_affected();
+    let deleted = delete
+        .build()
+        .execute(pool)
+        .deadline()
+        .await?
+        .rows_affected();
     Ok((ids.len(), deleted))
 }
 
@@ -281,6 +296,7 @@ pub async fn backlog(pool: &MySqlPool) -> Result<Backlog, sqlx::Error> {
     .bind(status::SENDING)
     .bind(status::RETRY)
     .fetch_one(pool)
+    .deadline()
     .await?;
     Ok(Backlog {
         rows: u64::try_from(rows).unwrap_or(0),

@@ -82,7 +82,7 @@ pub struct InfraSettings {
 }
 
 /// The shared consumer loop of every processor ([`crate::consumer`]).
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConsumerSettings {
     /// First delay before a record whose dependency (MySQL, Redis, the registry) is
@@ -229,6 +229,10 @@ pub struct MysqlSettings {
     pub max_connections: u32,
     /// How long to wait for a pooled connection, in milliseconds.
     pub acquire_timeout_ms: u64,
+    /// Deadline of every statement, in milliseconds. A server that stalls (stopped, or a
+    /// network black hole) answers nothing; past this the statement fails like a refused
+    /// connection and the caller waits for MySQL as for any outage.
+    pub statement_timeout_ms: u64,
 }
 
 impl Default for MysqlSettings {
@@ -237,6 +241,7 @@ impl Default for MysqlSettings {
             url: Secret::new("mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr"),
             max_connections: 16,
             acquire_timeout_ms: 5_000,
+            statement_timeout_ms: 5_000,
         }
     }
 }

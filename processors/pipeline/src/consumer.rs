@@ -1,22 +1,35 @@
-//! The consumer loop every processor shares: decode, apply, dead-letter, commit.
+//! The consumer loop every processor shares: decode, apply, dead-letter, commit; and wait out
+//! an outage without losing its place.
 //!
 //! Delivery: at-least-once. A record's offset is stored only after its effect is durable
 //! (the handler returned) or its dead letter was acknowledged; stored offsets are committed
 //! every second, synchronously when partitions are revoked, and at shutdown. Records of one
 //! partition are handled in order, one batch at a time.
 //!
-//! Errors are classified in one place ([`Failure`]): invalid input (undecodable, unknown
-//! schema, failed validation) goes to `<topic>.dlt` at once and consumption moves on;
-//! retryable failures (database or Redis unavailable, timeouts) retry in place with
-//! exponential backoff and jitter, then dead-letter; fatal failures stop the processor and
-//! the process exits non-zero without committing past the record.
+//! Errors come in the three classes of [`crate::failure`]:
+//!
+//! - **Invalid** (undecodable, unknown schema, failed validation): the record goes to
+//!   `<topic>.dlt` with its origin and the reason, and consumption moves on.
+//! - **Dependency unavailable** (MySQL, Redis or the registry down or stalled): the loop pauses
+//!   every assigned partition, keeps polling so the consumer stays in its group, retries the
+//!   record with capped, jittered backoff and no attempt limit, and resumes by itself once it
+//!   applies. An outage never turns a live record into a dead letter, and the records behind
+//!   it keep their order. SIGTERM during an outage commits what was finished and stops.
+//! - **Fatal**: the processor stops and the process exits non-zero without committing past
+//!   the record.
+//!
+//! `max.poll.interval.ms` is set from `consumer.max_poll_interval_ms` (default 120 s): the
+//! loop polls between attempts, so only one attempt stands between two polls, and each
+//! attempt is bounded by `consumer.attempt_timeout_ms` (30 s; every MySQL statement and Redis
+//! call has a shorter deadline of its own). A process stuck past it is dropped from the group
+//! and its partitions move to a healthy instance.
 
 use crate::codec::{AvroCodec, DecodeError, Decoded};
-use crate::config::KafkaSettings;
+use crate::config::{ConsumerSettings, KafkaSettings};
 use crate::deadletter::{self, ErrorClass};
+pub use crate::failure::{Dependency, Failure};
 use crate::kafka;
 use crate::telemetry::names;
-use backon::{ExponentialBuilder, Retryable};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use rdkafka::client::ClientContext;
@@ -26,20 +39,13 @@ use rdkafka::consumer::{
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
+use rdkafka::TopicPartitionList;
+use serde::de::DeserializeOwned;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-
-/// What went wrong with a record, decided by the processor's handler.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
-    /// The record can never be applied (bad ids, failed validation): dead-letter it.
-    Invalid(String),
-    /// A dependency is unavailable: retry in place, then dead-letter.
-    Retryable(String),
-    /// The processor cannot go on (e.g. a bug or lost invariant): stop, exit non-zero.
-    Fatal(String),
-}
 
 /// How a record ended, for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +55,20 @@ pub enum Applied {
     Duplicate,
     /// Handled by emitting a conflict (e.g. Confirm after Cancel) instead of a change.
     Conflict,
+    /// Cannot apply yet (its predecessor has not arrived): parked durably and re-driven when
+    /// the state it waits for is reached; the partition moves on.
+    Deferred,
+}
+
+impl Applied {
+    pub const fn label(self) -> &'static str {
+        match self {
+            Applied::Applied => "applied",
+            Applied::Duplicate => "duplicate",
+            Applied::Conflict => "conflict",
+            Applied::Deferred => "deferred",
+        }
+    }
 }
 
 /// One record: decoded, or with a placeholder `event` when the loop runs [`LoopConfig::raw`].
@@ -68,18 +88,55 @@ impl Record {
     pub fn offset(&self) -> i64 {
         self.message.offset()
     }
+
+    /// The decoded value as the typed event `T`; a value off its contract is invalid.
+    pub fn typed<T: DeserializeOwned>(&self) -> Result<T, Failure> {
+        let name = self.event.full_name.as_str();
+        self.event
+            .clone()
+            .into_typed(name)
+            .map_err(|e| Failure::Invalid(format!("{name}: {e}")))
+    }
 }
 
 /// A processor's logic: plain functions over decoded records.
 pub trait Handler: Send + Sync + 'static {
-    /// Applies `batch` (in partition order). `Ok` carries one result per record, where a
-    /// record may be individually `Invalid`; `Err` fails the whole batch (nothing of it may
-    /// be durable, e.g. one transaction rolled back).
+    /// Applies `batch` (in partition order). `Ok` carries one result per record in order;
+    /// it may stop early at a record whose dependency is unavailable (that record's result
+    /// is the last one), since the records behind it must wait for it. `Err` fails the whole
+    /// batch (nothing of it may be durable, e.g. one transaction rolled back).
     #[allow(clippy::type_complexity)]
     fn handle<'a>(
         &'a self,
         batch: &'a [Record],
     ) -> BoxFuture<'a, Result<Vec<Result<Applied, Failure>>, Failure>>;
+}
+
+/// A processor that handles one record at a time: implement this and it is a [`Handler`]
+/// that stops at the first record whose dependency is unavailable.
+pub trait RecordHandler: Send + Sync + 'static {
+    fn handle_one<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, Result<Applied, Failure>>;
+}
+
+impl<T: RecordHandler> Handler for T {
+    fn handle<'a>(
+        &'a self,
+        batch: &'a [Record],
+    ) -> BoxFuture<'a, Result<Vec<Result<Applied, Failure>>, Failure>> {
+        async move {
+            let mut results = Vec::with_capacity(batch.len());
+            for record in batch {
+                let result = self.handle_one(record).await;
+                let stop = matches!(result, Err(Failure::Unavailable { .. }));
+                results.push(result);
+                if stop {
+                    break;
+                }
+            }
+            Ok(results)
+        }
+        .boxed()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -89,14 +146,12 @@ pub struct LoopConfig {
     pub topics: Vec<String>,
     /// Records handed to the handler at once (1 for per-record processors).
     pub max_batch: usize,
-    /// Retries of a retryable failure before the record is dead-lettered.
-    pub max_retries: usize,
-    pub min_backoff: Duration,
-    pub max_backoff: Duration,
     /// Hand records over undecoded, with a placeholder `event` (schema id 0, empty name,
     /// `Null`): for processors that store bytes as they are (the dead-letter processor),
     /// whose input is by definition often not decodable.
     pub raw: bool,
+    /// Backoff, attempt deadline and poll interval (`[consumer]`).
+    pub consumer: ConsumerSettings,
 }
 
 impl LoopConfig {
@@ -105,19 +160,23 @@ impl LoopConfig {
             name,
             topics,
             max_batch: 1,
-            max_retries: 5,
-            min_backoff: Duration::from_millis(500),
-            max_backoff: Duration::from_secs(10),
             raw: false,
+            consumer: ConsumerSettings::default(),
         }
     }
 
-    fn backoff(&self) -> ExponentialBuilder {
-        ExponentialBuilder::default()
-            .with_min_delay(self.min_backoff)
-            .with_max_delay(self.max_backoff)
-            .with_max_times(self.max_retries)
-            .with_jitter()
+    /// The `[consumer]` section instead of its defaults.
+    pub fn with_consumer(mut self, consumer: &ConsumerSettings) -> Self {
+        self.consumer = consumer.clone();
+        self
+    }
+
+    fn retry_delay(&self, attempt: u32) -> Duration {
+        stocksvr_core::backoff::jittered(
+            attempt,
+            Duration::from_millis(self.consumer.retry_min_backoff_ms.max(1)),
+            Duration::from_millis(self.consumer.retry_max_backoff_ms.max(1)),
+        )
     }
 }
 
@@ -141,11 +200,13 @@ pub enum LoopError {
     },
 }
 
-/// Commits finished work before partitions move to another instance. (Consumer lag is
-/// measured at the broker by the lag exporter, which keeps reporting while this process is
-/// dead or stuck.)
+/// Commits finished work before partitions move to another instance, and keeps partitions
+/// assigned during an outage paused. (Consumer lag is measured at the broker by the lag
+/// exporter, which keeps reporting while this process is dead or stuck.)
 struct LoopContext {
     name: &'static str,
+    /// True while the loop waits out an outage: newly assigned partitions start paused.
+    paused: Arc<AtomicBool>,
 }
 
 impl ClientContext for LoopContext {}
@@ -168,8 +229,17 @@ impl ConsumerContext for LoopContext {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance {
+            if self.paused.load(Ordering::SeqCst) {
+                // The outage goes on: nothing may be fetched behind the waiting record.
+                if let Err(e) = consumer.pause(partitions) {
+                    tracing::warn!(processor = self.name, error = %e, "pausing new partitions failed");
+                }
+            } else if let Err(e) = consumer.resume(partitions) {
+                // librdkafka keeps a partition paused across an unassign and a new assign.
+                tracing::warn!(processor = self.name, error = %e, "resuming new partitions failed");
+            }
             tracing::info!(
                 processor = self.name,
                 partitions = partitions.count(),
@@ -188,16 +258,36 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), LoopError> {
     let group = format!("{}.{}", settings.group_prefix, config.name);
+    let paused = Arc::new(AtomicBool::new(false));
     let consumer: StreamConsumer<LoopContext> = kafka::client_config(settings, config.name)
         .set("group.id", &group)
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "1000")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .create_with_context(LoopContext { name: config.name })?;
+        .set(
+            "max.poll.interval.ms",
+            config.consumer.max_poll_interval_ms.to_string(),
+        )
+        .create_with_context(LoopContext {
+            name: config.name,
+            paused: paused.clone(),
+        })?;
     let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     let producer = kafka::producer(settings, config.name)?;
+    for topic in &config.topics {
+        for class in [ErrorClass::Invalid, ErrorClass::Undecodable] {
+            stocksvr_telemetry::zero_counter(
+                names::EVENTS_DEAD_LETTERED,
+                &[
+                    ("processor", config.name.to_string()),
+                    ("topic", topic.clone()),
+                    ("class", class.as_str().to_string()),
+                ],
+            );
+        }
+    }
     tracing::info!(processor = config.name, group, ?topics, "consuming");
     let worker = Worker {
         codec,
@@ -205,6 +295,7 @@ pub async fn run(
         group: group.clone(),
         config,
         handler,
+        paused,
     };
     loop {
         let first = tokio::select! {
@@ -219,16 +310,15 @@ pub async fn run(
                 continue;
             }
         };
-        let mut batch = vec![first];
-        while batch.len() < worker.config.max_batch {
+        let mut pending = VecDeque::from([first]);
+        while pending.len() < worker.config.max_batch {
             match consumer.recv().now_or_never() {
-                Some(Ok(m)) => batch.push(m.detach()),
+                Some(Ok(m)) => pending.push_back(m.detach()),
                 _ => break,
             }
         }
-        worker.process(batch.clone()).await?;
-        for m in &batch {
-            consumer.store_offset(m.topic(), m.partition(), m.offset())?;
+        if worker.drive(&consumer, pending, &mut stop).await? == Drive::Stopped {
+            break;
         }
     }
     match consumer.commit_consumer_state(CommitMode::Sync) {
@@ -243,25 +333,162 @@ pub async fn run(
     Ok(())
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drive {
+    /// Every record was settled (applied or dead-lettered) or handed to another instance.
+    Done,
+    /// Shutdown was asked during an outage; what was settled is stored.
+    Stopped,
+}
+
+/// How far one attempt got through the pending records.
+struct Progress {
+    /// Records at the front of the queue that are settled (their offsets may be stored).
+    settled: usize,
+    /// Why the next record could not be settled, when one could not.
+    outage: Option<(Dependency, String)>,
+}
+
 struct Worker {
     codec: AvroCodec,
     producer: FutureProducer,
     group: String,
     config: LoopConfig,
     handler: Arc<dyn Handler>,
+    paused: Arc<AtomicBool>,
 }
 
 impl Worker {
-    /// Brings every message of `batch` to a durable end: applied, or dead-lettered.
-    async fn process(&self, batch: Vec<OwnedMessage>) -> Result<(), LoopError> {
+    /// Brings every pending record to a durable end, waiting out outages with the
+    /// partitions paused.
+    async fn drive(
+        &self,
+        consumer: &StreamConsumer<LoopContext>,
+        mut pending: VecDeque<OwnedMessage>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<Drive, LoopError> {
+        let mut attempt: u32 = 0;
+        let mut outage: Option<(Instant, Dependency)> = None;
+        loop {
+            if outage.is_some() {
+                // A rebalance during the outage may have handed partitions to another
+                // instance: their records are theirs now (from the committed offset).
+                let owned = consumer.assignment().unwrap_or_default();
+                pending.retain(|m| owned.find_partition(m.topic(), m.partition()).is_some());
+            }
+            if pending.is_empty() {
+                self.end_outage(consumer, &mut outage);
+                return Ok(Drive::Done);
+            }
+            let batch: Vec<OwnedMessage> = pending
+                .iter()
+                .take(self.config.max_batch)
+                .cloned()
+                .collect();
+            let progress = self.process(&batch).await?;
+            for m in pending.drain(..progress.settled) {
+                // A partition revoked while its record was handled belongs to another
+                // instance now, which resumes from the committed offset: nothing to store.
+                if let Err(e) = consumer.store_offset(m.topic(), m.partition(), m.offset()) {
+                    tracing::warn!(processor = self.config.name, topic = m.topic(), partition = m.partition(), offset = m.offset(), error = %e, "offset not stored: the partition moved to another instance");
+                }
+            }
+            let Some((dependency, reason)) = progress.outage else {
+                if progress.settled > 0 {
+                    attempt = 0;
+                }
+                continue;
+            };
+            if outage.is_none() {
+                self.begin_outage(consumer, dependency, &reason);
+                outage = Some((Instant::now(), dependency));
+            }
+            metrics::counter!(names::PROCESSING_RETRIES, "processor" => self.config.name)
+                .increment(1);
+            let delay = self.config.retry_delay(attempt);
+            attempt = attempt.saturating_add(1);
+            tracing::debug!(processor = self.config.name, %dependency, reason, ?delay, "waiting for the dependency");
+            // Wait, but keep polling: the consumer stays in its group, rebalances are
+            // served, and anything delivered meanwhile (a partition assigned during the
+            // outage, before it was paused) queues behind the waiting records.
+            let sleep = tokio::time::sleep(delay);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    _ = stop.wait_for(|s| *s) => {
+                        tracing::info!(processor = self.config.name, waiting = pending.len(), "shutdown during an outage: committing what was finished");
+                        return Ok(Drive::Stopped);
+                    }
+                    _ = &mut sleep => break,
+                    m = consumer.recv() => match m {
+                        Ok(m) => pending.push_back(m.detach()),
+                        Err(e) => tracing::debug!(processor = self.config.name, error = %e, "consume error while paused"),
+                    },
+                }
+            }
+        }
+    }
+
+    fn begin_outage(
+        &self,
+        consumer: &StreamConsumer<LoopContext>,
+        dependency: Dependency,
+        reason: &str,
+    ) {
+        self.paused.store(true, Ordering::SeqCst);
+        let assigned = consumer.assignment().unwrap_or_default();
+        if let Err(e) = consumer.pause(&assigned) {
+            tracing::warn!(processor = self.config.name, error = %e, "pausing partitions failed");
+        }
+        metrics::gauge!(names::CONSUMER_PAUSED_PARTITIONS, "processor" => self.config.name)
+            .set(assigned.count() as f64);
+        metrics::counter!(names::CONSUMER_PAUSES, "processor" => self.config.name, "dependency" => dependency.name())
+            .increment(1);
+        tracing::warn!(
+            processor = self.config.name,
+            %dependency,
+            reason,
+            partitions = assigned.count(),
+            "paused: a dependency is unavailable; retrying until it is back (nothing is dead-lettered)"
+        );
+    }
+
+    fn end_outage(
+        &self,
+        consumer: &StreamConsumer<LoopContext>,
+        outage: &mut Option<(Instant, Dependency)>,
+    ) {
+        let Some((since, dependency)) = outage.take() else {
+            return;
+        };
+        self.paused.store(false, Ordering::SeqCst);
+        let assigned = consumer
+            .assignment()
+            .unwrap_or_else(|_| TopicPartitionList::new());
+        if let Err(e) = consumer.resume(&assigned) {
+            tracing::warn!(processor = self.config.name, error = %e, "resuming partitions failed");
+        }
+        metrics::gauge!(names::CONSUMER_PAUSED_PARTITIONS, "processor" => self.config.name)
+            .set(0.0);
+        tracing::info!(
+            processor = self.config.name,
+            %dependency,
+            paused_for_s = since.elapsed().as_secs_f64(),
+            partitions = assigned.count(),
+            "resumed: the dependency is back"
+        );
+    }
+
+    /// One attempt at the front of the queue: the leading records that cannot be decoded
+    /// go to the dead-letter topic, then the decodable run behind them is applied.
+    async fn process(&self, batch: &[OwnedMessage]) -> Result<Progress, LoopError> {
         let started = Instant::now();
+        let mut settled = 0;
         let mut records = Vec::with_capacity(batch.len());
         for message in batch {
-            metrics::counter!(names::EVENTS_CONSUMED, "processor" => self.config.name, "topic" => message.topic().to_string())
-                .increment(1);
             if self.config.raw {
                 records.push(Record {
-                    message,
+                    message: message.clone(),
                     event: Decoded {
                         schema_id: 0,
                         full_name: String::new(),
@@ -270,78 +497,98 @@ impl Worker {
                 });
                 continue;
             }
-            match self.decode(&message).await {
-                Ok(event) => records.push(Record { message, event }),
+            match self.codec.decode(message.payload()).await {
+                Ok(event) => records.push(Record {
+                    message: message.clone(),
+                    event,
+                }),
+                // The records behind wait for this one's schema: a registry outage.
+                Err(e) if e.is_retryable() => {
+                    if records.is_empty() {
+                        return Ok(Progress {
+                            settled,
+                            outage: Some((Dependency::SchemaRegistry, e.to_string())),
+                        });
+                    }
+                    break;
+                }
                 Err(e) => {
-                    let class = if e.is_retryable() {
-                        ErrorClass::RetriesExhausted
-                    } else {
-                        ErrorClass::Invalid
-                    };
-                    self.dead_letter(&message, class, &e.to_string()).await?;
+                    // Only a leading undecodable record is dead-lettered now; one behind
+                    // decodable records waits until they are settled, so offsets stay in order.
+                    if !records.is_empty() {
+                        break;
+                    }
+                    self.dead_letter(message, ErrorClass::Undecodable, &describe(&e))
+                        .await?;
+                    settled += 1;
                 }
             }
         }
-        if !records.is_empty() {
-            match self.apply(&records).await {
-                Ok(results) => self.settle(&records, results).await?,
-                // A batch that kept failing is retried record by record, each with its own
-                // budget, so one poisoned record does not take its neighbours to the DLT.
-                Err(_) if records.len() > 1 => {
-                    for record in &records {
-                        let single = std::slice::from_ref(record);
-                        match self.apply(single).await {
-                            Ok(results) => self.settle(single, results).await?,
-                            Err(failure) => self.fail(record, failure).await?,
+        if records.is_empty() {
+            return Ok(Progress {
+                settled,
+                outage: None,
+            });
+        }
+        for r in &records {
+            metrics::counter!(names::EVENTS_CONSUMED, "processor" => self.config.name, "topic" => r.topic().to_string())
+                .increment(1);
+        }
+        let deadline = Duration::from_millis(self.config.consumer.attempt_timeout_ms.max(1));
+        let answered = match tokio::time::timeout(deadline, self.handler.handle(&records)).await {
+            Ok(answered) => answered,
+            Err(_) => Err(Failure::unavailable(
+                Dependency::Other,
+                format!("the attempt ran past its {deadline:?} deadline"),
+            )),
+        };
+        let progress = match answered {
+            Ok(results) => self.settle(&records, results, settled).await?,
+            Err(Failure::Unavailable { dependency, reason }) => Progress {
+                settled,
+                outage: Some((dependency, reason)),
+            },
+            // A batch refused as a whole: find the poisoned record by trying them one by
+            // one, so its neighbours are not dead-lettered with it.
+            Err(Failure::Invalid(_)) if records.len() > 1 => {
+                let single = std::slice::from_ref(&records[0]);
+                match self.handler.handle(single).await {
+                    Ok(results) => self.settle(single, results, settled).await?,
+                    Err(Failure::Unavailable { dependency, reason }) => Progress {
+                        settled,
+                        outage: Some((dependency, reason)),
+                    },
+                    Err(failure) => {
+                        self.fail(&records[0], failure).await?;
+                        Progress {
+                            settled: settled + 1,
+                            outage: None,
                         }
                     }
                 }
-                Err(failure) => self.fail(&records[0], failure).await?,
             }
-        }
-        metrics::histogram!(names::PROCESSING_SECONDS, "processor" => self.config.name)
-            .record(started.elapsed().as_secs_f64());
-        Ok(())
-    }
-
-    async fn decode(&self, message: &OwnedMessage) -> Result<Decoded, DecodeError> {
-        (|| self.codec.decode(message.payload()))
-            .retry(self.config.backoff())
-            .when(DecodeError::is_retryable)
-            .notify(|e, after| {
-                metrics::counter!(names::PROCESSING_RETRIES, "processor" => self.config.name).increment(1);
-                tracing::warn!(processor = self.config.name, error = %e, ?after, "schema registry unavailable; retrying");
-            })
-            .await
-    }
-
-    /// Runs the handler, retrying retryable failures of the whole batch. For a single record
-    /// its own retryable result counts as the batch's, so it is retried in place too.
-    async fn apply(&self, records: &[Record]) -> Result<Vec<Result<Applied, Failure>>, Failure> {
-        let attempt = || async {
-            let results = self.handler.handle(records).await?;
-            match results.as_slice() {
-                [Err(f @ Failure::Retryable(_))] => Err(f.clone()),
-                _ => Ok(results),
+            Err(failure) => {
+                self.fail(&records[0], failure).await?;
+                Progress {
+                    settled: settled + 1,
+                    outage: None,
+                }
             }
         };
-        attempt
-            .retry(self.config.backoff())
-            .when(|f: &Failure| matches!(f, Failure::Retryable(_)))
-            .notify(|f, after| {
-                metrics::counter!(names::PROCESSING_RETRIES, "processor" => self.config.name)
-                    .increment(1);
-                tracing::warn!(processor = self.config.name, failure = ?f, ?after, "retrying");
-            })
-            .await
+        metrics::histogram!(names::PROCESSING_SECONDS, "processor" => self.config.name)
+            .record(started.elapsed().as_secs_f64());
+        Ok(progress)
     }
 
     async fn settle(
         &self,
         records: &[Record],
         results: Vec<Result<Applied, Failure>>,
-    ) -> Result<(), LoopError> {
-        if results.len() != records.len() {
+        mut settled: usize,
+    ) -> Result<Progress, LoopError> {
+        let complete = results.len() == records.len();
+        let stopped_early = matches!(results.last(), Some(Err(Failure::Unavailable { .. })));
+        if !complete && !stopped_early {
             return Err(LoopError::Fatal {
                 topic: records[0].topic().to_string(),
                 partition: records[0].partition(),
@@ -356,32 +603,23 @@ impl Worker {
         for (record, result) in records.iter().zip(results) {
             match result {
                 Ok(applied) => {
-                    let outcome = match applied {
-                        Applied::Applied => "applied",
-                        Applied::Duplicate => "duplicate",
-                        Applied::Conflict => "conflict",
-                    };
-                    metrics::counter!(names::EVENTS_APPLIED, "processor" => self.config.name, "outcome" => outcome).increment(1);
+                    metrics::counter!(names::EVENTS_APPLIED, "processor" => self.config.name, "outcome" => applied.label())
+                        .increment(1);
                 }
-                // A record that failed retryably inside a larger batch gets its own retries.
-                Err(Failure::Retryable(_)) if records.len() > 1 => {
-                    let single = std::slice::from_ref(record);
-                    match self.apply(single).await {
-                        Ok(mut results) => match results.pop() {
-                            Some(Ok(_)) => {
-                                metrics::counter!(names::EVENTS_APPLIED, "processor" => self.config.name, "outcome" => "applied")
-                                    .increment(1)
-                            }
-                            Some(Err(failure)) => self.fail(record, failure).await?,
-                            None => self.fail(record, Failure::Fatal("handler answered no result".into())).await?,
-                        },
-                        Err(failure) => self.fail(record, failure).await?,
-                    }
+                Err(Failure::Unavailable { dependency, reason }) => {
+                    return Ok(Progress {
+                        settled,
+                        outage: Some((dependency, reason)),
+                    })
                 }
                 Err(failure) => self.fail(record, failure).await?,
             }
+            settled += 1;
         }
-        Ok(())
+        Ok(Progress {
+            settled,
+            outage: None,
+        })
     }
 
     async fn fail(&self, record: &Record, failure: Failure) -> Result<(), LoopError> {
@@ -390,10 +628,7 @@ impl Worker {
                 self.dead_letter(&record.message, ErrorClass::Invalid, &reason)
                     .await
             }
-            Failure::Retryable(reason) => {
-                self.dead_letter(&record.message, ErrorClass::RetriesExhausted, &reason)
-                    .await
-            }
+            Failure::Unavailable { .. } => Ok(()),
             Failure::Fatal(reason) => Err(LoopError::Fatal {
                 topic: record.topic().to_string(),
                 partition: record.partition(),
@@ -409,15 +644,21 @@ impl Worker {
         class: ErrorClass,
         reason: &str,
     ) -> Result<(), LoopError> {
-        let (dlt, partition, offset) =
-            deadletter::send(&self.producer, message, &self.group, class, reason)
-                .await
-                .map_err(|source| LoopError::DeadLetter {
-                    topic: message.topic().to_string(),
-                    partition: message.partition(),
-                    offset: message.offset(),
-                    source,
-                })?;
+        let (dlt, partition, offset) = deadletter::send(
+            &self.producer,
+            message,
+            &self.group,
+            self.config.name,
+            class,
+            reason,
+        )
+        .await
+        .map_err(|source| LoopError::DeadLetter {
+            topic: message.topic().to_string(),
+            partition: message.partition(),
+            offset: message.offset(),
+            source,
+        })?;
         tracing::warn!(
             processor = self.config.name,
             topic = message.topic(),
@@ -430,4 +671,9 @@ impl Worker {
         );
         Ok(())
     }
+}
+
+/// The reason a dead letter carries for a record that cannot be decoded.
+fn describe(e: &DecodeError) -> String {
+    format!("{} ({})", e, e.kind())
 }

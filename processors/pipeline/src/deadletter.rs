@@ -23,17 +23,17 @@ pub mod headers {
 /// Why a record was dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
-    /// Undecodable, unknown schema, or failed validation: retrying cannot help.
+    /// Decoded, but it can never apply: failed validation, ids of another order.
     Invalid,
-    /// Retryable failures that outlasted the retry bound.
-    RetriesExhausted,
+    /// Not Confluent Avro, or written with a schema the registry does not know.
+    Undecodable,
 }
 
 impl ErrorClass {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorClass::Invalid => "invalid",
-            ErrorClass::RetriesExhausted => "retries-exhausted",
+            ErrorClass::Undecodable => "undecodable",
         }
     }
 }
@@ -48,6 +48,7 @@ pub async fn send<M: Message>(
     producer: &FutureProducer,
     message: &M,
     group: &str,
+    processor: &'static str,
     class: ErrorClass,
     error: &str,
 ) -> Result<(String, i32, i64), rdkafka::error::KafkaError> {
@@ -101,7 +102,7 @@ pub async fn send<M: Message>(
         .await
         .map_err(|(e, _)| e)?;
     metrics::counter!(names::EVENTS_DEAD_LETTERED,
-        "topic" => message.topic().to_string(), "class" => class.as_str())
+        "processor" => processor, "topic" => message.topic().to_string(), "class" => class.as_str())
     .increment(1);
     Ok((topic, delivery.partition, delivery.offset))
 }

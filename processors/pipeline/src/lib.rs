@@ -7,6 +7,7 @@ pub mod codec;
 pub mod config;
 pub mod consumer;
 pub mod deadletter;
+pub mod failure;
 pub mod http;
 pub mod json;
 pub mod kafka;

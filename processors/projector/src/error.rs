@@ -35,6 +35,6 @@ pub fn classify(error: &sqlx::Error) -> Failure {
     if schema {
         Failure::Fatal(format!("database schema: {error}"))
     } else {
-        Failure::Retryable(format!("database: {error}"))
+        Failure::from_sqlx(error)
     }
 }

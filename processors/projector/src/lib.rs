@@ -34,6 +34,7 @@ use std::collections::HashSet;
 use stocksvr_core::events::topics;
 use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::consumer::{Applied, Failure, Handler, LoopConfig, Record};
+use stocksvr_store::deadline::Deadline;
 use store::SnapshotWrite;
 use telemetry::Tally;
 
@@ -87,7 +88,12 @@ impl Projector {
         let decided: Vec<Result<Projection, InvalidEvent>> =
             batch.iter().map(|r| decide::decide(&r.event)).collect();
         let now = Utc::now().naive_utc();
-        let mut tx = self.pool.begin().await.map_err(|e| classify(&e))?;
+        let mut tx = self
+            .pool
+            .begin()
+            .deadline()
+            .await
+            .map_err(|e| classify(&e))?;
         let mut buckets: Vec<&str> = decided
             .iter()
             .filter_map(|d| d.as_ref().ok()?.snapshot.as_ref())
@@ -121,7 +127,7 @@ impl Projector {
         }
         // Dropping the transaction on any error above rolls back the whole batch, so no
         // part of it is durable when the loop retries it.
-        tx.commit().await.map_err(|e| classify(&e))?;
+        tx.commit().deadline().await.map_err(|e| classify(&e))?;
         tally.emit(batch.len());
         Ok(results)
     }

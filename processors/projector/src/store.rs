@@ -8,6 +8,7 @@ use crate::decide::{LedgerRow, ReservationSync, SnapshotRow};
 use chrono::NaiveDateTime;
 use sqlx::MySqlConnection;
 use std::collections::HashSet;
+use stocksvr_store::deadline::Deadline;
 
 /// Claims `event_id` for `group`. `false`: this group already applied the event.
 pub async fn claim(
@@ -24,6 +25,7 @@ pub async fn claim(
     .bind(group)
     .bind(now)
     .execute(conn)
+    .deadline()
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -58,6 +60,7 @@ pub async fn book(
     .bind(row.redis_version)
     .bind(now)
     .execute(conn)
+    .deadline()
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -79,7 +82,12 @@ pub async fn existing_buckets(
     for bucket in buckets {
         query = query.bind(*bucket);
     }
-    Ok(query.fetch_all(conn).await?.into_iter().collect())
+    Ok(query
+        .fetch_all(conn)
+        .deadline()
+        .await?
+        .into_iter()
+        .collect())
 }
 
 /// How the snapshot upsert ended.
@@ -137,6 +145,7 @@ pub async fn advance_snapshot(
         .bind(now)
         .bind(row.deficit.is_some())
         .execute(conn)
+        .deadline()
         .await?;
     // sqlx connects with CLIENT_FOUND_ROWS: 1 for an insert or a row left as it was, 2 for
     // a row that changed. updated_at changes on every advance, so 2 means exactly that.
@@ -170,6 +179,7 @@ pub async fn sync_reservation(
     .bind(stocksvr_core::reservation::SyncStatus::Synced.code())
     .bind(sync.reservation_id)
     .execute(conn)
+    .deadline()
     .await?;
     Ok(done.rows_affected() > 0)
 }

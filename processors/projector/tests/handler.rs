@@ -569,7 +569,9 @@ async fn an_unreachable_database_fails_the_batch_as_retryable() -> Result<()> {
     )?;
     let projector = Projector::new(pool, GROUP)?;
     match projector.handle(&[record]).await {
-        Err(Failure::Retryable(reason)) => assert!(reason.contains("database"), "{reason}"),
+        Err(Failure::Unavailable { dependency, .. }) => {
+            assert_eq!(dependency, stocksvr_pipeline::failure::Dependency::Mysql)
+        }
         other => panic!("expected Retryable, got {other:?}"),
     }
     Ok(())

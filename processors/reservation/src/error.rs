@@ -53,3 +53,23 @@ impl ServiceError {
         )
     }
 }
+
+impl ServiceError {
+    /// This error in the consumer loop's classes: a request that can never apply is invalid,
+    /// an unknown Redis outcome or a MySQL outage is an unavailable dependency (wait, then
+    /// the same event applies), and a reservation whose stores disagree waits too: its row
+    /// is in the recovery worker's hands, which settles it or marks it dead and alerts.
+    pub fn failure(&self) -> stocksvr_pipeline::failure::Failure {
+        use stocksvr_pipeline::failure::{Dependency, Failure};
+        match self {
+            ServiceError::Invalid { .. }
+            | ServiceError::OverRefund { .. }
+            | ServiceError::NotFound(_)
+            | ServiceError::BucketNotFound(_)
+            | ServiceError::BucketUnavailable { .. } => Failure::Invalid(self.to_string()),
+            ServiceError::OutcomeUnknown { .. } => Failure::unavailable(Dependency::Redis, self),
+            ServiceError::Mysql(e) => Failure::from_sqlx(e),
+            ServiceError::Inconsistent { .. } => Failure::unavailable(Dependency::Other, self),
+        }
+    }
+}

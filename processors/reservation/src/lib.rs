@@ -20,4 +20,6 @@ pub mod view;
 
 pub use error::ServiceError;
 pub use operations::{OpsConfig, OpsError, StockOps};
-pub use service::{IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest};
+pub use service::{
+    IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest, REJECTED_ORDER_FAILED,
+};

@@ -77,6 +77,8 @@ pub struct ScheduleConfig {
     pub load_ahead: TimeDelta,
     /// Rows per scan query (seed §8.2: LIMIT 500).
     pub scan_batch: u32,
+    /// The consumer loop of the schedule processor (`[consumer]`).
+    pub consumer: stocksvr_pipeline::config::ConsumerSettings,
 }
 
 impl ScheduleConfig {
@@ -112,6 +114,7 @@ impl ScheduleConfig {
             scan_grace: secs(s.scan_grace_secs)?,
             load_ahead: secs(s.load_ahead_secs)?,
             scan_batch: 500,
+            consumer: Default::default(),
         })
     }
 }
@@ -136,9 +139,15 @@ pub async fn run(
     let scanner = scan::Scanner::new(service.clone(), wheel, &config);
     let handler = Arc::new(ScheduleProcessor::new(service));
     let consume = async {
-        stocksvr_pipeline::consumer::run(kafka, codec, loop_config(kafka), handler, stop.clone())
-            .await
-            .map_err(ScheduleError::from)
+        stocksvr_pipeline::consumer::run(
+            kafka,
+            codec,
+            loop_config(kafka).with_consumer(&config.consumer),
+            handler,
+            stop.clone(),
+        )
+        .await
+        .map_err(ScheduleError::from)
     };
     tokio::try_join!(poller.run(stop.clone()), scanner.run(stop.clone()), consume)?;
     Ok(())

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use stocksvr_core::events::{topics, Envelope, EventKind, InventoryConfirmDueData};
 use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_pipeline::config::KafkaSettings;
-use stocksvr_pipeline::consumer::{Applied, Failure, Handler, LoopConfig, Record};
+use stocksvr_pipeline::consumer::{Applied, Failure, LoopConfig, Record, RecordHandler};
 use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError};
 use stocksvr_store::reservations::{self as repo, Reservation};
 use stocksvr_telemetry::names;
@@ -122,7 +122,7 @@ impl ScheduleProcessor {
         })?;
         let row = repo::find(self.service.pool(), id)
             .await
-            .map_err(|e| Failure::Retryable(format!("mysql: {e}")))?
+            .map_err(|e| Failure::from_sqlx(&e))?
             .ok_or_else(|| Failure::Invalid(format!("reservation {id} does not exist")))?;
         let outcome = match decide(&data, &row, Utc::now()).map_err(Failure::Invalid)? {
             Trigger::AlreadyConfirmed => "already_confirmed",
@@ -134,25 +134,38 @@ impl ScheduleProcessor {
                 );
                 "stale"
             }
-            Trigger::Confirm => match self.service.confirm(id).await.map_err(classify)? {
-                IntentOutcome::Done { already: false, .. } => "confirmed",
-                IntentOutcome::Done { already: true, .. } => "already_confirmed",
-                IntentOutcome::NotYet { status } => {
-                    return Err(Failure::Retryable(format!(
-                        "reservation {id} is {} and cannot be confirmed yet",
-                        status.name()
-                    )))
+            Trigger::Confirm => match self.service.confirm(id).await {
+                Err(e @ ServiceError::Inconsistent { .. }) => {
+                    // The row is in the recovery worker's hands; the due scan confirms it
+                    // once it settles, so this trigger need not hold its partition.
+                    tracing::warn!(reservation_id = id, error = %e, "due confirm left to the recovery worker and the scan");
+                    "left_to_scan"
                 }
-                // Only a refund can overtake the confirm of a created order; the order
-                // domain asked for it, so there is nothing to report.
-                IntentOutcome::Conflict { status, .. } => {
-                    tracing::info!(
-                        reservation_id = id,
-                        status = status.name(),
-                        "due confirm lost to a refund"
-                    );
-                    "lost_to_refund"
-                }
+                Err(e) => return Err(e.failure()),
+                Ok(outcome) => match outcome {
+                    IntentOutcome::Done { already: false, .. } => "confirmed",
+                    IntentOutcome::Done { already: true, .. } => "already_confirmed",
+                    // Settles by itself (the recovery worker finishes the step it waits for),
+                    // and the due scan confirms what a dropped trigger left behind.
+                    IntentOutcome::NotYet { status } => {
+                        tracing::info!(
+                            reservation_id = id,
+                            status = status.name(),
+                            "due confirm early; left to the scan"
+                        );
+                        "left_to_scan"
+                    }
+                    // Only a refund can overtake the confirm of a created order; the order
+                    // domain asked for it, so there is nothing to report.
+                    IntentOutcome::Conflict { status, .. } => {
+                        tracing::info!(
+                            reservation_id = id,
+                            status = status.name(),
+                            "due confirm lost to a refund"
+                        );
+                        "lost_to_refund"
+                    }
+                },
             },
         };
         metrics::counter!(names::SCHEDULE_TRIGGERS, "outcome" => outcome).increment(1);
@@ -165,34 +178,9 @@ impl ScheduleProcessor {
     }
 }
 
-/// Service errors into the loop's three classes.
-fn classify(e: ServiceError) -> Failure {
-    match e {
-        ServiceError::Invalid { .. }
-        | ServiceError::OverRefund { .. }
-        | ServiceError::NotFound(_)
-        | ServiceError::BucketNotFound(_)
-        | ServiceError::BucketUnavailable { .. } => Failure::Invalid(e.to_string()),
-        // Redis/MySQL unavailable, or a row that needs the recovery worker: retry, then DLT.
-        ServiceError::OutcomeUnknown { .. }
-        | ServiceError::Mysql(_)
-        | ServiceError::Inconsistent { .. } => Failure::Retryable(e.to_string()),
-    }
-}
-
-impl Handler for ScheduleProcessor {
-    fn handle<'a>(
-        &'a self,
-        batch: &'a [Record],
-    ) -> BoxFuture<'a, Result<Vec<Result<Applied, Failure>>, Failure>> {
-        async move {
-            let mut results = Vec::with_capacity(batch.len());
-            for record in batch {
-                results.push(self.one(record).await);
-            }
-            Ok(results)
-        }
-        .boxed()
+impl RecordHandler for ScheduleProcessor {
+    fn handle_one<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, Result<Applied, Failure>> {
+        self.one(record).boxed()
     }
 }
 

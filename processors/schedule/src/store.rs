@@ -3,6 +3,7 @@
 use chrono::NaiveDateTime;
 use sqlx::MySqlPool;
 use stocksvr_core::reservation::ReservationStatus;
+use stocksvr_store::deadline::Deadline;
 
 /// `inventory_reservation.order_type` of a SCHEDULED order.
 pub const SCHEDULED: i8 = 2;
@@ -27,6 +28,7 @@ pub async fn overdue(
     .bind(due_before)
     .bind(limit)
     .fetch_all(pool)
+    .deadline()
     .await
 }
 
@@ -56,5 +58,6 @@ pub async fn upcoming(
     .bind(id)
     .bind(limit)
     .fetch_all(pool)
+    .deadline()
     .await
 }

@@ -54,7 +54,10 @@ pub async fn run(
         .reservation
         .service_config(&settings.recovery)
         .map_err(anyhow::Error::msg)?;
-    let schedule = ScheduleConfig::from_settings(&settings.schedule)?;
+    let schedule = ScheduleConfig {
+        consumer: settings.consumer.clone(),
+        ..ScheduleConfig::from_settings(&settings.schedule)?
+    };
     let backoff = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(500))
         .with_max_delay(Duration::from_secs(10))
@@ -113,18 +116,30 @@ pub async fn run(
             return Ok(());
         }
         let handler = Arc::new(
-            stocksvr_order_lifecycle::OrderLifecycle::new(service.clone())
-                .with_wheel(wheel.clone()),
+            stocksvr_order_lifecycle::OrderLifecycle::new(
+                service.clone(),
+                stocksvr_order_lifecycle::group_name(&settings.kafka),
+            )
+            .with_wheel(wheel.clone()),
         );
-        stocksvr_pipeline::consumer::run(
-            &settings.kafka,
-            codec.clone(),
-            stocksvr_order_lifecycle::loop_config(&settings.kafka),
-            handler,
-            stop.clone(),
-        )
-        .await
-        .context("order-lifecycle processor")
+        let consume = async {
+            stocksvr_pipeline::consumer::run(
+                &settings.kafka,
+                codec.clone(),
+                stocksvr_order_lifecycle::loop_config(&settings.kafka)
+                    .with_consumer(&settings.consumer),
+                handler.clone(),
+                stop.clone(),
+            )
+            .await
+            .context("order-lifecycle processor")
+        };
+        let redrive = async {
+            stocksvr_order_lifecycle::run_redriver(handler.clone(), stop.clone())
+                .await
+                .map_err(|f| anyhow::anyhow!("deferred order events: {f:?}"))
+        };
+        tokio::try_join!(consume, redrive).map(|_| ())
     };
     let recovery = async {
         stocksvr_reservation::recovery::run(

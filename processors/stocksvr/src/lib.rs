@@ -2,6 +2,10 @@
 //! and the selected [`roles::Roles`] and stops them together on one shutdown signal, so tests
 //! run the whole service in-process on port 0; `main.rs` parses the command line and calls in.
 
+// The boot future nests every processor's future; proving it Send takes more than the
+// default 128 levels of trait queries.
+#![recursion_limit = "256"]
+
 mod boot;
 mod probes;
 pub mod roles;

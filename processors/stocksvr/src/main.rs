@@ -124,6 +124,9 @@ async fn main() -> std::process::ExitCode {
         }
     };
     telemetry::init_tracing(&settings.log);
+    stocksvr_store::deadline::set_statement_deadline(std::time::Duration::from_millis(
+        settings.mysql.statement_timeout_ms,
+    ));
     match run(cli.command, settings).await {
         Ok(code) => code,
         Err(e) => {

@@ -147,8 +147,12 @@ pub async fn run(
     }
     if roles.dead_letter {
         let config = stocksvr_dead_letter::loop_config_from_file(&settings.kafka)
-            .context("reading the dead-letter topics from the topics file")?;
-        let handler = Arc::new(stocksvr_dead_letter::Parker::new(pool.clone()));
+            .context("reading the dead-letter topics from the topics file")?
+            .with_consumer(&settings.consumer);
+        let handler = Arc::new(stocksvr_dead_letter::Parker::new(
+            pool.clone(),
+            &settings.kafka.group_prefix,
+        ));
         let (settings, stop, codec) = (settings.clone(), stop_rx.clone(), codec.clone());
         tasks.spawn(async move {
             let result =
@@ -179,7 +183,7 @@ pub async fn run(
             let result = stocksvr_pipeline::consumer::run(
                 &settings.kafka,
                 codec,
-                stocksvr_projector::loop_config(&settings.kafka),
+                stocksvr_projector::loop_config(&settings.kafka).with_consumer(&settings.consumer),
                 handler,
                 stop,
             )

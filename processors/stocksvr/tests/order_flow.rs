@@ -425,13 +425,14 @@ async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
         "inventory_reservation_ids": [reservation_id], "reason": "payment failed"}),
     );
     wait_for_status(&server, reservation_id, "CANCELED").await;
-    // The Try request that was in flight arrives now: it answers CANCELED and holds nothing.
+    // The Try request that was in flight arrives now: the order failed, so it is refused
+    // with a 409 and holds nothing.
     let body = json!({"order_id": order_id, "order_item_id": order_id * 10, "merchant_id": shop.merchant_id,
                       "dish_id": shop.dish_id, "quantity": 4, "order_type": "INSTANT"});
     let (status, late) = post(&server, "/v1/reservations", &body.to_string()).await;
     assert_eq!(
-        (status, late["reservation"]["status"].as_str()),
-        (200, Some("CANCELED")),
+        (status, late["error"].as_str(), late["field"].as_str()),
+        (409, Some("order_failed"), Some("order_id")),
         "{late}"
     );
 
@@ -481,14 +482,14 @@ async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
                 .unwrap_or_default()
         };
         use stocksvr_pipeline::deadletter::headers::{ERROR_CLASS, ERROR_MESSAGE};
-        // Class "invalid": dead-lettered at once, not after exhausting retries.
+        // Class "undecodable": dead-lettered at once (an outage never dead-letters).
         let dead = common::find_record(
             &format!("{}.dlt", shop.env.topic(ORDER_LIFECYCLE)),
             Duration::from_secs(30),
             |m| {
                 m.key() == Some(key.as_bytes())
                     && header(m, ERROR_MESSAGE).contains(reason)
-                    && header(m, ERROR_CLASS) == "invalid"
+                    && header(m, ERROR_CLASS) == "undecodable"
             },
         );
         assert!(dead.is_some(), "{key}: no dead letter saying {reason:?}");

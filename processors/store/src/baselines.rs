@@ -1,6 +1,7 @@
 //! `dish_stock_baseline` (the merchant's total per bucket, seed §4.1) and the merchants'
 //! time zones: what a bucket is initialised, adjusted and rebuilt from.
 
+use crate::deadline::Deadline;
 use crate::reservations::now;
 use chrono::NaiveDate;
 use sqlx::MySqlPool;
@@ -49,6 +50,7 @@ pub(crate) async fn read_baseline<'e, E: sqlx::MySqlExecutor<'e>>(
     ))
     .bind(bucket_id)
     .fetch_optional(exec)
+    .deadline()
     .await
 }
 
@@ -79,6 +81,7 @@ pub(crate) async fn insert_baseline<'e, E: sqlx::MySqlExecutor<'e>>(
     .bind(now)
     .bind(now)
     .execute(exec)
+    .deadline()
     .await?;
     Ok(())
 }
@@ -92,6 +95,7 @@ pub async fn merchant_timezone(
         sqlx::query_as("SELECT timezone FROM merchant_settings WHERE merchant_id = ?")
             .bind(merchant_id)
             .fetch_optional(pool)
+            .deadline()
             .await?;
     Ok(row.map(|(tz,)| tz))
 }
@@ -111,6 +115,7 @@ pub async fn set_merchant_timezone(
     .bind(now)
     .bind(now)
     .execute(pool)
+    .deadline()
     .await?;
     Ok(())
 }

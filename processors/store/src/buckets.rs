@@ -2,6 +2,7 @@
 //! dishes the daily job carries forward, and the projected snapshot.
 
 use crate::baselines::Baseline;
+use crate::deadline::Deadline;
 use chrono::{NaiveDate, NaiveDateTime, TimeDelta};
 use sqlx::MySqlPool;
 use stocksvr_core::reservation::ReservationStatus;
@@ -34,6 +35,7 @@ pub async fn count_open_reservations<'e, E: sqlx::MySqlExecutor<'e>>(
     .bind(OPEN_STATUSES[4].code() as i8)
     .bind(OPEN_STATUSES[5].code() as i8)
     .fetch_one(exec)
+    .deadline()
     .await?;
     Ok(n)
 }
@@ -65,6 +67,7 @@ pub async fn baselines_to_carry(
     .bind(date)
     .bind(limit)
     .fetch_all(pool)
+    .deadline()
     .await
 }
 
@@ -73,6 +76,7 @@ pub async fn baseline_timezones(pool: &MySqlPool) -> Result<Vec<String>, sqlx::E
     let rows: Vec<(String,)> =
         sqlx::query_as("SELECT DISTINCT timezone FROM dish_stock_baseline ORDER BY timezone")
             .fetch_all(pool)
+            .deadline()
             .await?;
     Ok(rows.into_iter().map(|(t,)| t).collect())
 }
@@ -100,5 +104,6 @@ pub async fn find_snapshot(
     )
     .bind(bucket)
     .fetch_optional(pool)
+    .deadline()
     .await
 }

@@ -3,7 +3,9 @@
 
 pub mod baselines;
 pub mod buckets;
+pub mod deadline;
 pub mod lua;
+pub mod order_events;
 pub mod outbox;
 pub mod refunds;
 pub mod reservations;
@@ -11,6 +13,7 @@ pub mod wal;
 pub mod wheel;
 pub mod worker_lease;
 
+use crate::deadline::Deadline;
 use redis::aio::ConnectionManager;
 use sqlx::migrate::Migrator;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
@@ -49,6 +52,7 @@ pub fn mysql_pool(
             Box::pin(async move {
                 sqlx::query("SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'")
                     .execute(conn)
+    .deadline()
                     .await
                     .map(|_| ())
             })
@@ -96,6 +100,7 @@ async fn applied_versions(pool: &MySqlPool) -> Result<Vec<i64>, StoreError> {
     )
     .bind("_sqlx_migrations")
     .fetch_optional(pool)
+    .deadline()
     .await?;
     if exists.is_none() {
         return Ok(Vec::new());
@@ -104,13 +109,14 @@ async fn applied_versions(pool: &MySqlPool) -> Result<Vec<i64>, StoreError> {
         sqlx::query_as("SELECT version FROM _sqlx_migrations WHERE success = ?")
             .bind(true)
             .fetch_all(pool)
+            .deadline()
             .await?;
     Ok(rows.into_iter().map(|(v,)| v).collect())
 }
 
 /// `SELECT 1`: the readiness probe of MySQL.
 pub async fn ping_mysql(pool: &MySqlPool) -> Result<(), StoreError> {
-    sqlx::query("SELECT 1").execute(pool).await?;
+    sqlx::query("SELECT 1").execute(pool).deadline().await?;
     Ok(())
 }
 

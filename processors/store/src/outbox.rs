@@ -1,6 +1,7 @@
 //! The transactional outbox (seed §4.6): rows written in the same transaction as the state
 //! change they announce, published by the relay.
 
+use crate::deadline::Deadline;
 use crate::reservations::now;
 use sqlx::{MySql, MySqlPool, Transaction};
 
@@ -47,6 +48,7 @@ pub(crate) async fn write_outbox<'e, E: sqlx::MySqlExecutor<'e>>(
     .bind(now)
     .bind(now)
     .execute(exec)
+    .deadline()
     .await?;
     Ok(done.rows_affected())
 }

@@ -2,6 +2,7 @@
 //! partial one from `RefundRequested` keyed by its refund id), so a repeated request returns
 //! its first result and partial refunds never add up past what is held.
 
+use crate::deadline::Deadline;
 use crate::outbox::insert_outbox;
 use crate::reservations::{begin_step, now, Completion, Reservation, Step};
 use sqlx::MySqlPool;
@@ -37,6 +38,7 @@ pub async fn find_refund(
     .bind(reservation_id)
     .bind(refund_key)
     .fetch_optional(pool)
+    .deadline()
     .await
 }
 
@@ -49,7 +51,7 @@ pub async fn begin_refund(
     refund_key: &str,
     step: &Step<'_>,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     let now = now();
     let inserted = sqlx::query(
         "INSERT IGNORE INTO inventory_refund (reservation_id, refund_key, operation_id, quantity, status, \
@@ -63,14 +65,15 @@ pub async fn begin_refund(
     .bind(now)
     .bind(now)
     .execute(&mut *tx)
+    .deadline()
     .await?;
     if inserted.rows_affected() != 1
         || !begin_step(&mut tx, reservation.id, from, reservation.version, step).await?
     {
-        tx.rollback().await?;
+        tx.rollback().deadline().await?;
         return Ok(false);
     }
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok(true)
 }
 
@@ -80,7 +83,7 @@ pub async fn complete_refund(
     reservation: &Reservation,
     completion: &Completion,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     let now = now();
     let done = sqlx::query(
         "UPDATE inventory_reservation SET status = ?, \
@@ -98,9 +101,10 @@ pub async fn complete_refund(
     .bind(ReservationStatus::Refunding.code() as i8)
     .bind(reservation.version)
     .execute(&mut *tx)
+    .deadline()
     .await?;
     if done.rows_affected() != 1 {
-        tx.rollback().await?;
+        tx.rollback().deadline().await?;
         return Ok(false);
     }
     sqlx::query(
@@ -115,9 +119,10 @@ pub async fn complete_refund(
     .bind(now)
     .bind(&reservation.current_operation_id)
     .execute(&mut *tx)
+    .deadline()
     .await?;
     insert_outbox(&mut tx, &completion.outbox).await?;
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok(true)
 }
 
@@ -131,5 +136,6 @@ pub async fn find_refund_by_operation(
     )
     .bind(operation_id)
     .fetch_optional(pool)
+    .deadline()
     .await
 }

@@ -2,6 +2,7 @@
 //! `(status, version)`; a change that finishes a Redis step commits its outbox rows in the
 //! same transaction, so an event exists if and only if the state change does.
 
+use crate::deadline::Deadline;
 use crate::outbox::{insert_outbox, write_outbox, NewOutbox};
 use chrono::{NaiveDate, NaiveDateTime, Utc};
 use sqlx::{MySql, MySqlPool};
@@ -79,7 +80,7 @@ impl Reservation {
     }
 }
 
-const COLUMNS: &str =
+pub(crate) const COLUMNS: &str =
     "id, order_id, order_item_id, merchant_id, dish_id, stock_bucket_id, stock_date, \
     quantity, refunded_quantity, pending_quantity, order_type, processing_time, expire_at, status, \
     resume_status, reject_reason, current_operation_id, retry_count, next_retry_at, last_error, \
@@ -103,8 +104,48 @@ pub struct NewReservation {
     pub try_operation_id: String,
 }
 
+impl NewReservation {
+    /// The row this reservation would be in `status` (what a rejection announces).
+    pub fn to_row(&self, status: ReservationStatus, reject_reason: Option<&str>) -> Reservation {
+        let now = now();
+        Reservation {
+            id: self.id,
+            order_id: self.order_id,
+            order_item_id: self.order_item_id,
+            merchant_id: self.merchant_id,
+            dish_id: self.dish_id,
+            stock_bucket_id: self.stock_bucket_id.clone(),
+            stock_date: self.stock_date,
+            quantity: self.quantity,
+            refunded_quantity: 0,
+            pending_quantity: 0,
+            order_type: self.order_type,
+            processing_time: self.processing_time,
+            expire_at: self.expire_at,
+            status: status.code() as i8,
+            resume_status: None,
+            reject_reason: reject_reason.map(str::to_string),
+            current_operation_id: self.try_operation_id.clone(),
+            retry_count: 0,
+            next_retry_at: now,
+            last_error: None,
+            sync_status: SyncStatus::Pending.code() as i8,
+            expected_redis_version: None,
+            synced_redis_version: 0,
+            version: 1,
+            created_at: now,
+            updated_at: now,
+            stale_alerted_at: None,
+            dead: 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum InsertOutcome {
+    /// The order failed before this Try reached MySQL (its OrderCreatedFailed wrote the
+    /// order fence): nothing was inserted and nothing may be held for it.
+    OrderFailed,
     Inserted,
     /// `(order_item_id, dish_id)` already has a reservation: the Try is a repeat.
     Existing(Box<Reservation>),
@@ -127,11 +168,16 @@ pub async fn insert_preparing(
     r: &NewReservation,
 ) -> Result<InsertOutcome, sqlx::Error> {
     let now = now();
+    // One statement, so nothing can come between the fence check and the insert: under
+    // REPEATABLE READ the NOT EXISTS probe locks the fence key (or the gap where it would
+    // be), and an OrderCreatedFailed writing the fence waits for this insert to commit, or
+    // this insert waits for the fence and then inserts nothing (see migration 5).
     let result = sqlx::query(
         "INSERT INTO inventory_reservation (id, order_id, order_item_id, merchant_id, dish_id, \
          stock_bucket_id, stock_date, quantity, order_type, processing_time, expire_at, status, \
          current_operation_id, next_retry_at, created_at, updated_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? FROM DUAL \
+         WHERE NOT EXISTS (SELECT 1 FROM inventory_order_fence WHERE order_id = ?)",
     )
     .bind(r.id)
     .bind(r.order_id)
@@ -149,10 +195,20 @@ pub async fn insert_preparing(
     .bind(now + STEP_GRACE)
     .bind(now)
     .bind(now)
+    .bind(r.order_id)
     .execute(pool)
+    .deadline()
     .await;
     match result {
-        Ok(_) => Ok(InsertOutcome::Inserted),
+        Ok(done) if done.rows_affected() == 1 => Ok(InsertOutcome::Inserted),
+        // Nothing inserted: the order's fence exists. A repeat of a Try that got in before
+        // the fence still answers with its row.
+        Ok(_) => Ok(
+            match find_by_item(pool, r.order_item_id, r.dish_id).await? {
+                Some(existing) => InsertOutcome::Existing(Box::new(existing)),
+                None => InsertOutcome::OrderFailed,
+            },
+        ),
         Err(e) if is_duplicate_key(&e) => {
             match find_by_item(pool, r.order_item_id, r.dish_id).await? {
                 Some(existing) => Ok(InsertOutcome::Existing(Box::new(existing))),
@@ -170,6 +226,7 @@ pub async fn find(pool: &MySqlPool, id: u64) -> Result<Option<Reservation>, sqlx
     ))
     .bind(id)
     .fetch_optional(pool)
+    .deadline()
     .await
 }
 
@@ -184,6 +241,7 @@ pub async fn find_by_item(
     .bind(order_item_id)
     .bind(dish_id)
     .fetch_optional(pool)
+    .deadline()
     .await
 }
 
@@ -196,6 +254,7 @@ pub async fn list_by_order(
     ))
     .bind(order_id)
     .fetch_all(pool)
+    .deadline()
     .await
 }
 
@@ -233,6 +292,7 @@ pub async fn begin_step(
     .bind(from.code() as i8)
     .bind(version)
     .execute(conn)
+    .deadline()
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -257,7 +317,7 @@ pub async fn complete_step(
     version: u32,
     completion: &Completion,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     let now = now();
     let done = sqlx::query(
         "UPDATE inventory_reservation SET status = ?, \
@@ -278,13 +338,14 @@ pub async fn complete_step(
     .bind(from.code() as i8)
     .bind(version)
     .execute(&mut *tx)
+    .deadline()
     .await?;
     if done.rows_affected() != 1 {
-        tx.rollback().await?;
+        tx.rollback().deadline().await?;
         return Ok(false);
     }
     insert_outbox(&mut tx, &completion.outbox).await?;
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok(true)
 }
 
@@ -308,6 +369,7 @@ pub async fn record_failure(
     .bind(id)
     .bind(status.code() as i8)
     .execute(pool)
+    .deadline()
     .await?;
     Ok(())
 }
@@ -320,7 +382,7 @@ pub async fn claim_due(
     limit: u32,
     lease: chrono::TimeDelta,
 ) -> Result<Vec<u64>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     let now = now();
     let ids: Vec<(u64,)> = sqlx::query_as(
         "SELECT id FROM inventory_reservation WHERE status IN (?, ?, ?, ?) AND dead = 0 AND next_retry_at <= ? \
@@ -333,15 +395,17 @@ pub async fn claim_due(
     .bind(now)
     .bind(limit)
     .fetch_all(&mut *tx)
+    .deadline()
     .await?;
     for (id,) in &ids {
         sqlx::query("UPDATE inventory_reservation SET next_retry_at = ? WHERE id = ?")
             .bind(now + lease)
             .bind(id)
             .execute(&mut *tx)
+            .deadline()
             .await?;
     }
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok(ids.into_iter().map(|(id,)| id).collect())
 }
 
@@ -363,13 +427,13 @@ async fn mark_and_alert(
     mark: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
     alert: &NewOutbox,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    if mark.execute(&mut *tx).await?.rows_affected() != 1 {
-        tx.rollback().await?;
+    let mut tx = pool.begin().deadline().await?;
+    if mark.execute(&mut *tx).deadline().await?.rows_affected() != 1 {
+        tx.rollback().deadline().await?;
         return Ok(false);
     }
     write_outbox(&mut *tx, alert, true).await?;
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok(true)
 }
 
@@ -383,6 +447,7 @@ pub async fn find_stale(pool: &MySqlPool, limit: u32) -> Result<Vec<Reservation>
     .bind(now())
     .bind(limit)
     .fetch_all(pool)
+    .deadline()
     .await
 }
 
@@ -394,6 +459,7 @@ pub async fn count_stale(pool: &MySqlPool) -> Result<i64, sqlx::Error> {
     .bind(ReservationStatus::Reserved.code() as i8)
     .bind(now())
     .fetch_one(pool)
+    .deadline()
     .await?;
     Ok(n)
 }
@@ -438,7 +504,7 @@ pub async fn list_stuck(
             .bind(ReservationStatus::Refunding.code() as i8)
             .bind(now() - STEP_GRACE);
     }
-    q.bind(limit).fetch_all(pool).await
+    q.bind(limit).fetch_all(pool).deadline().await
 }
 
 /// An operator's "retry now": clears the dead mark and the backoff so the step runs at once
@@ -452,6 +518,7 @@ pub async fn revive(pool: &MySqlPool, id: u64) -> Result<bool, sqlx::Error> {
     .bind(now())
     .bind(id)
     .execute(pool)
+    .deadline()
     .await?;
     Ok(done.rows_affected() == 1)
 }

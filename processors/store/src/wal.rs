@@ -11,6 +11,7 @@
 //! applied and announced once even if two workers overlap.
 
 use crate::baselines::{insert_baseline, read_baseline, Baseline};
+use crate::deadline::Deadline;
 use crate::outbox::{write_outbox, NewOutbox};
 use crate::reservations::now;
 use chrono::{NaiveDateTime, TimeDelta};
@@ -194,6 +195,7 @@ async fn insert_ignore(tx: &mut Transaction<'_, MySql>, w: &NewWal) -> Result<bo
     .bind(now)
     .bind(now)
     .execute(&mut **tx)
+    .deadline()
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -217,7 +219,7 @@ pub async fn begin_init<F>(
 where
     F: FnOnce(&Baseline) -> NewWal,
 {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     insert_baseline(&mut *tx, b).await?;
     // A plain read, not FOR UPDATE: twenty concurrent lazy inits each hold a shared lock
     // from the INSERT IGNORE above, and upgrading them would deadlock. A concurrent adjust
@@ -226,7 +228,7 @@ where
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
     let new = insert_ignore(&mut tx, &wal(&stored)).await?;
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok((stored, new))
 }
 
@@ -243,7 +245,7 @@ pub async fn begin_adjust<F>(
 where
     F: FnOnce(&Baseline) -> NewWal,
 {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     let before = baseline_for_update(&mut tx, bucket)
         .await?
         .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
@@ -258,13 +260,14 @@ where
     .bind(now())
     .bind(bucket)
     .execute(&mut *tx)
+    .deadline()
     .await?;
     let new = wal(&before);
     insert_ignore(&mut tx, &new).await?;
     let row = find_by_op(&mut *tx, &new.operation_id)
         .await?
         .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok((before, row))
 }
 
@@ -272,7 +275,7 @@ where
 /// path reads the baseline status); the CLOSE WAL row then carries the state to Redis, where
 /// a Try already past the baseline check is refused by the script.
 pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<WalRow, Refusal> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     let b = baseline_for_update(&mut tx, bucket)
         .await?
         .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
@@ -288,12 +291,13 @@ pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<
     .bind(bucket)
     .bind(BucketState::Open.code())
     .execute(&mut *tx)
+    .deadline()
     .await?;
     insert_ignore(&mut tx, &wal).await?;
     let row = find_by_op(&mut *tx, &wal.operation_id)
         .await?
         .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok(row)
 }
 
@@ -301,7 +305,7 @@ pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<
 /// is CLOSED, so no new reservation can appear in it (a Try racing the close is refused by
 /// the script, never left open).
 pub async fn begin_archive(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<WalRow, Refusal> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     let b = baseline_for_update(&mut tx, bucket)
         .await?
         .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
@@ -322,7 +326,7 @@ pub async fn begin_archive(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Resul
     let row = find_by_op(&mut *tx, &wal.operation_id)
         .await?
         .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok(row)
 }
 
@@ -335,6 +339,7 @@ pub async fn find_by_op<'e, E: sqlx::MySqlExecutor<'e>>(
     ))
     .bind(operation_id)
     .fetch_optional(exec)
+    .deadline()
     .await
 }
 
@@ -370,6 +375,7 @@ pub async fn try_lease(
     .bind(WalStatus::Init as i8)
     .bind(now)
     .execute(pool)
+    .deadline()
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -383,7 +389,7 @@ pub async fn claim_due(
     lease: TimeDelta,
     limit: u32,
 ) -> Result<Vec<WalRow>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     let now = now();
     let rows: Vec<WalRow> = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM inventory_operation_wal WHERE status IN (?, ?, ?) \
@@ -396,6 +402,7 @@ pub async fn claim_due(
     .bind(now)
     .bind(limit)
     .fetch_all(&mut *tx)
+    .deadline()
     .await?;
     for r in &rows {
         sqlx::query(
@@ -409,9 +416,10 @@ pub async fn claim_due(
         .bind(now)
         .bind(r.id)
         .execute(&mut *tx)
+        .deadline()
         .await?;
     }
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok(rows)
 }
 
@@ -433,7 +441,7 @@ pub async fn complete(
     owner: &str,
     c: &WalCompletion,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     let now = now();
     let done = sqlx::query(
         "UPDATE inventory_operation_wal SET status = ?, result_payload = ?, lease_owner = NULL, \
@@ -447,9 +455,10 @@ pub async fn complete(
     .bind(WalStatus::Executing as i8)
     .bind(owner)
     .execute(&mut *tx)
+    .deadline()
     .await?;
     if done.rows_affected() != 1 {
-        tx.rollback().await?;
+        tx.rollback().deadline().await?;
         return Ok(false);
     }
     for o in &c.outbox {
@@ -463,9 +472,10 @@ pub async fn complete(
         .bind(now)
         .bind(&row.stock_bucket_id)
         .execute(&mut *tx)
+    .deadline()
         .await?;
     }
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok(true)
 }
 
@@ -480,7 +490,7 @@ pub async fn fail(
     dead: Option<&NewOutbox>,
 ) -> Result<bool, sqlx::Error> {
     let error: String = error.chars().take(1000).collect();
-    let mut tx = pool.begin().await?;
+    let mut tx = pool.begin().deadline().await?;
     let now = now();
     let status = if dead.is_some() {
         WalStatus::Dead
@@ -500,15 +510,16 @@ pub async fn fail(
     .bind(WalStatus::Executing as i8)
     .bind(owner)
     .execute(&mut *tx)
+    .deadline()
     .await?;
     if done.rows_affected() != 1 {
-        tx.rollback().await?;
+        tx.rollback().deadline().await?;
         return Ok(false);
     }
     if let Some(alert) = dead {
         write_outbox(&mut *tx, alert, true).await?;
     }
-    tx.commit().await?;
+    tx.commit().deadline().await?;
     Ok(true)
 }
 
@@ -536,6 +547,7 @@ pub async fn postpone(
     .bind(WalStatus::Executing as i8)
     .bind(owner)
     .execute(pool)
+    .deadline()
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -563,6 +575,7 @@ pub async fn unfinished_before(
     .bind(i8::from(older_only))
     .bind(row.id)
     .fetch_optional(pool)
+    .deadline()
     .await?;
     Ok(found.map(|(op,)| op))
 }
@@ -577,6 +590,7 @@ pub async fn succeeded_init(pool: &MySqlPool, bucket: &str) -> Result<Option<Str
     .bind(WalAction::InitBucket as i8)
     .bind(WalStatus::Succeeded as i8)
     .fetch_optional(pool)
+    .deadline()
     .await?;
     Ok(found.map(|(op,)| op))
 }
@@ -599,6 +613,7 @@ pub async fn retry_now(pool: &MySqlPool, operation_id: &str) -> Result<bool, sql
     .bind(WalStatus::Dead as i8)
     .bind(now)
     .execute(pool)
+    .deadline()
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -639,7 +654,7 @@ pub async fn list(
     if let Some(b) = bucket {
         q = q.bind(b);
     }
-    q.bind(limit).fetch_all(pool).await
+    q.bind(limit).fetch_all(pool).deadline().await
 }
 
 /// Unfinished or dead rows per status, for the backlog gauge.
@@ -649,5 +664,6 @@ pub async fn count_by_status(pool: &MySqlPool) -> Result<Vec<(i8, i64)>, sqlx::E
     )
     .bind(WalStatus::Succeeded as i8)
     .fetch_all(pool)
+    .deadline()
     .await
 }

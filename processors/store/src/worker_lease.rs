@@ -4,6 +4,7 @@
 //! well within the TTL. If a renewal finds the lease taken (the instance stalled longer than
 //! the TTL), the holder must stop minting ids: [`WorkerLease::renew`] says so.
 
+use crate::deadline::Deadline;
 use chrono::{TimeDelta, Utc};
 use sqlx::MySqlPool;
 
@@ -57,6 +58,7 @@ impl WorkerLease {
         .bind(self.worker_id)
         .bind(&self.owner)
         .execute(pool)
+    .deadline()
         .await?;
         if done.rows_affected() == 1 {
             Ok(())
@@ -71,6 +73,7 @@ impl WorkerLease {
             .bind(self.worker_id)
             .bind(&self.owner)
             .execute(pool)
+            .deadline()
             .await?;
         Ok(())
     }
@@ -94,6 +97,7 @@ async fn claim(
     .bind(now + ttl)
     .bind(now)
     .execute(pool)
+    .deadline()
     .await?;
     if inserted.rows_affected() == 1 {
         return Ok(true);
@@ -109,6 +113,7 @@ async fn claim(
     .bind(now)
     .bind(owner)
     .execute(pool)
+    .deadline()
     .await?;
     Ok(taken.rows_affected() == 1)
 }

@@ -85,6 +85,7 @@ pub async fn send_dead_letter(message: &OwnedMessage, error: &str) -> (String, i
         &producer(),
         message,
         "stocksvr.order-lifecycle",
+        "order-lifecycle",
         ErrorClass::Invalid,
         error,
     )
@@ -141,7 +142,7 @@ pub async fn run_processor(pool: &MySqlPool, source: &str, expected: usize) -> V
     .expect("codec");
     let seen = Arc::new(Mutex::new(Vec::new()));
     let handler = Arc::new(Counting {
-        inner: Parker::new(pool.clone()),
+        inner: Parker::new(pool.clone(), "stocksvr"),
         seen: seen.clone(),
     });
     let (stop_tx, stop_rx) = watch::channel(false);

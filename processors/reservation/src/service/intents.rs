@@ -7,6 +7,7 @@ use crate::error::ServiceError;
 use crate::outbox;
 use std::time::Instant;
 use stocksvr_core::reservation::{self as rules, Decision, Intent, ReservationStatus};
+use stocksvr_store::deadline::Deadline;
 use stocksvr_store::reservations::{self as repo, Completion, Step};
 use stocksvr_telemetry::names;
 
@@ -28,6 +29,46 @@ impl ReservationService {
     /// `OrderCreatedFailed` only.
     pub async fn cancel(&self, id: u64) -> Result<IntentOutcome, ServiceError> {
         self.apply(id, Intent::Cancel, None).await
+    }
+
+    /// `OrderCreatedFailed`: the order failed. In one transaction the order fence is written
+    /// (a Try of the order that has not reached MySQL yet will be refused, see the Try path)
+    /// and every reservation of the order that can still be cancelled (PREPARING, RESERVED)
+    /// moves to CANCELING; then each reservation's cancel runs, or reports why it cannot (a
+    /// scheduled order already created, say). Returns each reservation's outcome.
+    pub async fn fail_order(
+        &self,
+        order_id: u64,
+        event_id: &str,
+        reason: Option<&str>,
+    ) -> Result<Vec<(u64, IntentOutcome)>, ServiceError> {
+        use stocksvr_store::deadline::Deadline;
+        use stocksvr_store::order_events;
+        let mut tx = self.pool.begin().deadline().await?;
+        order_events::fence_order(&mut tx, order_id, event_id, reason).await?;
+        let rows = order_events::lock_order(&mut tx, order_id).await?;
+        for row in &rows {
+            let status = row.status()?;
+            if matches!(
+                status,
+                ReservationStatus::Preparing | ReservationStatus::Reserved
+            ) {
+                let op = rules::cancel_operation_id(row.id);
+                let step = Step {
+                    to: ReservationStatus::Canceling,
+                    operation_id: &op,
+                    pending_quantity: row.quantity,
+                    resume_status: None,
+                };
+                repo::begin_step(&mut tx, row.id, status, row.version, &step).await?;
+            }
+        }
+        tx.commit().deadline().await?;
+        let mut outcomes = Vec::with_capacity(rows.len());
+        for row in rows {
+            outcomes.push((row.id, self.cancel(row.id).await?));
+        }
+        Ok(outcomes)
     }
 
     /// `OrderCanceled` (`refund_id` None: everything still held) or `RefundRequested`
@@ -176,7 +217,7 @@ impl ReservationService {
                                 },
                                 resume_status: None,
                             };
-                            let mut conn = self.pool.acquire().await?;
+                            let mut conn = self.pool.acquire().deadline().await?;
                             repo::begin_step(&mut conn, id, status, row.version, &step).await?
                         }
                     };

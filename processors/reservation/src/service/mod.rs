@@ -14,6 +14,8 @@ mod intents;
 mod step;
 mod try_path;
 
+pub use try_path::REJECTED_ORDER_FAILED;
+
 use crate::error::ServiceError;
 use crate::operations::{OpsConfig, StockOps};
 use crate::view::StuckView;

@@ -13,6 +13,9 @@ use stocksvr_core::reservation::{self as rules, ReservationStatus};
 use stocksvr_store::reservations::{self as repo, InsertOutcome, NewReservation, Reservation};
 use stocksvr_telemetry::names;
 
+/// `reject_reason` of a Try whose order failed before it reached MySQL.
+pub const REJECTED_ORDER_FAILED: &str = "ORDER_FAILED";
+
 impl ReservationService {
     /// The merchant's zone, or the default when none is configured or it is unreadable.
     pub async fn timezone(&self, merchant_id: u64) -> Result<Tz, ServiceError> {
@@ -63,8 +66,8 @@ impl ReservationService {
             ("merchant_id", req.merchant_id),
             ("dish_id", req.dish_id),
         ] {
-            if value == 0 {
-                return invalid(field, "must be a positive id".into());
+            if let Err(message) = stocksvr_core::ids::check_id(value) {
+                return invalid(field, message);
             }
         }
         if req.order_type == OrderType::Scheduled && req.processing_time.is_none() {
@@ -141,13 +144,50 @@ impl ReservationService {
             InsertOutcome::Inserted => {}
             // A concurrent duplicate of this Try inserted first.
             InsertOutcome::Existing(existing) => return self.repeat_try(*existing, req).await,
+            InsertOutcome::OrderFailed => return self.reject_failed_order(&new, req).await,
         }
-        let row = self.load(id).await?;
+        // Just inserted: a miss here is a read that lost its connection, not a missing row.
+        let row = repo::find(&self.pool, id)
+            .await?
+            .ok_or(ServiceError::Mysql(sqlx::Error::PoolTimedOut))?;
         let row = self.run_step(row).await?;
         Ok(TryReply {
             reservation: row,
             created: true,
         })
+    }
+
+    /// A Try that arrives after its order failed (the OrderCreatedFailed came first, say the
+    /// order service gave up waiting for this very Try): nothing is held, the row is
+    /// REJECTED with reason ORDER_FAILED, and the order domain hears it once.
+    async fn reject_failed_order(
+        &self,
+        new: &NewReservation,
+        req: &TryRequest,
+    ) -> Result<TryReply, ServiceError> {
+        let reason = REJECTED_ORDER_FAILED;
+        let row = new.to_row(ReservationStatus::Rejected, Some(reason));
+        let event = crate::outbox::rejected(&row, &row.current_operation_id, reason, None);
+        let created =
+            stocksvr_store::order_events::insert_rejected(&self.pool, new, reason, &event).await?;
+        if created {
+            self.outbox_committed();
+            metrics::counter!(names::FENCE_HITS, "kind" => "order_fenced").increment(1);
+            tracing::info!(
+                order_id = req.order_id,
+                order_item_id = req.order_item_id,
+                dish_id = req.dish_id,
+                "Try of a failed order refused: nothing held"
+            );
+        }
+        match repo::find_by_item(&self.pool, req.order_item_id, req.dish_id).await? {
+            Some(existing) if !created => self.repeat_try(existing, req).await,
+            Some(existing) => Ok(TryReply {
+                reservation: existing,
+                created: true,
+            }),
+            None => Err(ServiceError::Mysql(sqlx::Error::PoolTimedOut)),
+        }
     }
 
     async fn repeat_try(
