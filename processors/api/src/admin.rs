@@ -104,9 +104,7 @@ async fn init_bucket(
     let body: InitBody = parse_json(&body)?;
     let service = state.service()?;
     for (field, value) in [("merchant_id", body.merchant_id), ("dish_id", body.dish_id)] {
-        if value == 0 {
-            return Err(ApiError::invalid(field, "must be a positive id"));
-        }
+        stocksvr_core::ids::check_id(value).map_err(|e| ApiError::invalid(field, e))?;
     }
     let tz = match &body.timezone {
         Some(name) => bucket::parse_timezone(name)

@@ -69,7 +69,9 @@ pub async fn park_batch<M: Message + Sync>(
     let mut parked = Vec::new();
     for &message in messages {
         let row = parse_dead_letter(message);
-        if !row.consumer_group.starts_with(own_groups) {
+        // A dead letter that names no group (a foreign or garbled producer) is parked: it may
+        // be ours, and holding someone else's record costs less than losing our own.
+        if !row.consumer_group.is_empty() && !row.consumer_group.starts_with(own_groups) {
             metrics::counter!(names::DEAD_LETTERS_FOREIGN, "topic" => row.dlt_topic.clone())
                 .increment(1);
             tracing::debug!(

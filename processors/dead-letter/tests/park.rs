@@ -126,3 +126,41 @@ async fn each_dead_letter_is_parked_once_with_its_origin_and_exact_bytes() {
     assert_eq!(second_run, [Applied::Duplicate; 3]);
     assert_eq!(list(&pool, &all).await.expect("list"), rows);
 }
+
+/// A `.dlt` topic shared with another deployment (or another service reading the same source
+/// topic): only the dead letters of this deployment's groups (`stocksvr.`) are parked; the
+/// others are read past, counted, and left to their owners.
+#[tokio::test]
+async fn dead_letters_of_another_deployments_groups_are_not_parked() {
+    let pool = fresh_database().await;
+    let pair = topic_pair().await;
+    let topic = pair.topic.clone();
+    let own = original(&topic, 0, 1, Some(b"1"), Some(b"own"));
+    send_dead_letter_as(&own, "stocksvr.order-lifecycle", "ours").await;
+    // Another deployment, and one whose prefix merely starts with ours. (A dead letter that
+    // names no group at all is parked: see the test above.)
+    for (offset, group) in [
+        (2, "staging.order-lifecycle"),
+        (3, "stocksvr-eu.order-lifecycle"),
+    ] {
+        let foreign = original(&topic, 0, offset, Some(b"2"), Some(b"theirs"));
+        send_dead_letter_as(&foreign, group, "theirs").await;
+    }
+    let mut outcomes = run_processor(&pool, &topic, 3).await;
+    outcomes.sort_by_key(|a| format!("{a:?}"));
+    assert_eq!(
+        outcomes,
+        [Applied::Applied, Applied::Duplicate, Applied::Duplicate]
+    );
+    let rows = list(
+        &pool,
+        &Filter {
+            status: None,
+            ..Filter::default()
+        },
+    )
+    .await
+    .expect("list");
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(rows[0].error_message, "ours");
+}

@@ -104,6 +104,21 @@ pub async fn claim(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Clai
 /// then new rows; retries back off, so they cannot crowd new rows out for long.
 async fn claim_once(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Claim, sqlx::Error> {
     let mut conn = pool.acquire().deadline().await?;
+    let claimed = claim_on(&mut conn, limit, lease).await;
+    if claimed.is_err() {
+        // A statement cut off by its deadline can leave the connection inside the claim's
+        // transaction; back in the pool, the next claim's SET TRANSACTION would then fail
+        // (MariaDB 1568) and so would every claim after it on that connection.
+        conn.close_on_drop();
+    }
+    claimed
+}
+
+async fn claim_on(
+    conn: &mut sqlx::pool::PoolConnection<MySql>,
+    limit: u32,
+    lease: Duration,
+) -> Result<Claim, sqlx::Error> {
     // Applies to the next transaction on this connection only.
     conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         .deadline()

@@ -500,3 +500,117 @@ async fn stale_reservations_are_alerted_once_and_never_cancelled() {
         "{payload}"
     );
 }
+
+/// The TCC hanging problem at the order level: an OrderCreatedFailed (the order fence) and
+/// the order's Try race on 200 orders, started in both orders and interleaved by the
+/// scheduler. Whatever the interleaving, nothing stays held for a failed order: a Try that
+/// came first is cancelled by the fence's cancel, a Try that came after is refused in the
+/// statement that would have inserted it, and one in flight is fenced in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_order_fence_and_a_racing_try_never_leave_stock_held() {
+    let f = Fixture::new(10_000).await;
+    f.reserve(1, 1).await; // initialise the bucket so every Try races on the same key
+    let base = 8_000_000 + seed() % 100_000 * 1_000;
+    let mut by_reply = std::collections::BTreeMap::<String, u32>::new();
+    // Waves of ten orders: with all 200 at once the pool's queue, not the race, would decide.
+    for wave in 0..20u64 {
+        let mut tasks = Vec::new();
+        for i in wave * 10..wave * 10 + 10 {
+            let order_id = base + i;
+            let mut req = f.request(order_id * 10 + 1, 2);
+            req.order_id = order_id;
+            let (a, b) = (f.service.clone(), f.service.clone());
+            let event_id = format!("failed-{order_id}");
+            // A head start of 0..25 ms for one side, alternating which, spreads the fence over
+            // every point of the Try: before its insert, between insert and Redis, after Redis.
+            let head_start =
+                std::time::Duration::from_micros((i / 2 % 25) * 1_000 + i * 37 % 1_000);
+            let (try_delay, fence_delay) = if i % 2 == 0 {
+                (std::time::Duration::ZERO, head_start)
+            } else {
+                (head_start, std::time::Duration::ZERO)
+            };
+            let try_task = tokio::spawn(async move {
+                tokio::time::sleep(try_delay).await;
+                a.try_reserve(&req).await
+            });
+            let fence_task = tokio::spawn(async move {
+                tokio::time::sleep(fence_delay).await;
+                b.fail_order(order_id, &event_id, Some("timeout")).await
+            });
+            tasks.push((order_id, try_task, fence_task));
+        }
+        for (order_id, try_task, fence_task) in tasks {
+            let reply = try_task
+                .await
+                .expect("task")
+                .expect("the Try gets a definite answer");
+            let fenced = fence_task
+                .await
+                .expect("task")
+                .expect("the fence is written");
+            let status = reply.reservation.status_name().to_string();
+            match status.as_str() {
+                // Reserved before the fence: the fence's cancel found it and released it.
+                "RESERVED" | "CANCELING" | "CANCELED" => {
+                    assert_eq!(
+                        fenced.len(),
+                        1,
+                        "order {order_id}: the fence saw the reservation"
+                    );
+                    assert_eq!(
+                        f.status(reply.reservation.id).await,
+                        "CANCELED",
+                        "order {order_id}"
+                    );
+                }
+                "REJECTED" => {
+                    assert_eq!(
+                        reply.reservation.reject_reason.as_deref(),
+                        Some("ORDER_FAILED")
+                    );
+                }
+                other => panic!("order {order_id}: unexpected Try reply {other}"),
+            }
+            *by_reply.entry(status).or_default() += 1;
+            // Any later Try of the order, another item included, is refused.
+            let mut late = f.request(order_id * 10 + 2, 1);
+            late.order_id = order_id;
+            let late = f.service.try_reserve(&late).await.expect("late Try");
+            assert_eq!(
+                (
+                    late.reservation.status_name(),
+                    late.reservation.reject_reason.as_deref()
+                ),
+                ("REJECTED", Some("ORDER_FAILED")),
+                "order {order_id}"
+            );
+        }
+    }
+    // Nothing of the 200 failed orders is held: only the initial reservation of 1.
+    let (total, available, reserved, sold) = f.numbers().await;
+    assert_eq!(
+        (reserved, sold),
+        (1, 0),
+        "held after the fence: {by_reply:?}"
+    );
+    assert_eq!(available + reserved + sold, total);
+    let held: (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM inventory_reservation WHERE order_id >= ? AND status IN (10, 20, 25, 30, 50)",
+    )
+    .bind(base)
+    .fetch_one(&f.pool)
+    .await
+    .expect("count");
+    assert_eq!(held.0, 0, "{by_reply:?}");
+    // Both sides of the race were exercised, or the test proved nothing.
+    eprintln!("Try replies: {by_reply:?}");
+    assert!(
+        by_reply.get("REJECTED").is_some_and(|n| *n > 0),
+        "{by_reply:?}"
+    );
+    assert!(
+        by_reply.keys().any(|s| s != "REJECTED"),
+        "no Try ever got in before the fence: {by_reply:?}"
+    );
+}

@@ -18,14 +18,19 @@ use stocksvr_store::baselines::Baseline;
 use stocksvr_store::lua::LuaExecutor;
 use stocksvr_store::wal::WalStatus;
 
+/// An id on the command line follows the same contract as the API (positive, an Avro long).
+fn id_arg(raw: &str) -> Result<u64, String> {
+    stocksvr_core::ids::parse_id(raw)
+}
+
 #[derive(Subcommand)]
 pub enum BucketAction {
     /// Create one dish's bucket for one business day: baseline + WAL + Redis (idempotent:
     /// an existing baseline is kept as it is).
     Init {
-        #[arg(long)]
+        #[arg(long, value_parser = id_arg)]
         merchant_id: u64,
-        #[arg(long)]
+        #[arg(long, value_parser = id_arg)]
         dish_id: u64,
         /// Business day YYYY-MM-DD; default: today in the time zone.
         #[arg(long)]
@@ -80,7 +85,10 @@ pub enum ReservationsAction {
         limit: u32,
     },
     /// Resume one reservation's step now with its stored operation id (clears the dead mark).
-    Retry { reservation_id: u64 },
+    Retry {
+        #[arg(value_parser = id_arg)]
+        reservation_id: u64,
+    },
 }
 
 async fn connect(settings: &Settings) -> anyhow::Result<(sqlx::MySqlPool, Arc<LuaExecutor>)> {
@@ -135,10 +143,6 @@ pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result
             total,
             timezone,
         } => {
-            anyhow::ensure!(
-                merchant_id > 0 && dish_id > 0,
-                "--merchant-id and --dish-id must be positive"
-            );
             anyhow::ensure!(total >= 0, "--total must not be negative");
             // Only an explicit --timezone changes the merchant's zone: every later Try of
             // the merchant picks its business day in it.

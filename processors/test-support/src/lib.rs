@@ -9,12 +9,14 @@
 mod db;
 mod ids;
 mod kafka;
+mod private_stack;
 mod process;
 mod stack;
 
 pub use db::TestDb;
 pub use ids::{unique, unique_id};
 pub use kafka::{read_at, records_of, TestNamespace, TestTopic};
+pub use private_stack::PrivateStack;
 pub use process::{output_within, ChildGuard};
 pub use stack::{infra, repo_root};
 

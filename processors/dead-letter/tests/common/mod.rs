@@ -81,10 +81,19 @@ pub fn original(
 
 /// Dead-letters `message` as the shared loop does; returns the dead letter's coordinates.
 pub async fn send_dead_letter(message: &OwnedMessage, error: &str) -> (String, i32, i64) {
+    send_dead_letter_as(message, "stocksvr.order-lifecycle", error).await
+}
+
+/// [`send_dead_letter`] as written by the consumer group `group` (another deployment's, say).
+pub async fn send_dead_letter_as(
+    message: &OwnedMessage,
+    group: &str,
+    error: &str,
+) -> (String, i32, i64) {
     deadletter::send(
         &producer(),
         message,
-        "stocksvr.order-lifecycle",
+        group,
         "order-lifecycle",
         ErrorClass::Invalid,
         error,

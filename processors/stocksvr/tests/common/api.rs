@@ -25,9 +25,14 @@ impl Shop {
 /// A test environment (database, topics, groups) with a merchant (UTC) and today's bucket
 /// of `total` for one dish.
 pub async fn shop(total: i64) -> Shop {
-    let env = super::TestEnv::new().await;
-    let db_url = env.db.url.clone();
-    let pool = env.db.pool.clone();
+    shop_in(super::TestEnv::new().await, total).await
+}
+
+/// [`shop`] in `env` (with a private server, say); migrates `env`'s database first.
+pub async fn shop_in(env: super::TestEnv, total: i64) -> Shop {
+    let db_url = env.mysql_url();
+    let pool = env.pool();
+    stocksvr_store::migrate(&pool).await.expect("migrate");
     // Redis keys are per merchant and shared by every test database: the merchant id must
     // be unique per test, not just per microsecond (parallel tests start together).
     let merchant_id = stocksvr_test_support::unique_id(2_000_000);
@@ -95,4 +100,17 @@ pub async fn wait_for_api(server: &Server) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     panic!("the Try API never came up; log:\n{}", server.log());
+}
+
+/// An admin request with the bearer token.
+pub async fn admin_post(server: &Server, token: &str, path: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("{}{path}", server.base))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
 }

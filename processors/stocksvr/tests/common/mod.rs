@@ -51,6 +51,9 @@ pub struct TestEnv {
     pub ns: TestNamespace,
     /// Redis time-wheel namespace (`schedule.wheel_namespace`).
     pub wheel: String,
+    /// Servers of the test's own (a private MariaDB or Redis it may stop) instead of the
+    /// shared stack's: `(STOCKSVR__ variable, value)`.
+    pub overrides: Vec<(&'static str, String)>,
 }
 
 impl TestEnv {
@@ -64,7 +67,26 @@ impl TestEnv {
             TestNamespace::with_partitions(Some(partitions))
         );
         let wheel = ns.name.replace('_', "-");
-        Self { db, ns, wheel }
+        Self {
+            db,
+            ns,
+            wheel,
+            overrides: Vec::new(),
+        }
+    }
+
+    /// The MySQL URL the service of this test uses.
+    pub fn mysql_url(&self) -> String {
+        self.overrides
+            .iter()
+            .find(|(k, _)| *k == "STOCKSVR__MYSQL__URL")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| self.db.url.clone())
+    }
+
+    /// A pool on [`TestEnv::mysql_url`].
+    pub fn pool(&self) -> sqlx::MySqlPool {
+        stocksvr_store::mysql_pool(&self.mysql_url(), 4, Duration::from_secs(10)).expect("pool")
     }
 
     /// This test's name of the declared topic `logical`.
@@ -83,6 +105,7 @@ impl TestEnv {
         let mut env = self.ns.env();
         env.push(self.db.env());
         env.push(("STOCKSVR__SCHEDULE__WHEEL_NAMESPACE", self.wheel.clone()));
+        env.extend(self.overrides.iter().cloned());
         env
     }
 
@@ -225,5 +248,34 @@ pub async fn wait_for_commit(group: &str, topic: &str, partition: i32, offset: i
             "{group} never committed past {topic}/{partition}@{offset}: {committed:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Polls until `group` has committed the high watermark of every partition of `topic`:
+/// everything stored was read and handled.
+pub async fn wait_until_caught_up(group: &str, topic: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let partitions = stocksvr_pipeline::offsets::show(&settings().kafka, group, Some(topic))
+            .await
+            .expect("offsets");
+        let behind: Vec<_> = partitions
+            .iter()
+            .filter(|p| p.committed != Some(p.high) && p.high > p.low)
+            .map(|p| {
+                format!(
+                    "{}: committed {:?} high {}",
+                    p.partition, p.committed, p.high
+                )
+            })
+            .collect();
+        if behind.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{group} never caught up with {topic}: {behind:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }

@@ -1,0 +1,598 @@
+//! The failure semantics of the pipeline (issue 9), against the real servers and `stocksvr
+//! all` as a process:
+//!
+//! - a dependency stopped (SIGSTOP, so it answers nothing at all) for a long outage while
+//!   order events stream through: nothing is dead-lettered, the processor keeps its group
+//!   membership, and after the resume every event applies once, in per-order order;
+//! - an event that cannot apply yet (a RefundRequested before its OrderCreated) waits and
+//!   applies after its predecessor;
+//! - a replay of every topic from the earliest offset changes nothing: every table and every
+//!   Redis key of the test is the same before and after, every column of every row (not
+//!   even a processing timestamp is rewritten);
+//! - ids beyond the Avro long are refused on every endpoint with a 400 naming the field.
+
+mod common;
+
+use common::api::{get, post, shop, shop_in, wait_for_api, Shop};
+use common::server::Server;
+use common::TestEnv;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use stocksvr_core::events::topics::ORDER_LIFECYCLE;
+use stocksvr_test_support::PrivateStack;
+
+/// How long a dependency stays stopped; `STOCKSVR_TEST_STALL_SECS` shortens it for a quick
+/// local run (the issue asks for 90 s: well past every retry bound the loop ever had).
+fn stall() -> Duration {
+    Duration::from_secs(
+        std::env::var("STOCKSVR_TEST_STALL_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(90),
+    )
+}
+
+async fn try_one(server: &Server, shop: &Shop, order_id: u64, quantity: u32) -> u64 {
+    let body = json!({"order_id": order_id, "order_item_id": order_id * 10 + 1, "merchant_id": shop.merchant_id,
+                      "dish_id": shop.dish_id, "quantity": quantity, "order_type": "INSTANT"});
+    let (status, reply) = post(server, "/v1/reservations", &body.to_string()).await;
+    assert_eq!(status, 201, "{reply}");
+    assert_eq!(reply["reservation"]["status"], "RESERVED", "{reply}");
+    reply["reservation"]["reservation_id"]
+        .as_str()
+        .expect("id")
+        .parse()
+        .expect("number")
+}
+
+async fn created(shop: &Shop, order_id: u64, reservation: u64) {
+    shop.env
+        .order_event(
+            "OrderCreated",
+            order_id,
+            json!({"order_id": order_id, "merchant_id": shop.merchant_id, "order_type": "INSTANT",
+                   "processing_time": null, "inventory_reservation_ids": [reservation]}),
+        )
+        .await;
+}
+
+async fn refund_one(shop: &Shop, order_id: u64, reservation: u64) {
+    shop.env
+        .order_event(
+            "RefundRequested",
+            order_id,
+            json!({"order_id": order_id, "merchant_id": shop.merchant_id,
+                   "refund_id": format!("r-{order_id}"), "reason": "one item missing",
+                   "items": [{"inventory_reservation_id": reservation, "quantity": 1}]}),
+        )
+        .await;
+}
+
+async fn count(pool: &sqlx::MySqlPool, sql: &str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(pool).await.expect(sql);
+    n
+}
+
+/// Waits until `sql` counts `want`, failing with the server log after `within`.
+async fn wait_count(
+    server: &Server,
+    pool: &sqlx::MySqlPool,
+    sql: &str,
+    want: i64,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let n = count(pool, sql).await;
+        if n == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{sql}: {n}, want {want} within {within:?}; log tail:\n{}",
+            tail(&server.log(), 60)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Orders with one Try of 2 units each, then OrderCreated and a refund of 1 unit per order
+/// while `stopped` (a server of the test's own) is stopped; checks that the outage was waited
+/// out, never dead-lettered, and that every event applied once and in order.
+async fn outage_while_events_stream(stopped: &str) {
+    let private = PrivateStack::start(&[stopped]);
+    let mut env = TestEnv::new().await;
+    let var = match stopped {
+        "mariadb" => "STOCKSVR__MYSQL__URL",
+        _ => "STOCKSVR__REDIS__URL",
+    };
+    env.overrides.push((var, private.var(var)));
+    let shop = shop_in(env, 1_000).await;
+    let server = shop.server(&[
+        // Quick retries so the resume is seen soon after the server is back.
+        ("STOCKSVR__CONSUMER__RETRY_MAX_BACKOFF_MS", "2000"),
+        ("STOCKSVR__RESERVATION__WORKER_ID", "7"),
+    ]);
+    wait_for_api(&server).await;
+    let pool = shop.env.pool();
+    const ORDERS: u64 = 250;
+    let base = 50_000_000 + shop.merchant_id % 1_000_000 * 1_000;
+    let mut reservations = Vec::new();
+    for i in 0..ORDERS {
+        reservations.push((base + i, try_one(&server, &shop, base + i, 2).await));
+    }
+    server.wait_for_log("order-lifecycle assigned", Duration::from_secs(60), |log| {
+        log.contains("partitions assigned") && log.contains("order-lifecycle")
+    });
+
+    private.signal(stopped, "-STOP");
+    let stopped_at = Instant::now();
+    for (order, reservation) in &reservations {
+        created(&shop, *order, *reservation).await;
+        refund_one(&shop, *order, *reservation).await;
+    }
+    server.wait_for_log("the pause", stall(), |log| {
+        log.contains("paused: a dependency is unavailable")
+    });
+    tokio::time::sleep(stall().saturating_sub(stopped_at.elapsed())).await;
+    private.signal(stopped, "-CONT");
+
+    let confirmed_and_refunded = format!(
+        "SELECT COUNT(*) FROM inventory_reservation WHERE status = 40 AND refunded_quantity = 1 AND order_id >= {base}"
+    );
+    wait_count(
+        &server,
+        &pool,
+        &confirmed_and_refunded,
+        ORDERS as i64,
+        Duration::from_secs(240),
+    )
+    .await;
+    server.wait_for_log("the resume", Duration::from_secs(30), |log| {
+        log.contains("resumed: the dependency is back")
+    });
+    // Each event applied once: one refund per reservation, each step's events once.
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM inventory_refund").await,
+        ORDERS as i64
+    );
+    for event in ["InventoryRedisConfirmed", "InventoryRedisRefunded"] {
+        assert_eq!(
+            count(
+                &pool,
+                &format!("SELECT COUNT(*) FROM inventory_outbox WHERE event_type = '{event}'")
+            )
+            .await,
+            ORDERS as i64,
+            "{event} once per reservation"
+        );
+    }
+    // In per-order order: every refund came out of sold, i.e. after its confirm.
+    wait_count(
+        &server,
+        &pool,
+        "SELECT COUNT(*) FROM inventory_ledger WHERE action = 6 AND sold_delta = -1",
+        ORDERS as i64,
+        Duration::from_secs(120),
+    )
+    .await;
+    // Nothing was dead-lettered, on the topic or in the parking table.
+    let dlt = format!("{}.dlt", shop.env.topic(ORDER_LIFECYCLE));
+    let dead =
+        stocksvr_test_support::records_of(&dlt, Duration::from_secs(2), Duration::from_secs(10));
+    assert!(
+        dead.is_empty(),
+        "{} dead letters during an outage",
+        dead.len()
+    );
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM inventory_dead_letter").await,
+        0
+    );
+    // The processor kept its group membership: no second assignment.
+    let log = server.log();
+    let assigned = log
+        .lines()
+        .filter(|l| l.contains("partitions assigned") && l.contains("order-lifecycle"))
+        .count();
+    assert_eq!(
+        assigned,
+        1,
+        "order-lifecycle left its group during the outage:\n{}",
+        tail(&log, 80)
+    );
+    let (_, stock) = get(
+        &server,
+        &format!("/v1/stock/{}/{}", shop.merchant_id, shop.dish_id),
+    )
+    .await;
+    assert_eq!(
+        (
+            stock["redis"]["reserved"].as_i64(),
+            stock["redis"]["sold"].as_i64()
+        ),
+        (Some(0), Some(ORDERS as i64)),
+        "{stock}"
+    );
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_stopped_for_a_long_outage_dead_letters_nothing_and_loses_nothing() {
+    outage_while_events_stream("mariadb").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_for_a_long_outage_dead_letters_nothing_and_loses_nothing() {
+    outage_while_events_stream("redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_before_its_order_created_waits_and_applies_after_it() {
+    let shop = shop(10).await;
+    let server = shop.server(&[]);
+    wait_for_api(&server).await;
+    let pool = shop.env.pool();
+    let order = 60_000_000 + shop.merchant_id % 1_000_000;
+    let reservation = try_one(&server, &shop, order, 2).await;
+    // The refund overtakes its OrderCreated (both keyed by the order, so the same partition:
+    // the OrderCreated is behind it).
+    refund_one(&shop, order, reservation).await;
+    wait_count(
+        &server,
+        &pool,
+        "SELECT COUNT(*) FROM inventory_deferred_event WHERE status = 10",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    created(&shop, order, reservation).await;
+    wait_count(
+        &server,
+        &pool,
+        &format!("SELECT COUNT(*) FROM inventory_reservation WHERE id = {reservation} AND status = 40 AND refunded_quantity = 1"),
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT COUNT(*) FROM inventory_deferred_event WHERE status = 20"
+        )
+        .await,
+        1,
+        "the parked refund was applied"
+    );
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM inventory_dead_letter").await,
+        0
+    );
+    let (_, stock) = get(
+        &server,
+        &format!("/v1/stock/{}/{}", shop.merchant_id, shop.dish_id),
+    )
+    .await;
+    assert_eq!(
+        (
+            stock["redis"]["available"].as_i64(),
+            stock["redis"]["sold"].as_i64()
+        ),
+        (Some(9), Some(1)),
+        "the same as the events in order: {stock}"
+    );
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+}
+
+/// Every row of every table of the service (but the worker-id leases, which belong to the
+/// running process), every column: a replay writes nothing, not even a timestamp.
+async fn dump_tables(pool: &sqlx::MySqlPool) -> BTreeMap<String, Vec<String>> {
+    let tables: Vec<(String,)> = sqlx::query_as(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() \
+         AND table_name NOT IN ('_sqlx_migrations', 'snowflake_worker_lease') ORDER BY table_name",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("tables");
+    let mut out = BTreeMap::new();
+    for (table,) in tables {
+        let columns: Vec<(String,)> = sqlx::query_as(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = DATABASE() \
+             AND table_name = ? ORDER BY ordinal_position",
+        )
+        .bind(&table)
+        .fetch_all(pool)
+        .await
+        .expect("columns");
+        let kept: Vec<String> = columns
+            .into_iter()
+            .map(|(c,)| c)
+            .map(|c| format!("COALESCE(CAST(`{c}` AS CHAR), 'NULL')"))
+            .collect();
+        let rows: Vec<(String,)> = sqlx::query_as(&format!(
+            "SELECT CONCAT_WS('|', {}) FROM `{table}` ORDER BY 1",
+            kept.join(", ")
+        ))
+        .fetch_all(pool)
+        .await
+        .expect("rows");
+        out.insert(table, rows.into_iter().map(|(r,)| r).collect());
+    }
+    out
+}
+
+/// Every Redis key of the merchant, field by field (but the times a field records).
+async fn dump_redis(merchant_id: u64) -> BTreeMap<String, BTreeMap<String, String>> {
+    let url = stocksvr_test_support::infra()
+        .redis
+        .url
+        .expose()
+        .to_string();
+    let mut conn = stocksvr_store::connect_redis(&url, Duration::from_secs(5))
+        .await
+        .expect("redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("inv:{{{merchant_id}:*"))
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    let mut out = BTreeMap::new();
+    for key in keys {
+        let mut fields: BTreeMap<String, String> = redis::cmd("HGETALL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("hgetall");
+        fields.retain(|k, _| k != "updated_at" && k != "operated_at");
+        out.insert(key, fields);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_of_every_topic_from_the_earliest_offset_changes_nothing() {
+    let shop = shop(100).await;
+    let server = shop.server(&[("STOCKSVR__RESERVATION__WORKER_ID", "11")]);
+    wait_for_api(&server).await;
+    let pool = shop.env.pool();
+    let base = 70_000_000 + shop.merchant_id % 1_000_000 * 100;
+    // A mixed workload: confirmed, refunded, cancelled, conflicting, early and invalid events.
+    let a = try_one(&server, &shop, base + 1, 2).await;
+    created(&shop, base + 1, a).await;
+    refund_one(&shop, base + 1, a).await;
+    let b = try_one(&server, &shop, base + 2, 1).await;
+    shop.env
+        .order_event(
+            "OrderCreatedFailed",
+            base + 2,
+            json!({"order_id": base + 2, "merchant_id": shop.merchant_id,
+            "inventory_reservation_ids": [b], "reason": "payment failed"}),
+        )
+        .await;
+    // A confirm after the cancel: reported as a conflict.
+    created(&shop, base + 2, b).await;
+    let c = try_one(&server, &shop, base + 3, 1).await;
+    refund_one(&shop, base + 3, c).await;
+    created(&shop, base + 3, c).await;
+    shop.env
+        .order_event(
+            "OrderCanceled",
+            base + 3,
+            json!({"order_id": base + 3, "merchant_id": shop.merchant_id,
+            "inventory_reservation_ids": [c], "reason": "customer"}),
+        )
+        .await;
+    // The order failed before its Try: refused.
+    shop.env
+        .order_event(
+            "OrderCreatedFailed",
+            base + 4,
+            json!({"order_id": base + 4, "merchant_id": shop.merchant_id,
+            "inventory_reservation_ids": [], "reason": "timeout"}),
+        )
+        .await;
+    // An id of another order: invalid, dead-lettered.
+    created(&shop, base + 5, a).await;
+    wait_count(
+        &server,
+        &pool,
+        "SELECT COUNT(*) FROM inventory_dead_letter",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let late = json!({"order_id": base + 4, "order_item_id": (base + 4) * 10 + 1, "merchant_id": shop.merchant_id,
+                      "dish_id": shop.dish_id, "quantity": 1, "order_type": "INSTANT"});
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, reply) = post(&server, "/v1/reservations", &late.to_string()).await;
+        if status == 409 {
+            assert_eq!(reply["error"], "order_failed", "{reply}");
+            break;
+        }
+        // 201 RESERVED is not acceptable once the fence is written; before it, the Try
+        // could still go through and would be cancelled below, so only a 409 ends the wait.
+        assert!(
+            Instant::now() < deadline,
+            "the fence never refused the late Try: {reply}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Quiescent: every reservation settled, the outbox sent, the projection caught up.
+    for (sql, want) in [
+        (
+            "SELECT COUNT(*) FROM inventory_reservation WHERE status IN (10, 20, 30, 50, 80)",
+            0,
+        ),
+        (
+            "SELECT COUNT(*) FROM inventory_outbox WHERE status <> 30",
+            0,
+        ),
+        (
+            "SELECT COUNT(*) FROM inventory_deferred_event WHERE status = 10",
+            0,
+        ),
+    ] {
+        wait_count(&server, &pool, sql, want, Duration::from_secs(90)).await;
+    }
+    let sync = "SELECT COUNT(*) FROM inventory_reservation WHERE sync_status = 10 AND expected_redis_version IS NOT NULL";
+    wait_count(&server, &pool, sync, 0, Duration::from_secs(90)).await;
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+
+    let tables = dump_tables(&pool).await;
+    let keys = dump_redis(shop.merchant_id).await;
+    // Every group back to the earliest offset of every topic it reads.
+    for (group, topic) in [
+        ("order-lifecycle", shop.env.topic(ORDER_LIFECYCLE)),
+        (
+            "projector",
+            shop.env.topic(stocksvr_core::events::topics::STOCK_CHANGE),
+        ),
+        (
+            "schedule",
+            shop.env
+                .topic(stocksvr_core::events::topics::INVENTORY_SCHEDULE),
+        ),
+        (
+            "dead-letter",
+            format!("{}.dlt", shop.env.topic(ORDER_LIFECYCLE)),
+        ),
+    ] {
+        let (ok, out, err) = common::run(shop.env.stocksvr().args([
+            "offsets",
+            "reset",
+            "--group",
+            &shop.env.group(group),
+            "--topic",
+            &topic,
+            "--to-earliest",
+            "--execute",
+        ]));
+        assert!(ok, "reset {group}: {out}{err}");
+    }
+    let server = shop.server(&[("STOCKSVR__RESERVATION__WORKER_ID", "11")]);
+    wait_for_api(&server).await;
+    // The replay is read to the end: every group's committed offset at its topic's end.
+    for (group, topic) in [
+        ("order-lifecycle", shop.env.topic(ORDER_LIFECYCLE)),
+        (
+            "projector",
+            shop.env.topic(stocksvr_core::events::topics::STOCK_CHANGE),
+        ),
+    ] {
+        common::wait_until_caught_up(&shop.env.group(group), &topic, Duration::from_secs(120))
+            .await;
+    }
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+    let replayed_tables = dump_tables(&pool).await;
+    for (table, rows) in &tables {
+        assert_eq!(
+            rows, &replayed_tables[table],
+            "table {table} changed on a replay"
+        );
+    }
+    assert_eq!(
+        keys,
+        dump_redis(shop.merchant_id).await,
+        "Redis changed on a replay"
+    );
+}
+
+#[tokio::test]
+async fn ids_beyond_an_avro_long_are_refused_naming_the_field() {
+    let shop = shop(5).await;
+    let server = shop.server(&[("STOCKSVR__HTTP__ADMIN_TOKEN", "t")]);
+    wait_for_api(&server).await;
+    let too_big = json!(9_223_372_036_854_775_808u64);
+    let valid = json!({"order_id": 1, "order_item_id": 1, "merchant_id": shop.merchant_id,
+                       "dish_id": shop.dish_id, "quantity": 1, "order_type": "INSTANT"});
+    for field in ["order_id", "order_item_id", "merchant_id", "dish_id"] {
+        let mut body = valid.clone();
+        body[field] = too_big.clone();
+        let (status, reply) = post(&server, "/v1/reservations", &body.to_string()).await;
+        assert_eq!(
+            (status, reply["field"].as_str()),
+            (400, Some(field)),
+            "{reply}"
+        );
+    }
+    let order = json!({"merchant_id": shop.merchant_id, "order_type": "INSTANT",
+                       "items": [{"order_item_id": 1, "dish_id": shop.dish_id, "quantity": 1}]});
+    let (status, reply) = post(
+        &server,
+        "/v1/orders/9223372036854775808/reservations",
+        &order.to_string(),
+    )
+    .await;
+    assert_eq!(
+        (status, reply["field"].as_str()),
+        (400, Some("order_id")),
+        "{reply}"
+    );
+    let mut item = order.clone();
+    item["items"][0]["order_item_id"] = too_big.clone();
+    let (status, reply) = post(&server, "/v1/orders/1/reservations", &item.to_string()).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        reply["items"][0]["error"]["field"], "order_item_id",
+        "{reply}"
+    );
+    for path in [
+        "/v1/reservations/9223372036854775808".to_string(),
+        "/v1/orders/9223372036854775808/reservations".to_string(),
+        format!("/v1/stock/9223372036854775808/{}", shop.dish_id),
+        format!("/v1/stock/{}/9223372036854775808", shop.merchant_id),
+    ] {
+        let (status, reply) = get(&server, &path).await;
+        assert_eq!(status, 400, "{path}: {reply}");
+        assert!(reply["field"].is_string(), "{path}: {reply}");
+    }
+    let (status, reply) = common::api::admin_post(
+        &server,
+        "t",
+        "/admin/buckets",
+        json!({"merchant_id": too_big, "dish_id": 1, "total": 10}),
+    )
+    .await;
+    assert_eq!(
+        (status, reply["field"].as_str()),
+        (400, Some("merchant_id")),
+        "{reply}"
+    );
+    let (status, reply) = common::api::admin_post(
+        &server,
+        "t",
+        "/admin/buckets",
+        json!({"merchant_id": 1, "dish_id": 1, "total": 1u64 << 60}),
+    )
+    .await;
+    assert_eq!(
+        (status, reply["field"].as_str()),
+        (400, Some("total")),
+        "{reply}"
+    );
+    // The command line too.
+    let (ok, _, err) = common::run(shop.env.stocksvr().args([
+        "bucket",
+        "init",
+        "--merchant-id",
+        "9223372036854775808",
+        "--dish-id",
+        "1",
+        "--total",
+        "1",
+    ]));
+    assert!(!ok && err.contains("merchant"), "{err}");
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+}

@@ -1,0 +1,136 @@
+//! Servers of a test's own, started by `scripts/stack` on ports nobody else uses, for the
+//! tests that stop (SIGSTOP) or kill a server: doing that to the shared stack would fail
+//! every test running beside them. Stopped and deleted when the guard drops.
+
+use crate::repo_root;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+pub struct PrivateStack {
+    dir: PathBuf,
+    base: u16,
+    cache: PathBuf,
+    services: Vec<String>,
+}
+
+impl PrivateStack {
+    /// Starts `services` (e.g. `["mariadb"]`) of a private stack and waits until they are
+    /// ready. Downloads come from the shared cache (`STACK_CACHE`, else `.stack/cache`).
+    pub fn start(services: &[&str]) -> Self {
+        let root = repo_root();
+        let cache = std::env::var("STACK_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root.join(".stack/cache"));
+        let base = free_base();
+        let dir = std::env::temp_dir().join(crate::unique("stocksvr-private-stack"));
+        let stack = Self {
+            dir,
+            base,
+            cache,
+            services: services.iter().map(|s| s.to_string()).collect(),
+        };
+        let out = crate::output_within(
+            stack.command().arg("up").args(services),
+            Duration::from_secs(300),
+        );
+        assert!(
+            out.status.success(),
+            "private stack did not start: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stack
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(repo_root().join("scripts/stack"));
+        cmd.env("STACK_DIR", &self.dir)
+            .env("STACK_PORT_BASE", self.base.to_string())
+            .env("STACK_CACHE", &self.cache);
+        cmd
+    }
+
+    /// The `STOCKSVR__...` variables of this stack's servers (only the started ones are
+    /// worth using).
+    pub fn env(&self) -> Vec<(String, String)> {
+        let out = crate::output_within(self.command().arg("env"), Duration::from_secs(30));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("export "))
+            .filter_map(|kv| kv.split_once('='))
+            .filter(|(k, _)| k.starts_with("STOCKSVR__"))
+            .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
+            .collect()
+    }
+
+    /// One variable of [`PrivateStack::env`].
+    pub fn var(&self, key: &str) -> String {
+        self.env()
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| panic!("the private stack has no {key}"))
+    }
+
+    pub fn pid(&self, service: &str) -> u32 {
+        let out = crate::output_within(
+            self.command().args(["pid", service]),
+            Duration::from_secs(30),
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{service} of the private stack is not running"))
+    }
+
+    /// Sends `signal` ("-STOP", "-CONT", "-KILL") to a server of this stack.
+    pub fn signal(&self, service: &str, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.pid(service).to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} {service}");
+    }
+}
+
+impl Drop for PrivateStack {
+    fn drop(&mut self) {
+        // A server left stopped would never exit on SIGTERM.
+        for service in &self.services {
+            if let Ok(out) = self.command().args(["pid", service]).output() {
+                let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                if !pid.is_empty() {
+                    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+                }
+            }
+        }
+        let _ = self.command().arg("down").output();
+        if std::env::var("STOCKSVR_TEST_KEEP").as_deref() != Ok("1") {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A port base whose stack ports (base+7 .. base+93) are all free now.
+fn free_base() -> u16 {
+    for _ in 0..50 {
+        let base = 20_000 + (rand_u16() % 200) * 200;
+        let offsets = [7u16, 80, 81, 82, 88, 90, 92, 93];
+        if offsets
+            .iter()
+            .all(|o| TcpListener::bind(("127.0.0.1", base + o)).is_ok())
+        {
+            return base;
+        }
+    }
+    panic!("no free port range for a private stack");
+}
+
+fn rand_u16() -> u16 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    crate::unique("port").hash(&mut h);
+    (h.finish() % 65_536) as u16
+}
