@@ -12,8 +12,15 @@
 --   * every argument is validated before the first write: Redis does not roll back a script
 --     that fails half-way, so a script either raises before touching anything or runs to the end;
 --   * the reply is the flat array
---       {code, version, total, available, reserved, sold, phase, empty_rollback, replayed, deficit}
+--       {code, version, total, available, reserved, sold, phase, empty_rollback, replayed, deficit,
+--        paid}
 --     and the same array (with replayed=1) is what a replay of the operation id returns.
+--     `paid` is the part of a cancel's or refund's released quantity that went to pay down a
+--     deficit instead of becoming available (0 for every other step): the ledger books the
+--     available delta the step really made, so ledger and Redis agree after a deficit;
+--   * a step of a reservation never judges its fence while the stock hash is missing: a
+--     missing hash of a bucket that was built means Redis lost it (fences included), so the
+--     step answers BUCKET_MISSING and changes nothing until the bucket is rebuilt.
 
 -- The numbers a result reports when the stock hash does not exist.
 local ZERO = { total = 0, available = 0, reserved = 0, sold = 0, version = 0, state = '',
@@ -94,6 +101,7 @@ local function release(s, qty)
   local pay = math.min(s.deficit, qty)
   s.deficit = s.deficit - pay
   s.available = s.available + qty - pay
+  return pay
 end
 
 -- The reservation fence; phase 'NONE' when the key does not exist.
@@ -132,9 +140,9 @@ local function phase_out(f)
   return f.phase
 end
 
-local function result(code, s, phase, empty_rollback, replayed)
+local function result(code, s, phase, empty_rollback, replayed, paid)
   return { code, s.version, s.total, s.available, s.reserved, s.sold, phase,
-           empty_rollback and 1 or 0, replayed and 1 or 0, s.deficit }
+           empty_rollback and 1 or 0, replayed and 1 or 0, s.deficit, paid or 0 }
 end
 
 -- The stored first result of an operation id, returned unchanged with replayed=1. An id reused
@@ -142,7 +150,8 @@ end
 -- other operation.
 local function replay(op_key, action, reservation_id)
   local r = redis.call('HMGET', op_key, 'code', 'version', 'total', 'available', 'reserved',
-                       'sold', 'phase', 'empty_rollback', 'deficit', 'action', 'reservation_id')
+                       'sold', 'phase', 'empty_rollback', 'deficit', 'action', 'reservation_id',
+                       'paid')
   if not r[1] then
     return nil
   end
@@ -151,7 +160,7 @@ local function replay(op_key, action, reservation_id)
          tostring(r[11]) .. ', now ' .. action .. ' of reservation ' .. reservation_id)
   end
   return { r[1], tonumber(r[2]), tonumber(r[3]), tonumber(r[4]), tonumber(r[5]), tonumber(r[6]),
-           r[7], tonumber(r[8]), 1, tonumber(r[9]) }
+           r[7], tonumber(r[8]), 1, tonumber(r[9]), tonumber(r[12]) or 0 }
 end
 
 -- Stores the complete result under the operation id, in the same script as the effect, so a
@@ -160,7 +169,8 @@ local function record(op_key, ttl_ms, action, reservation_id, quantity, res, now
   redis.call('HSET', op_key,
     'action', action, 'reservation_id', reservation_id, 'code', res[1], 'version', res[2],
     'total', res[3], 'available', res[4], 'reserved', res[5], 'sold', res[6], 'phase', res[7],
-    'empty_rollback', res[8], 'deficit', res[10], 'quantity', quantity, 'operated_at', now)
+    'empty_rollback', res[8], 'deficit', res[10], 'paid', res[11], 'quantity', quantity,
+    'operated_at', now)
   redis.call('PEXPIRE', op_key, ttl_ms)
   return res
 end

@@ -3,18 +3,24 @@
 --
 -- KEYS[1] stock hash   KEYS[2] fence hash   KEYS[3] op record
 -- ARGV[1] reservation_id   ARGV[2] operation_id   ARGV[3] quantity (>= 1)   ARGV[4] op TTL ms
+-- ARGV[5] '1' when the bucket was never built (no init succeeded), '' otherwise
 --
 -- Outcomes:
 --   replay of the operation id         -> the stored first result, replayed=1
 --   fence shows this op as its Cancel  -> SUCCEEDED, replayed=1 (op record expired)
+--   no stock hash, ARGV[5] ~= '1' -> BUCKET_MISSING, nothing recorded: the bucket was built,
+--                    so Redis lost it with its fences, and judging the missing fence as
+--                    "the Try never ran" would release nothing for a reservation that holds
+--                    stock. The caller passes ARGV[5] = '1' only after MySQL showed that the
+--                    bucket was never built.
 --   fence NONE    -> empty rollback (seed 19.1): writes a CANCELED fence carrying ARGV quantity,
 --                    adds NO stock, SUCCEEDED with empty_rollback=1. Done even when the stock
---                    hash is missing: the Try may be waiting for a lazy init, and without the
---                    fence it would freeze stock after this Cancel (hanging, seed 19.2).
+--                    hash of a never-built bucket is missing: the Try may be waiting for a lazy
+--                    init, and without the fence it would freeze stock after this Cancel
+--                    (hanging, seed 19.2).
 --   fence CANCELED -> SUCCEEDED, no change (idempotent across operation ids); empty_rollback
 --                    tells whether the first Cancel was an empty rollback (no Try ever set try_op)
 --   fence CONFIRMED/REFUNDED -> CONFLICT, recorded (a sale is undone by refund, never by cancel)
---   fence RESERVED, no stock hash -> BUCKET_MISSING, nothing recorded
 --   fence RESERVED -> the held quantity (fence quantity - refunded; the fence, not ARGV, is the
 --                    truth) goes back: reserved -= held, available += held (paying a deficit
 --                    first), fence CANCELED. Allowed in any bucket state.
@@ -22,6 +28,7 @@ local reservation_id = arg_str(1, 'reservation_id')
 local op = arg_str(2, 'operation_id')
 local qty = arg_int(3, 'quantity', 1)
 local ttl = arg_int(4, 'op ttl', 1)
+local never_built = ARGV[5] == '1'
 
 local prev = replay(KEYS[3], 'CANCEL', reservation_id)
 if prev then
@@ -32,6 +39,10 @@ local f = read_fence(KEYS[2])
 local s = read_stock(KEYS[1])
 if f.cancel_op == op then
   return result('SUCCEEDED', s or ZERO, phase_out(f), f.try_op == '', true)
+end
+
+if not s and not never_built then
+  return result('BUCKET_MISSING', ZERO, phase_out(f), false, false)
 end
 
 local now = now_ms()
@@ -56,9 +67,9 @@ end
 
 local held = f.quantity - f.refunded
 s.reserved = s.reserved - held
-release(s, held)
+local paid = release(s, held)
 check_stock(s)
 write_stock(KEYS[1], s, now)
 write_fence(KEYS[2], 'CANCELED', { 'cancel_op', op }, s.version, now, ttl)
 return record(KEYS[3], ttl, 'CANCEL', reservation_id, held,
-              result('SUCCEEDED', s, 'CANCELED', false, false), now)
+              result('SUCCEEDED', s, 'CANCELED', false, false, paid), now)

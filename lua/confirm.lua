@@ -7,12 +7,13 @@
 -- Outcomes:
 --   replay of the operation id          -> the stored first result, replayed=1
 --   fence shows this op as its Confirm  -> SUCCEEDED, replayed=1 (op record expired)
+--   no stock hash                       -> BUCKET_MISSING, nothing recorded (checked before the
+--                                          fence: a lost bucket lost its fences too)
 --   fence not RESERVED (NONE, CANCELED, REFUNDED, or CONFIRMED by another operation id)
 --                                       -> CONFLICT, recorded. A second Confirm with a new id is
 --                                          not an idempotent success: replays reuse the id (and
 --                                          hit the op record), so a new id means the MySQL CAS
 --                                          was bypassed and must be looked at.
---   no stock hash                       -> BUCKET_MISSING, nothing recorded
 --   otherwise                           -> moves quantity - refunded from reserved to sold,
 --                                          fence CONFIRMED. Allowed in any bucket state: CLOSED
 --                                          only stops new Trys (seed 12.4).
@@ -31,13 +32,14 @@ if f.confirm_op == op then
   return result('SUCCEEDED', s or ZERO, phase_out(f), false, true)
 end
 
+if not s then
+  return result('BUCKET_MISSING', ZERO, phase_out(f), false, false)
+end
+
 local now = now_ms()
 if f.phase ~= 'RESERVED' then
   return record(KEYS[3], ttl, 'CONFIRM', reservation_id, 0,
-                result('CONFLICT', s or ZERO, phase_out(f), false, false), now)
-end
-if not s then
-  return result('BUCKET_MISSING', ZERO, f.phase, false, false)
+                result('CONFLICT', s, phase_out(f), false, false), now)
 end
 
 local held = f.quantity - f.refunded

@@ -7,8 +7,9 @@
 -- Outcomes:
 --   replay of the operation id             -> the stored first result, replayed=1
 --   fence shows this op as its last Refund -> SUCCEEDED, replayed=1 (op record expired)
+--   no stock hash                          -> BUCKET_MISSING, nothing recorded (checked before
+--                                             the fence: a lost bucket lost its fences too)
 --   fence NONE/CANCELED/REFUNDED           -> CONFLICT, recorded (nothing to give back)
---   no stock hash                          -> BUCKET_MISSING, nothing recorded
 --   quantity > fence quantity - refunded   -> OVER_REFUND, recorded, no change
 --   fence RESERVED  -> reserved -= q (a scheduled order refunded before its confirm time)
 --   fence CONFIRMED -> sold -= q
@@ -31,13 +32,14 @@ if f.last_refund_op == op then
   return result('SUCCEEDED', s or ZERO, phase_out(f), false, true)
 end
 
+if not s then
+  return result('BUCKET_MISSING', ZERO, phase_out(f), false, false)
+end
+
 local now = now_ms()
 if f.phase ~= 'RESERVED' and f.phase ~= 'CONFIRMED' then
   return record(KEYS[3], ttl, 'REFUND', reservation_id, qty,
-                result('CONFLICT', s or ZERO, phase_out(f), false, false), now)
-end
-if not s then
-  return result('BUCKET_MISSING', ZERO, f.phase, false, false)
+                result('CONFLICT', s, phase_out(f), false, false), now)
 end
 if qty > f.quantity - f.refunded then
   return record(KEYS[3], ttl, 'REFUND', reservation_id, qty,
@@ -49,7 +51,7 @@ if f.phase == 'RESERVED' then
 else
   s.sold = s.sold - qty
 end
-release(s, qty)
+local paid = release(s, qty)
 check_stock(s)
 local refunded = f.refunded + qty
 local phase = f.phase
@@ -59,4 +61,4 @@ end
 write_stock(KEYS[1], s, now)
 write_fence(KEYS[2], phase, { 'refunded', refunded, 'last_refund_op', op }, s.version, now, ttl)
 return record(KEYS[3], ttl, 'REFUND', reservation_id, qty,
-              result('SUCCEEDED', s, phase, false, false), now)
+              result('SUCCEEDED', s, phase, false, false, paid), now)

@@ -30,6 +30,8 @@ pub fn admin_router(state: ApiState) -> Router {
         .route("/admin/buckets/{bucket_id}/adjust", post(adjust_bucket))
         .route("/admin/buckets/{bucket_id}/close", post(close_bucket))
         .route("/admin/buckets/{bucket_id}/archive", post(archive_bucket))
+        .route("/admin/buckets/{bucket_id}/rebuild", post(rebuild_bucket))
+        .route("/admin/reconcile", get(reconcile))
         .route("/admin/operations", get(list_operations))
         .route("/admin/operations/{operation_id}", get(show_operation))
         .route(
@@ -59,7 +61,7 @@ impl From<OpsError> for ApiError {
             OpsError::Pending { .. } => (StatusCode::SERVICE_UNAVAILABLE, "pending", None),
             OpsError::Mysql(_) => (StatusCode::SERVICE_UNAVAILABLE, "mysql_unavailable", None),
             OpsError::Redis(_) => (StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable", None),
-            OpsError::BucketLost { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "bucket_lost", None),
+            OpsError::BucketLost { .. } => (StatusCode::SERVICE_UNAVAILABLE, "bucket_lost", None),
         };
         if status.is_server_error() {
             tracing::warn!(error = %message, "admin request failed");
@@ -127,6 +129,7 @@ async fn init_bucket(
             baseline_version: 1,
             stock_status: 1,
             bucket_status: bucket::BucketState::Open.code() as i8,
+            lost_at: None,
         })
         .await?;
     Ok(operation_reply(view))
@@ -190,6 +193,80 @@ async fn archive_bucket(
     check_bucket_id(&bucket_id)?;
     let view = state.service()?.ops().archive(&bucket_id).await?;
     Ok(operation_reply(view))
+}
+
+/// Rebuilds a bucket Redis lost from MySQL, then reopens it once a pass finds it clean:
+/// 200 rebuilt and reopened, 202 rebuilt (or still running) but not reopened yet.
+async fn rebuild_bucket(
+    State(state): State<ApiState>,
+    Path(bucket_id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    check_bucket_id(&bucket_id)?;
+    let (view, reopened) = state
+        .reconciler()?
+        .rebuild(&bucket_id)
+        .await
+        .map_err(reconcile_error)?;
+    let status = if view.status == WalStatus::Dead.name() {
+        StatusCode::CONFLICT
+    } else if reopened {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((
+        status,
+        Json(serde_json::json!({ "operation": view, "reopened": reopened })),
+    ))
+}
+
+fn reconcile_error(e: stocksvr_reservation::reconcile::ReconcileError) -> ApiError {
+    use stocksvr_reservation::reconcile::ReconcileError as E;
+    match e {
+        E::Ops(e) => e.into(),
+        E::Service(e) => e.into(),
+        E::Mysql(e) => OpsError::Mysql(e).into(),
+        E::Redis(e) => OpsError::Redis(e).into(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReconcileQuery {
+    bucket: Option<String>,
+    merchant_id: Option<u64>,
+    date: Option<NaiveDate>,
+}
+
+/// The on-demand check (two passes a few seconds apart), read only: every matching bucket's
+/// three views, its verdict and the differences both passes saw.
+async fn reconcile(
+    State(state): State<ApiState>,
+    query: Result<Query<ReconcileQuery>, QueryRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let Query(q) = query.map_err(query_error)?;
+    if let Some(bucket) = &q.bucket {
+        check_bucket_id(bucket)?;
+    }
+    if let Some(m) = q.merchant_id {
+        stocksvr_core::ids::check_id(m).map_err(|e| ApiError::invalid("merchant_id", e))?;
+    }
+    let filter = stocksvr_store::reconcile::BucketFilter {
+        bucket: q.bucket,
+        merchant_id: q.merchant_id,
+        stock_date: q.date,
+        shard: None,
+    };
+    let checked = state
+        .reconciler()?
+        .check(&filter, false, &|_| {})
+        .await
+        .map_err(reconcile_error)?;
+    let differences = checked.iter().filter(|c| !c.confirmed.is_empty()).count();
+    Ok(Json(serde_json::json!({
+        "buckets": checked,
+        "differences": differences,
+    })))
 }
 
 #[derive(Debug, Deserialize)]

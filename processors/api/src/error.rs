@@ -90,6 +90,10 @@ impl From<ServiceError> for ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable", None)
             }
             ServiceError::Mysql(_) => (StatusCode::SERVICE_UNAVAILABLE, "mysql_unavailable", None),
+            // Fail closed until the bucket is rebuilt from MySQL; nothing was written.
+            ServiceError::BucketLost { .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, "bucket_lost", None)
+            }
             ServiceError::Inconsistent { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "inconsistent", None)
             }
@@ -110,12 +114,15 @@ impl From<ServiceError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let lost = self.body.error == "bucket_lost";
         let mut response = (self.status, Json(self.body)).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            // The Try is idempotent: repeating it resumes the same reservation.
+            // The Try is idempotent: repeating it resumes the same reservation. A lost
+            // bucket comes back after an operator's rebuild, not within a second.
+            let after = if lost { "30" } else { "1" };
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static(after));
         }
         response
     }

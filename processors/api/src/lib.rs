@@ -36,6 +36,8 @@ use utoipa::OpenApi;
 #[derive(Clone, Default)]
 pub struct ApiState {
     service: Arc<OnceCell<Arc<ReservationService>>>,
+    /// For `/admin/reconcile` and `/admin/buckets/{id}/rebuild`.
+    reconcile: Arc<stocksvr_reservation::reconcile::ReconcileConfig>,
 }
 
 impl ApiState {
@@ -52,6 +54,22 @@ impl ApiState {
     /// Installs the service once it could be built; later calls are ignored.
     pub fn install(&self, service: Arc<ReservationService>) {
         let _ = self.service.set(service);
+    }
+
+    /// The reconciler settings the admin endpoints use (the `[reconcile]` section).
+    pub fn with_reconcile_config(
+        mut self,
+        config: stocksvr_reservation::reconcile::ReconcileConfig,
+    ) -> Self {
+        self.reconcile = Arc::new(config);
+        self
+    }
+
+    fn reconciler(&self) -> Result<stocksvr_reservation::reconcile::Reconciler, ApiError> {
+        Ok(stocksvr_reservation::reconcile::Reconciler::new(
+            self.service()?.clone(),
+            (*self.reconcile).clone(),
+        ))
     }
 
     fn service(&self) -> Result<&Arc<ReservationService>, ApiError> {

@@ -213,6 +213,8 @@ event_kinds! {
     InventoryRedisRefunded => "io.stocksvr.inventory", topics::STOCK_CHANGE;
     StockBucketInitialized => "io.stocksvr.inventory", topics::STOCK_CHANGE;
     StockBaselineAdjusted => "io.stocksvr.inventory", topics::STOCK_CHANGE;
+    StockBucketRepaired => "io.stocksvr.inventory", topics::STOCK_CHANGE;
+    StockBucketRebuilt => "io.stocksvr.inventory", topics::STOCK_CHANGE;
     InventoryReserved => "io.stocksvr.inventory", topics::INVENTORY_LIFECYCLE;
     InventoryRejected => "io.stocksvr.inventory", topics::INVENTORY_LIFECYCLE;
     InventoryConfirmed => "io.stocksvr.inventory", topics::INVENTORY_LIFECYCLE;

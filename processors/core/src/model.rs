@@ -166,6 +166,10 @@ pub struct OpResult {
     /// Absolute numbers after the step (the projector stores these, not deltas).
     pub after: StockAfter,
     pub deficit: i64,
+    /// Of the units a cancel or refund released, those that paid down a deficit instead of
+    /// becoming available (0 for every other step): the step's real available delta is the
+    /// released quantity minus this.
+    pub paid: i64,
     /// Bucket version after the step.
     pub version: u64,
     /// The reservation's fence phase after the step; `None` for `adjust`. The state machine
@@ -251,7 +255,7 @@ impl BucketModel {
         }
         let phase = self.phase(reservation_id);
         if phase.fences_try() {
-            return self.record(op_id, OpCode::Fenced, false, reservation_id);
+            return self.record(op_id, OpCode::Fenced, false, reservation_id, 0);
         }
         if let Some(f) = self
             .fences
@@ -265,12 +269,12 @@ impl BucketModel {
             } else {
                 OpCode::Conflict
             };
-            return self.record(op_id, code, false, reservation_id);
+            return self.record(op_id, code, false, reservation_id, 0);
         }
         let qty_i = i64::from(qty);
         if self.available < qty_i {
             // No fence: a later Cancel of this reservation is an empty rollback.
-            return self.record(op_id, OpCode::Insufficient, false, reservation_id);
+            return self.record(op_id, OpCode::Insufficient, false, reservation_id, 0);
         }
         self.available -= qty_i;
         self.reserved += qty_i;
@@ -283,7 +287,7 @@ impl BucketModel {
                 refunded: 0,
             },
         );
-        self.record(op_id, OpCode::Succeeded, false, reservation_id)
+        self.record(op_id, OpCode::Succeeded, false, reservation_id, 0)
     }
 
     /// Confirm: the units still held move `reserved -> sold`, fence RESERVED -> CONFIRMED.
@@ -310,7 +314,7 @@ impl BucketModel {
             Some(f) if f.phase == FencePhase::Confirmed => OpCode::Succeeded,
             _ => OpCode::Conflict,
         };
-        self.record(op_id, code, false, reservation_id)
+        self.record(op_id, code, false, reservation_id, 0)
     }
 
     /// Cancel (only after `OrderCreatedFailed`): `reserved -> available`, or an empty rollback
@@ -322,6 +326,7 @@ impl BucketModel {
                 ..*first
             };
         }
+        let mut paid = 0;
         let (code, empty_rollback) = match self.fences.get(&reservation_id).copied() {
             None => {
                 self.fences.insert(
@@ -338,7 +343,7 @@ impl BucketModel {
                 // The fence, not the caller, knows how much is held.
                 let held = i64::from(f.held());
                 self.reserved -= held;
-                self.release(held);
+                paid = self.release(held);
                 if held > 0 {
                     self.version += 1;
                 }
@@ -350,7 +355,7 @@ impl BucketModel {
             Some(f) if f.phase == FencePhase::Canceled => (OpCode::Succeeded, false),
             Some(_) => (OpCode::Conflict, false),
         };
-        self.record(op_id, code, empty_rollback, reservation_id)
+        self.record(op_id, code, empty_rollback, reservation_id, paid)
     }
 
     /// Refund of `qty` units (all that is left for `OrderCanceled`, part for a
@@ -366,6 +371,7 @@ impl BucketModel {
         if qty == 0 {
             return self.refuse(OpCode::Invalid, reservation_id);
         }
+        let mut paid = 0;
         let code = match self.fences.get(&reservation_id).copied() {
             Some(f) if matches!(f.phase, FencePhase::Reserved | FencePhase::Confirmed) => {
                 if qty > f.held() {
@@ -377,7 +383,7 @@ impl BucketModel {
                     } else {
                         self.sold -= q;
                     }
-                    self.release(q);
+                    paid = self.release(q);
                     self.version += 1;
                     if let Some(fence) = self.fences.get_mut(&reservation_id) {
                         fence.refunded += qty;
@@ -392,7 +398,7 @@ impl BucketModel {
             Some(f) if f.phase == FencePhase::Refunded => OpCode::OverRefund,
             _ => OpCode::Conflict,
         };
-        self.record(op_id, code, false, reservation_id)
+        self.record(op_id, code, false, reservation_id, paid)
     }
 
     /// Merchant adjustment (seed §12.3): `total = new_total`,
@@ -423,10 +429,11 @@ impl BucketModel {
 
     /// Returned units pay an outstanding deficit first: the merchant lowered the total below
     /// what was promised, so those units are not sellable again.
-    fn release(&mut self, units: i64) {
+    fn release(&mut self, units: i64) -> i64 {
         let absorbed = units.min(self.deficit);
         self.deficit -= absorbed;
         self.available += units - absorbed;
+        absorbed
     }
 
     fn result(&self, code: OpCode, empty_rollback: bool, fence: FencePhase) -> OpResult {
@@ -437,6 +444,7 @@ impl BucketModel {
             created: false,
             after: self.stock(),
             deficit: self.deficit,
+            paid: 0,
             version: self.version,
             fence,
         }
@@ -448,8 +456,12 @@ impl BucketModel {
         code: OpCode,
         empty_rollback: bool,
         reservation_id: u64,
+        paid: i64,
     ) -> OpResult {
-        let result = self.result(code, empty_rollback, self.phase(reservation_id));
+        let result = OpResult {
+            paid,
+            ..self.result(code, empty_rollback, self.phase(reservation_id))
+        };
         self.ops.insert(op_id.to_owned(), result);
         result
     }

@@ -198,7 +198,7 @@ impl OrderLifecycle {
                 {
                     Ok(outcomes) => outcomes
                         .into_iter()
-                        .map(|(id, o)| (id, Op::Cancel, Ok(o)))
+                        .map(|(id, o)| (id, Op::Cancel, o))
                         .collect(),
                     Err(e) => return Err(e.failure()),
                 }
@@ -231,7 +231,7 @@ impl OrderLifecycle {
                 Ok(outcome) => outcome,
                 // The stores disagree on this reservation: the recovery worker owns it now
                 // (it settles it or marks it dead and alerts); the event waits for it.
-                Err(e @ ServiceError::Inconsistent { .. }) => {
+                Err(e @ (ServiceError::Inconsistent { .. } | ServiceError::BucketLost { .. })) => {
                     waiting.push(format!("reservation {id}: {e}"));
                     continue;
                 }

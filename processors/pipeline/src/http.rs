@@ -21,9 +21,20 @@ pub trait Probe: Send + Sync {
     fn check(&self) -> BoxFuture<'_, Result<(), String>>;
 }
 
+/// Something `/readyz` reports without it deciding readiness: a condition that degrades the
+/// service for part of its data (a lost stock bucket) while every dependency answers. Taking
+/// an instance out of rotation would not help (every instance shares the same stores), so it
+/// is reported, counted and alerted on instead.
+pub trait Advisory: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// `Ok(None)`: nothing to report; `Ok(Some(detail))`: degraded, with why.
+    fn check(&self) -> BoxFuture<'_, Result<Option<serde_json::Value>, String>>;
+}
+
 #[derive(Clone)]
 pub struct HealthState {
     probes: Arc<Vec<Arc<dyn Probe>>>,
+    advisories: Arc<Vec<Arc<dyn Advisory>>>,
     timeout: Duration,
     metrics: PrometheusHandle,
 }
@@ -36,9 +47,16 @@ impl HealthState {
     ) -> Self {
         Self {
             probes: Arc::new(probes),
+            advisories: Arc::new(Vec::new()),
             timeout: Duration::from_millis(settings.readiness_timeout_ms),
             metrics,
         }
+    }
+
+    /// Adds conditions `/readyz` reports under `advisories` without failing readiness.
+    pub fn with_advisories(mut self, advisories: Vec<Arc<dyn Advisory>>) -> Self {
+        self.advisories = Arc::new(advisories);
+        self
     }
 
     /// Runs every probe concurrently, each bounded by the readiness timeout.
@@ -66,7 +84,26 @@ impl HealthState {
                 (name.to_string(), v)
             })
             .collect();
-        (ready, json!({ "ready": ready, "dependencies": detail }))
+        let advised = futures::future::join_all(self.advisories.iter().map(|a| async move {
+            let outcome = match tokio::time::timeout(self.timeout, a.check()).await {
+                Ok(Ok(v)) => v,
+                Ok(Err(e)) => Some(json!({ "error": e })),
+                Err(_) => Some(
+                    json!({ "error": format!("no answer within {} ms", self.timeout.as_millis()) }),
+                ),
+            };
+            (a.name(), outcome)
+        }))
+        .await;
+        let degraded = advised.iter().any(|(_, v)| v.is_some());
+        let advisories: serde_json::Map<String, serde_json::Value> = advised
+            .into_iter()
+            .filter_map(|(name, v)| v.map(|v| (name.to_string(), v)))
+            .collect();
+        (
+            ready,
+            json!({ "ready": ready, "degraded": degraded, "dependencies": detail, "advisories": advisories }),
+        )
     }
 }
 

@@ -11,7 +11,7 @@
 use chrono::NaiveDate;
 use stocksvr_core::events::{
     Envelope, EventData, EventError, EventKind, StockAction, StockAfter, StockBaselineAdjustedData,
-    StockBucketInitializedData, StockChangeData,
+    StockBucketInitializedData, StockBucketRebuiltData, StockBucketRepairedData, StockChangeData,
 };
 use stocksvr_pipeline::codec::{DecodeError, Decoded};
 
@@ -27,6 +27,10 @@ pub enum LedgerAction {
     Cancel,
     Adjust,
     Refund,
+    /// A versioned repair by the reconciler.
+    Repair,
+    /// A lost bucket recreated from MySQL.
+    Rebuild,
 }
 
 impl LedgerAction {
@@ -39,6 +43,8 @@ impl LedgerAction {
             LedgerAction::Cancel => 4,
             LedgerAction::Adjust => 5,
             LedgerAction::Refund => 6,
+            LedgerAction::Repair => 7,
+            LedgerAction::Rebuild => 8,
         }
     }
 }
@@ -140,6 +146,56 @@ pub fn decide(event: &Decoded) -> Result<Projection, InvalidEvent> {
         | EventKind::InventoryRedisRefunded => stock_change(typed(event)?),
         EventKind::StockBucketInitialized => bucket_initialized(typed(event)?),
         EventKind::StockBaselineAdjusted => baseline_adjusted(typed(event)?),
+        EventKind::StockBucketRepaired => {
+            let e: Envelope<StockBucketRepairedData> = typed(event)?;
+            let d = &e.data;
+            corrected(
+                &e.event_id,
+                EventKind::StockBucketRepaired,
+                LedgerAction::Repair,
+                Corrected {
+                    operation_id: &d.operation_id,
+                    stock_bucket_id: &d.stock_bucket_id,
+                    merchant_id: d.merchant_id,
+                    dish_id: d.dish_id,
+                    stock_date: &d.stock_date,
+                    deltas: [
+                        d.total_delta,
+                        d.available_delta,
+                        d.reserved_delta,
+                        d.sold_delta,
+                    ],
+                    deficit: d.deficit,
+                    redis_version: d.redis_version,
+                    after: d.after,
+                },
+            )
+        }
+        EventKind::StockBucketRebuilt => {
+            let e: Envelope<StockBucketRebuiltData> = typed(event)?;
+            let d = &e.data;
+            corrected(
+                &e.event_id,
+                EventKind::StockBucketRebuilt,
+                LedgerAction::Rebuild,
+                Corrected {
+                    operation_id: &d.operation_id,
+                    stock_bucket_id: &d.stock_bucket_id,
+                    merchant_id: d.merchant_id,
+                    dish_id: d.dish_id,
+                    stock_date: &d.stock_date,
+                    deltas: [
+                        d.total_delta,
+                        d.available_delta,
+                        d.reserved_delta,
+                        d.sold_delta,
+                    ],
+                    deficit: d.deficit,
+                    redis_version: d.redis_version,
+                    after: d.after,
+                },
+            )
+        }
         _ => Err(InvalidEvent::NotAStockChange(event.full_name.clone())),
     }
 }
@@ -220,7 +276,9 @@ fn stock_change(e: Envelope<StockChangeData>) -> Result<Projection, InvalidEvent
         dish_id,
         stock_date: c.date(&d.stock_date)?,
         after: c.after(d.after)?,
-        deficit: None,
+        // A cancel or refund pays a deficit down first; the scripts keep
+        // available + reserved + sold = total + deficit, so `after` says what is left.
+        deficit: Some(implied_deficit(&d.after)),
         redis_version: version,
     };
     let ledger = LedgerRow {
@@ -346,6 +404,80 @@ fn baseline_adjusted(e: Envelope<StockBaselineAdjustedData>) -> Result<Projectio
         event_id: c.id("event_id", &e.event_id)?,
         ledger,
         snapshot: (version > 0).then_some(snapshot),
+        sync: None,
+    })
+}
+
+/// The deficit `after` implies: `available + reserved + sold - total` (never negative).
+fn implied_deficit(after: &StockAfter) -> i64 {
+    (after.available + after.reserved + after.sold - after.total).max(0)
+}
+
+/// The fields a repair and a rebuild share: both book the deltas that make the ledger add
+/// up to `after`, and put `after` in the snapshot.
+struct Corrected<'a> {
+    operation_id: &'a str,
+    stock_bucket_id: &'a str,
+    merchant_id: i64,
+    dish_id: i64,
+    stock_date: &'a str,
+    /// total, available, reserved, sold.
+    deltas: [i64; 4],
+    deficit: i64,
+    redis_version: i64,
+    after: StockAfter,
+}
+
+fn corrected(
+    event_id: &str,
+    kind: EventKind,
+    action: LedgerAction,
+    d: Corrected<'_>,
+) -> Result<Projection, InvalidEvent> {
+    let c = Check { event: event_id };
+    let version = c.unsigned("redis_version", d.redis_version)?;
+    if version == 0 {
+        return Err(c.fail("redis_version", "is 0: a repaired bucket has a version"));
+    }
+    if d.deficit < 0 {
+        return Err(c.fail("deficit", format!("is negative ({})", d.deficit)));
+    }
+    let bucket = c.id("stock_bucket_id", d.stock_bucket_id)?;
+    let merchant_id = c.unsigned("merchant_id", d.merchant_id)?;
+    let dish_id = c.unsigned("dish_id", d.dish_id)?;
+    let after = c.after(d.after)?;
+    let [total, available, reserved, sold] = d.deltas;
+    let ledger = LedgerRow {
+        ledger_id: c.id("operation_id", d.operation_id)?,
+        operation_id: c.id("operation_id", d.operation_id)?,
+        reservation_id: None,
+        stock_bucket_id: bucket.clone(),
+        order_id: None,
+        order_item_id: None,
+        merchant_id,
+        dish_id,
+        action,
+        quantity: 0,
+        available_delta: available,
+        reserved_delta: reserved,
+        sold_delta: sold,
+        total_delta: total,
+        redis_version: Some(version),
+    };
+    let snapshot = SnapshotRow {
+        stock_bucket_id: bucket,
+        merchant_id,
+        dish_id,
+        stock_date: c.date(d.stock_date)?,
+        after,
+        deficit: Some(d.deficit),
+        redis_version: version,
+    };
+    Ok(Projection {
+        kind,
+        event_id: c.id("event_id", event_id)?,
+        ledger,
+        snapshot: Some(snapshot),
         sync: None,
     })
 }

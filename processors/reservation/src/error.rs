@@ -35,6 +35,10 @@ pub enum ServiceError {
         status: ReservationStatus,
         reason: String,
     },
+    /// Redis lost the bucket (it was built, its key is gone): nothing is sold or moved in
+    /// it until it is rebuilt from MySQL and reconciled (HTTP 503 `bucket_lost`).
+    #[error("stock bucket {bucket} is lost in Redis; it is refused until rebuilt (stocksvr bucket rebuild)")]
+    BucketLost { bucket: String },
     /// MySQL unavailable or failing (HTTP 503).
     #[error("mysql: {0}")]
     Mysql(#[from] sqlx::Error),
@@ -49,7 +53,9 @@ impl ServiceError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            ServiceError::OutcomeUnknown { .. } | ServiceError::Mysql(_)
+            ServiceError::OutcomeUnknown { .. }
+                | ServiceError::Mysql(_)
+                | ServiceError::BucketLost { .. }
         )
     }
 }
@@ -69,7 +75,9 @@ impl ServiceError {
             | ServiceError::BucketUnavailable { .. } => Failure::Invalid(self.to_string()),
             ServiceError::OutcomeUnknown { .. } => Failure::unavailable(Dependency::Redis, self),
             ServiceError::Mysql(e) => Failure::from_sqlx(e),
-            ServiceError::Inconsistent { .. } => Failure::unavailable(Dependency::Other, self),
+            ServiceError::Inconsistent { .. } | ServiceError::BucketLost { .. } => {
+                Failure::unavailable(Dependency::Other, self)
+            }
         }
     }
 }

@@ -12,6 +12,7 @@ mod error;
 mod failpoint;
 pub mod operations;
 mod outbox;
+pub mod reconcile;
 pub mod recovery;
 mod service;
 pub mod settings;

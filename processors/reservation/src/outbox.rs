@@ -8,7 +8,8 @@ use serde::Serialize;
 use stocksvr_core::events::{
     Envelope, EventData, InventoryCanceledData, InventoryConfirmedData, InventoryOperationDeadData,
     InventoryRefundedData, InventoryRejectedData, InventoryReservedData, OrderType, StockAction,
-    StockBaselineAdjustedData, StockBucketInitializedData, StockChangeData,
+    StockBaselineAdjustedData, StockBucketInitializedData, StockBucketRebuiltData,
+    StockBucketRepairedData, StockChangeData, StockNumbers,
 };
 use stocksvr_core::model::OpResult;
 use stocksvr_store::baselines::Baseline;
@@ -302,6 +303,83 @@ pub fn baseline_adjusted(a: &Adjusted<'_>) -> NewOutbox {
             redis_version: a.result.version as i64,
             after: a.result.after,
             reason_code: (a.result.deficit > 0).then(|| "DEFICIT".to_string()),
+        },
+    )
+}
+
+/// What a repair or a rebuild wrote, and what the ledger summed before it.
+pub struct Corrected<'a> {
+    pub wal_id: u64,
+    pub operation_id: &'a str,
+    pub baseline: &'a Baseline,
+    pub ledger_before: StockNumbers,
+    pub result: &'a OpResult,
+}
+
+impl Corrected<'_> {
+    /// What the ledger books so that its sums equal `after`: after minus its sums before.
+    fn deltas(&self) -> [i64; 4] {
+        let a = self.result.after;
+        let l = self.ledger_before;
+        [
+            a.total - l.total,
+            a.available - l.available,
+            a.reserved - l.reserved,
+            a.sold - l.sold,
+        ]
+    }
+}
+
+/// A versioned repair applied (WAL REPAIR).
+pub fn bucket_repaired(c: &Corrected<'_>, kinds: &[String], before: StockNumbers) -> NewOutbox {
+    let [total_delta, available_delta, reserved_delta, sold_delta] = c.deltas();
+    row(
+        c.wal_id,
+        c.operation_id,
+        StockBucketRepairedData {
+            operation_id: c.operation_id.to_string(),
+            stock_bucket_id: c.baseline.stock_bucket_id.clone(),
+            merchant_id: c.baseline.merchant_id as i64,
+            dish_id: c.baseline.dish_id as i64,
+            stock_date: c.baseline.stock_date.to_string(),
+            kinds: kinds.to_vec(),
+            before,
+            ledger_before: c.ledger_before,
+            total_delta,
+            available_delta,
+            reserved_delta,
+            sold_delta,
+            deficit: c.result.deficit,
+            redis_version: c.result.version as i64,
+            after: c.result.after,
+            reason_code: Some("RECONCILE_REPAIR".into()),
+        },
+    )
+}
+
+/// A lost bucket rebuilt from MySQL (WAL REBUILD).
+pub fn bucket_rebuilt(c: &Corrected<'_>, baseline_version: u64, fences_restored: u64) -> NewOutbox {
+    let [total_delta, available_delta, reserved_delta, sold_delta] = c.deltas();
+    row(
+        c.wal_id,
+        c.operation_id,
+        StockBucketRebuiltData {
+            operation_id: c.operation_id.to_string(),
+            stock_bucket_id: c.baseline.stock_bucket_id.clone(),
+            merchant_id: c.baseline.merchant_id as i64,
+            dish_id: c.baseline.dish_id as i64,
+            stock_date: c.baseline.stock_date.to_string(),
+            baseline_version: baseline_version as i64,
+            ledger_before: c.ledger_before,
+            total_delta,
+            available_delta,
+            reserved_delta,
+            sold_delta,
+            deficit: c.result.deficit,
+            redis_version: c.result.version as i64,
+            after: c.result.after,
+            fences_restored: fences_restored as i64,
+            reason_code: Some("REDIS_LOST".into()),
         },
     )
 }

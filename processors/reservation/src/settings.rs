@@ -163,3 +163,69 @@ impl StockOpsSettings {
         }
     }
 }
+
+/// The reconciler (a role of `stocksvr all`, and `stocksvr reconcile` on demand) and the
+/// retention of the consumer inbox.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcileSettings {
+    /// Shards the buckets are split into (by merchant and dish); instances lease them.
+    pub shards: u32,
+    /// Seconds between two checks of one shard (so of one bucket).
+    pub interval_secs: u64,
+    /// Seconds an instance holds the shard it checks.
+    pub lease_secs: u64,
+    /// Buckets read per round trip to MySQL and Redis.
+    pub chunk: u32,
+    /// Scheduled passes repair confirmed differences and rebuild lost buckets themselves.
+    /// Off by default: they detect, log and alert, and an operator runs
+    /// `stocksvr reconcile --repair` or `stocksvr bucket rebuild`.
+    pub auto_repair: bool,
+    /// Repairs and rebuilds one scheduled pass over a shard may start (rate limit).
+    pub max_repairs_per_pass: u32,
+    /// Milliseconds between the two passes of `stocksvr reconcile`.
+    pub settle_ms: u64,
+    /// Attempts of one repair that keeps finding the bucket's version moved.
+    pub repair_attempts: u32,
+    /// Seconds a rebuild waits for a clean pass before leaving the bucket refused (the
+    /// scheduled reconciler reopens it later).
+    pub reopen_timeout_secs: u64,
+    /// Days the consumer inbox remembers a handled event (0 keeps it for ever). A replay
+    /// from further back than this is judged against the current state again.
+    pub inbox_retention_days: u64,
+}
+
+impl Default for ReconcileSettings {
+    fn default() -> Self {
+        let d = crate::reconcile::ReconcileConfig::default();
+        Self {
+            shards: d.shards,
+            interval_secs: d.interval.as_secs(),
+            lease_secs: d.lease.num_seconds() as u64,
+            chunk: d.chunk,
+            auto_repair: d.auto_repair,
+            max_repairs_per_pass: d.max_repairs_per_pass,
+            settle_ms: d.settle.as_millis() as u64,
+            repair_attempts: d.repair_attempts,
+            reopen_timeout_secs: d.reopen_timeout.as_secs(),
+            inbox_retention_days: d.inbox_retention.num_days() as u64,
+        }
+    }
+}
+
+impl ReconcileSettings {
+    pub fn reconcile_config(&self) -> crate::reconcile::ReconcileConfig {
+        crate::reconcile::ReconcileConfig {
+            shards: self.shards.max(1),
+            lease: TimeDelta::seconds(self.lease_secs.max(1) as i64),
+            interval: Duration::from_secs(self.interval_secs.max(1)),
+            chunk: self.chunk.clamp(1, 1000),
+            auto_repair: self.auto_repair,
+            max_repairs_per_pass: self.max_repairs_per_pass,
+            settle: Duration::from_millis(self.settle_ms),
+            repair_attempts: self.repair_attempts.max(1),
+            reopen_timeout: Duration::from_secs(self.reopen_timeout_secs),
+            inbox_retention: TimeDelta::days(self.inbox_retention_days as i64),
+        }
+    }
+}

@@ -452,7 +452,10 @@ async fn an_operation_that_cannot_succeed_goes_dead_with_an_alert_and_can_be_ret
             &keys,
             id,
             &format!("op_cancel_{id}"),
-            Step::Cancel { quantity: 4 },
+            Step::Cancel {
+                quantity: 4,
+                never_built: false,
+            },
         )
         .await
         .expect("release in Redis");
@@ -584,14 +587,37 @@ async fn a_try_never_recreates_a_bucket_that_redis_lost() {
         .query_async(&mut conn)
         .await
         .expect("del");
-    match f.service.try_reserve(&f.request(2, 6)).await {
-        Err(ServiceError::Inconsistent { reason, .. }) => {
-            assert!(reason.contains("missing from Redis"), "{reason}")
+    let rows_before = reservation_rows(&f.pool).await;
+    // The first Try finds out (its script said BUCKET_MISSING after the insert); every later
+    // one is refused by the lost mark before anything is written.
+    for item in [2, 3, 4] {
+        match f.service.try_reserve(&f.request(item, 6)).await {
+            Err(ServiceError::BucketLost { bucket: lost }) => assert_eq!(lost, bucket),
+            other => panic!("a Try on a lost bucket must fail closed: {other:?}"),
         }
-        other => panic!("a Try on a lost bucket must fail closed: {other:?}"),
     }
+    assert_eq!(
+        reservation_rows(&f.pool).await,
+        rows_before,
+        "no reservation row left behind by a refused Try"
+    );
+    let (lost_at,): (Option<chrono::NaiveDateTime>,) =
+        sqlx::query_as("SELECT lost_at FROM dish_stock_baseline WHERE stock_bucket_id = ?")
+            .bind(&bucket)
+            .fetch_one(&f.pool)
+            .await
+            .expect("baseline");
+    assert!(lost_at.is_some(), "the bucket is marked lost");
     assert!(f.redis(f.today).await.is_none(), "not re-created");
     assert_eq!(f.events("StockBucketInitialized").await.len(), 1);
+}
+
+async fn reservation_rows(pool: &sqlx::MySqlPool) -> i64 {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM inventory_reservation")
+        .fetch_one(pool)
+        .await
+        .expect("count");
+    n
 }
 
 /// The first Try finds the bucket's init held by a worker that died: it waits a bounded time,

@@ -135,7 +135,7 @@ impl ScheduleProcessor {
                 "stale"
             }
             Trigger::Confirm => match self.service.confirm(id).await {
-                Err(e @ ServiceError::Inconsistent { .. }) => {
+                Err(e @ (ServiceError::Inconsistent { .. } | ServiceError::BucketLost { .. })) => {
                     // The row is in the recovery worker's hands; the due scan confirms it
                     // once it settles, so this trigger need not hold its partition.
                     tracing::warn!(reservation_id = id, error = %e, "due confirm left to the recovery worker and the scan");

@@ -99,6 +99,7 @@ impl Fixture {
                 baseline_version: 1,
                 stock_status: 1,
                 bucket_status: 10,
+                lost_at: None,
             },
         )
         .await

@@ -197,8 +197,22 @@ pub async fn run(
         .await
         .context("scheduled confirms")
     };
+    let reconciler = async {
+        if !roles.reconciler {
+            return Ok(());
+        }
+        let reconciler = Arc::new(stocksvr_reservation::reconcile::Reconciler::new(
+            service.clone(),
+            settings.reconcile.reconcile_config(),
+        ));
+        stocksvr_reservation::reconcile::run(reconciler, stop.clone())
+            .await
+            .context("reconciler")
+    };
     let renewals = renew(lease, &pool, stop.clone());
-    tokio::try_join!(lifecycle, recovery, stale, wal_worker, daily, scheduled, renewals)?;
+    tokio::try_join!(
+        lifecycle, recovery, stale, wal_worker, daily, scheduled, reconciler, renewals
+    )?;
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 
 mod admin;
 mod offsets_cmd;
+mod reconcile_cmd;
 mod stock_cmd;
 
 use anyhow::Context;
@@ -93,6 +94,10 @@ enum Command {
         #[command(subcommand)]
         action: offsets_cmd::OffsetsAction,
     },
+    /// Compare every live bucket's Redis numbers with the reservation table and the ledger
+    /// (and the snapshot): two passes a few seconds apart, a table of the three views. A
+    /// dry run unless --repair. Exit 0 clean, 1 differences or lost buckets, 2 error.
+    Reconcile(reconcile_cmd::ReconcileArgs),
     /// Print the effective configuration with secrets masked.
     Config,
 }
@@ -211,6 +216,13 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
         .await
         .map(|_| ExitCode::SUCCESS),
         Command::Bucket { action } => stock_cmd::bucket(&settings, action).await,
+        Command::Reconcile(args) => match reconcile_cmd::reconcile(&settings, args).await {
+            Ok(code) => Ok(code),
+            Err(e) => {
+                eprintln!("stocksvr reconcile: {e:#}");
+                Ok(ExitCode::from(2))
+            }
+        },
         Command::Ops { action } => stock_cmd::operations(&settings, action).await,
         Command::Reservations { action } => stock_cmd::reservations(&settings, action).await,
         Command::Produce { file, event } => {

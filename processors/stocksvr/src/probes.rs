@@ -4,7 +4,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use sqlx::MySqlPool;
 use stocksvr_pipeline::config::KafkaSettings;
-use stocksvr_pipeline::http::Probe;
+use stocksvr_pipeline::http::{Advisory, Probe};
 use stocksvr_pipeline::registry::RegistryClient;
 
 pub struct KafkaProbe(pub KafkaSettings);
@@ -85,6 +85,36 @@ impl Probe for RedisProbe {
             } else {
                 Err(format!("PING answered {pong}"))
             }
+        }
+        .boxed()
+    }
+}
+
+/// Buckets Redis lost and that are not rebuilt yet: each refuses its Trys (503 bucket_lost)
+/// while everything else sells, so `/readyz` names them without failing readiness.
+pub struct LostBuckets(pub MySqlPool);
+
+impl Advisory for LostBuckets {
+    fn name(&self) -> &'static str {
+        "buckets_lost"
+    }
+    fn check(&self) -> BoxFuture<'_, Result<Option<serde_json::Value>, String>> {
+        async move {
+            let count = stocksvr_store::baselines::count_lost(&self.0)
+                .await
+                .map_err(|e| e.to_string())?;
+            metrics::gauge!(stocksvr_telemetry::names::BUCKETS_LOST).set(count as f64);
+            if count == 0 {
+                return Ok(None);
+            }
+            let first = stocksvr_store::baselines::lost_buckets(&self.0, 20)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(Some(serde_json::json!({
+                "count": count,
+                "buckets": first,
+                "action": "stocksvr bucket rebuild --all --execute",
+            })))
         }
         .boxed()
     }

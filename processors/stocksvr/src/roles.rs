@@ -19,6 +19,9 @@ pub struct Roles {
     pub schedule: bool,
     /// Consumer lag measured at the broker for every group of this deployment.
     pub lag_exporter: bool,
+    /// The reconciler: Redis against MySQL per bucket (shards leased among instances),
+    /// repairs and rebuilds when configured to, and the inbox retention.
+    pub reconciler: bool,
 }
 
 impl Roles {
@@ -29,6 +32,7 @@ impl Roles {
         dead_letter: true,
         schedule: true,
         lag_exporter: true,
+        reconciler: true,
     };
     pub const NONE: Roles = Roles {
         reservations: false,
@@ -37,10 +41,11 @@ impl Roles {
         dead_letter: false,
         schedule: false,
         lag_exporter: false,
+        reconciler: false,
     };
 
     /// Whether the reservation service (Redis connection, worker id) is needed.
     pub fn needs_service(&self) -> bool {
-        self.reservations || self.schedule
+        self.reservations || self.schedule || self.reconciler
     }
 }

@@ -90,7 +90,8 @@ pub async fn run(
         Arc::new(probes::MysqlProbe(pool.clone())),
         Arc::new(probes::RedisProbe(redis)),
     ];
-    let health = HealthState::new(probes, &settings.http, metrics);
+    let health = HealthState::new(probes, &settings.http, metrics)
+        .with_advisories(vec![Arc::new(probes::LostBuckets(pool.clone()))]);
 
     let redacted = serde_json::to_value(&settings)?;
     let dlq = stocksvr_dead_letter::AdminState::new(
@@ -98,7 +99,8 @@ pub async fn run(
         stocksvr_dead_letter::replay_producer(&settings.kafka)?,
         Some(AvroCodec::new(&settings.registry, catalog.clone())?),
     );
-    let api = stocksvr_api::ApiState::new();
+    let api =
+        stocksvr_api::ApiState::new().with_reconcile_config(settings.reconcile.reconcile_config());
     let admin = Router::new()
         .route("/admin/config", get(move || async move { Json(redacted) }))
         .merge(stocksvr_dead_letter::admin_routes(dlq))

@@ -15,7 +15,9 @@ use stocksvr_pipeline::config::{
     load_layered, ConfigError, ConsumerSettings, HttpSettings, InfraSettings, KafkaSettings,
     LogSettings, MysqlSettings, RedisSettings, RegistrySettings,
 };
-use stocksvr_reservation::settings::{RecoverySettings, ReservationSettings, StockOpsSettings};
+use stocksvr_reservation::settings::{
+    ReconcileSettings, RecoverySettings, ReservationSettings, StockOpsSettings,
+};
 use stocksvr_schedule::ScheduleSettings;
 
 #[derive(Debug, Clone, Deserialize, Serialize, Default)]
@@ -31,6 +33,7 @@ pub struct Settings {
     pub reservation: ReservationSettings,
     pub recovery: RecoverySettings,
     pub stock_ops: StockOpsSettings,
+    pub reconcile: ReconcileSettings,
     pub schedule: ScheduleSettings,
     pub relay: stocksvr_outbox_relay::RelaySettings,
     pub lag_exporter: stocksvr_lag_exporter::LagExporterConfig,

@@ -55,6 +55,21 @@ pub enum BucketAction {
     Archive { bucket_id: String },
     /// Baseline, Redis and snapshot side by side, with the bucket's WAL rows.
     Show { bucket_id: String },
+    /// Rebuild buckets Redis lost from MySQL (baseline, ledger, reservations, fences), then
+    /// reopen each once a reconcile pass finds it clean. A dry run listing what would be
+    /// rebuilt unless --execute.
+    Rebuild {
+        /// One bucket; or --all for every bucket found lost.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        bucket_id: Option<String>,
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        execute: bool,
+        /// Buckets rebuilt at once with --all.
+        #[arg(long, default_value_t = 8)]
+        parallel: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -92,10 +107,18 @@ pub enum ReservationsAction {
 }
 
 async fn connect(settings: &Settings) -> anyhow::Result<(sqlx::MySqlPool, Arc<LuaExecutor>)> {
+    connect_with(settings, 2).await
+}
+
+/// MySQL (a pool of `connections`) and Redis for a command, checked before it starts.
+pub async fn connect_with(
+    settings: &Settings,
+    connections: u32,
+) -> anyhow::Result<(sqlx::MySqlPool, Arc<LuaExecutor>)> {
     let url = settings.mysql.url.expose();
     let pool = stocksvr_store::mysql_pool(
         url,
-        2,
+        connections,
         Duration::from_millis(settings.mysql.acquire_timeout_ms),
     )?;
     stocksvr_store::ping_mysql(&pool)
@@ -133,6 +156,19 @@ fn check_bucket(id: &str) -> anyhow::Result<()> {
 }
 
 pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result<ExitCode> {
+    if let BucketAction::Rebuild {
+        bucket_id,
+        all,
+        execute,
+        parallel,
+    } = action
+    {
+        if let Some(b) = &bucket_id {
+            check_bucket(b)?;
+        }
+        let target = if all { None } else { bucket_id };
+        return crate::reconcile_cmd::rebuild(settings, target, execute, parallel).await;
+    }
     let (pool, lua) = connect(settings).await?;
     let ops = StockOps::new(pool.clone(), lua, settings.stock_ops.ops_config());
     let view = match action {
@@ -178,6 +214,7 @@ pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result
                     baseline_version: 1,
                     stock_status: 1,
                     bucket_status: BucketState::Open.code() as i8,
+                    lost_at: None,
                 })
                 .await?;
             let stored = stocksvr_store::baselines::find_baseline(&pool, &key.stock_bucket_id())
@@ -206,6 +243,8 @@ pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result
             print(&ops.show_bucket(&bucket_id).await?)?;
             return Ok(ExitCode::SUCCESS);
         }
+        // Taken above, before connecting with a pool sized for it.
+        BucketAction::Rebuild { .. } => anyhow::bail!("rebuild runs before this match"),
     };
     print(&view)?;
     Ok(operation_exit(&view))

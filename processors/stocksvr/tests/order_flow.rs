@@ -468,9 +468,12 @@ async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
         "the empty rollback added nothing: {stock}"
     );
 
-    for (key, reason) in [
-        (unknown_key, "unknown to the registry"),
-        (thin_key, "schema mismatch"),
+    // An unknown schema id cannot be decoded at all; a record missing required fields
+    // decodes as Avro but breaks the event's contract: invalid. Both are dead-lettered at
+    // once (an outage never dead-letters).
+    for (key, reason, class) in [
+        (unknown_key, "unknown to the registry", "undecodable"),
+        (thin_key, "schema mismatch", "invalid"),
     ] {
         let header = |m: &rdkafka::message::OwnedMessage, name: &str| {
             m.headers()
@@ -482,17 +485,19 @@ async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
                 .unwrap_or_default()
         };
         use stocksvr_pipeline::deadletter::headers::{ERROR_CLASS, ERROR_MESSAGE};
-        // Class "undecodable": dead-lettered at once (an outage never dead-letters).
         let dead = common::find_record(
             &format!("{}.dlt", shop.env.topic(ORDER_LIFECYCLE)),
             Duration::from_secs(30),
             |m| {
                 m.key() == Some(key.as_bytes())
                     && header(m, ERROR_MESSAGE).contains(reason)
-                    && header(m, ERROR_CLASS) == "undecodable"
+                    && header(m, ERROR_CLASS) == class
             },
         );
-        assert!(dead.is_some(), "{key}: no dead letter saying {reason:?}");
+        assert!(
+            dead.is_some(),
+            "{key}: no dead letter of class {class} saying {reason:?}"
+        );
     }
     let (status, log) = server.terminate();
     assert!(status.success(), "{log}");

@@ -103,6 +103,7 @@ impl Scheduled {
                 baseline_version: 1,
                 stock_status: 1,
                 bucket_status: 10,
+                lost_at: None,
             },
         )
         .await

@@ -112,7 +112,9 @@ async fn all_serves_health_and_dead_letters_garbage() {
         header(headers::CONSUMER_GROUP),
         format!("{group_prefix}.order-lifecycle")
     );
-    assert_eq!(header(headers::ERROR_CLASS), "invalid");
+    // Not Avro at all: undecodable (a record that decodes but breaks its contract would be
+    // "invalid"; neither is ever an outage).
+    assert_eq!(header(headers::ERROR_CLASS), "undecodable");
     assert!(
         header(headers::ERROR_MESSAGE).contains("magic byte"),
         "{}",
@@ -156,7 +158,7 @@ async fn all_serves_health_and_dead_letters_garbage() {
         .json()
         .await
         .expect("json");
-    assert_eq!(parked["error_class"], "invalid", "{parked}");
+    assert_eq!(parked["error_class"], "undecodable", "{parked}");
     let denied = client
         .get(format!("{}/admin/dlq/{id}", server.base))
         .send()

@@ -18,6 +18,9 @@ pub struct Baseline {
     pub baseline_version: u64,
     pub stock_status: i8,
     pub bucket_status: i8,
+    /// Set while Redis has lost this bucket (see [`mark_lost`]): Trys are refused until a
+    /// rebuild and a clean reconcile pass clear it.
+    pub lost_at: Option<chrono::NaiveDateTime>,
 }
 
 impl Baseline {
@@ -45,7 +48,7 @@ pub(crate) async fn read_baseline<'e, E: sqlx::MySqlExecutor<'e>>(
     let lock = if for_update { " FOR UPDATE" } else { "" };
     sqlx::query_as(&format!(
         "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, timezone, total_stock, \
-         baseline_version, stock_status, bucket_status FROM dish_stock_baseline \
+         baseline_version, stock_status, bucket_status, lost_at FROM dish_stock_baseline \
          WHERE stock_bucket_id = ?{lock}"
     ))
     .bind(bucket_id)
@@ -118,4 +121,57 @@ pub async fn set_merchant_timezone(
     .deadline()
     .await?;
     Ok(())
+}
+
+/// Marks the bucket lost (Redis no longer has it although it was built). Idempotent: the
+/// first mark's time is kept. True when this call marked it.
+pub async fn mark_lost(pool: &MySqlPool, bucket_id: &str) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE dish_stock_baseline SET lost_at = ?, updated_at = ? \
+         WHERE stock_bucket_id = ? AND lost_at IS NULL",
+    )
+    .bind(now())
+    .bind(now())
+    .bind(bucket_id)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Clears the lost mark after a rebuild and a clean reconcile pass: Trys are taken again.
+pub async fn clear_lost(pool: &MySqlPool, bucket_id: &str) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE dish_stock_baseline SET lost_at = NULL, updated_at = ? \
+         WHERE stock_bucket_id = ? AND lost_at IS NOT NULL",
+    )
+    .bind(now())
+    .bind(bucket_id)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Buckets marked lost, oldest first.
+pub async fn lost_buckets(pool: &MySqlPool, limit: u32) -> Result<Vec<String>, sqlx::Error> {
+    let rows: Vec<(String,)> = sqlx::query_as(
+        "SELECT stock_bucket_id FROM dish_stock_baseline WHERE lost_at IS NOT NULL \
+         ORDER BY lost_at, stock_bucket_id LIMIT ?",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .deadline()
+    .await?;
+    Ok(rows.into_iter().map(|(b,)| b).collect())
+}
+
+/// How many buckets are marked lost.
+pub async fn count_lost(pool: &MySqlPool) -> Result<i64, sqlx::Error> {
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM dish_stock_baseline WHERE lost_at IS NOT NULL")
+            .fetch_one(pool)
+            .deadline()
+            .await?;
+    Ok(n)
 }

@@ -52,7 +52,7 @@ pub async fn baselines_to_carry(
 ) -> Result<Vec<Baseline>, sqlx::Error> {
     sqlx::query_as(
         "SELECT b.stock_bucket_id, b.merchant_id, b.dish_id, b.stock_date, b.timezone, b.total_stock, \
-         b.baseline_version, b.stock_status, b.bucket_status \
+         b.baseline_version, b.stock_status, b.bucket_status, CAST(NULL AS DATETIME(3)) AS lost_at \
          FROM dish_stock_baseline b \
          JOIN (SELECT merchant_id, dish_id, MAX(stock_date) AS d FROM dish_stock_baseline \
                WHERE timezone = ? AND stock_date < ? AND stock_date >= ? GROUP BY merchant_id, dish_id) l \

@@ -172,7 +172,36 @@ pub async fn insert_preparing(
     // REPEATABLE READ the NOT EXISTS probe locks the fence key (or the gap where it would
     // be), and an OrderCreatedFailed writing the fence waits for this insert to commit, or
     // this insert waits for the fence and then inserts nothing (see migration 5).
-    let result = sqlx::query(
+    // The probe's lock and a concurrent fence writer's locks can deadlock; InnoDB then rolls
+    // this statement back, so it is simply run again.
+    let result = crate::retry::on_lock_conflict(3, || insert_unless_fenced(pool, r, now)).await;
+    match result {
+        Ok(done) if done.rows_affected() == 1 => Ok(InsertOutcome::Inserted),
+        // Nothing inserted: the order's fence exists. A repeat of a Try that got in before
+        // the fence still answers with its row.
+        Ok(_) => Ok(
+            match find_by_item(pool, r.order_item_id, r.dish_id).await? {
+                Some(existing) => InsertOutcome::Existing(Box::new(existing)),
+                None => InsertOutcome::OrderFailed,
+            },
+        ),
+        Err(e) if is_duplicate_key(&e) => {
+            match find_by_item(pool, r.order_item_id, r.dish_id).await? {
+                Some(existing) => Ok(InsertOutcome::Existing(Box::new(existing))),
+                // The duplicate was on the primary key: a snowflake collision would be a bug.
+                None => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn insert_unless_fenced(
+    pool: &MySqlPool,
+    r: &NewReservation,
+    now: chrono::NaiveDateTime,
+) -> Result<sqlx::mysql::MySqlQueryResult, sqlx::Error> {
+    sqlx::query(
         "INSERT INTO inventory_reservation (id, order_id, order_item_id, merchant_id, dish_id, \
          stock_bucket_id, stock_date, quantity, order_type, processing_time, expire_at, status, \
          current_operation_id, next_retry_at, created_at, updated_at) \
@@ -198,26 +227,7 @@ pub async fn insert_preparing(
     .bind(r.order_id)
     .execute(pool)
     .deadline()
-    .await;
-    match result {
-        Ok(done) if done.rows_affected() == 1 => Ok(InsertOutcome::Inserted),
-        // Nothing inserted: the order's fence exists. A repeat of a Try that got in before
-        // the fence still answers with its row.
-        Ok(_) => Ok(
-            match find_by_item(pool, r.order_item_id, r.dish_id).await? {
-                Some(existing) => InsertOutcome::Existing(Box::new(existing)),
-                None => InsertOutcome::OrderFailed,
-            },
-        ),
-        Err(e) if is_duplicate_key(&e) => {
-            match find_by_item(pool, r.order_item_id, r.dish_id).await? {
-                Some(existing) => Ok(InsertOutcome::Existing(Box::new(existing))),
-                // The duplicate was on the primary key: a snowflake collision would be a bug.
-                None => Err(e),
-            }
-        }
-        Err(e) => Err(e),
-    }
+    .await
 }
 
 pub async fn find(pool: &MySqlPool, id: u64) -> Result<Option<Reservation>, sqlx::Error> {
@@ -372,6 +382,53 @@ pub async fn record_failure(
     .deadline()
     .await?;
     Ok(())
+}
+
+/// Puts a step off without counting an attempt: it waits for something outside its own
+/// control (its bucket's rebuild), and the dead-after-N-attempts bound must not run out
+/// meanwhile.
+pub async fn postpone(
+    pool: &MySqlPool,
+    id: u64,
+    status: ReservationStatus,
+    reason: &str,
+    retry_after: chrono::Duration,
+) -> Result<(), sqlx::Error> {
+    let reason: String = reason.chars().take(1000).collect();
+    sqlx::query(
+        "UPDATE inventory_reservation SET last_error = ?, next_retry_at = ?, updated_at = ? \
+         WHERE id = ? AND status = ?",
+    )
+    .bind(reason)
+    .bind(now() + retry_after)
+    .bind(now())
+    .bind(id)
+    .bind(status.code() as i8)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(())
+}
+
+/// Removes a PREPARING row whose Try never ran in Redis and never will (its reservation id
+/// is fenced there): the Try that found its bucket lost leaves no row behind, and a retry
+/// of the same item after the rebuild starts afresh. True when the row was removed (CAS on
+/// status and version: a row another actor moved on stays).
+pub async fn discard_unapplied_try(
+    pool: &MySqlPool,
+    id: u64,
+    version: u32,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM inventory_reservation WHERE id = ? AND status = ? AND version = ?",
+    )
+    .bind(id)
+    .bind(ReservationStatus::Preparing.code() as i8)
+    .bind(version)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// Claims up to `limit` reservations in an intermediate status whose `next_retry_at` passed,

@@ -27,6 +27,8 @@ pub enum WalAction {
     Repair = 3,
     Close = 4,
     Archive = 5,
+    /// Recreate a lost bucket from MySQL (seed §13.3).
+    Rebuild = 6,
 }
 
 impl WalAction {
@@ -37,6 +39,7 @@ impl WalAction {
             3 => WalAction::Repair,
             4 => WalAction::Close,
             5 => WalAction::Archive,
+            6 => WalAction::Rebuild,
             _ => return None,
         })
     }
@@ -48,6 +51,7 @@ impl WalAction {
             WalAction::Repair => "REPAIR",
             WalAction::Close => "CLOSE",
             WalAction::Archive => "ARCHIVE",
+            WalAction::Rebuild => "REBUILD",
         }
     }
 }
@@ -330,6 +334,24 @@ pub async fn begin_archive(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Resul
     Ok(row)
 }
 
+/// A repair or rebuild row: written as it is (idempotent on its operation id, which the
+/// caller derives from what it repairs), no baseline change. Returns the stored row.
+pub async fn begin_operation(pool: &MySqlPool, wal: NewWal) -> Result<WalRow, Refusal> {
+    let mut tx = pool.begin().deadline().await?;
+    if read_baseline(&mut *tx, &wal.stock_bucket_id, false)
+        .await?
+        .is_none()
+    {
+        return Err(Refusal::NoBaseline(wal.stock_bucket_id.clone()));
+    }
+    insert_ignore(&mut tx, &wal).await?;
+    let row = find_by_op(&mut *tx, &wal.operation_id)
+        .await?
+        .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
+    tx.commit().deadline().await?;
+    Ok(row)
+}
+
 pub async fn find_by_op<'e, E: sqlx::MySqlExecutor<'e>>(
     exec: E,
     operation_id: &str,
@@ -593,6 +615,70 @@ pub async fn succeeded_init(pool: &MySqlPool, bucket: &str) -> Result<Option<Str
     .deadline()
     .await?;
     Ok(found.map(|(op,)| op))
+}
+
+/// The total and baseline version the bucket's stock operations last applied in Redis (the
+/// latest INIT, ADJUST, REPAIR or REBUILD that succeeded with SUCCEEDED from its script):
+/// what a rebuild restores while a newer adjust is still waiting to apply on top of it.
+pub async fn last_applied(
+    pool: &MySqlPool,
+    bucket: &str,
+) -> Result<Option<(i64, u64)>, sqlx::Error> {
+    let applied = "status = ? AND stock_bucket_id = ? \
+         AND JSON_VALUE(result_payload, '$.outcome') = 'SUCCEEDED'";
+    let total: Option<(i64,)> = sqlx::query_as(&format!(
+        "SELECT CAST(JSON_VALUE(result_payload, '$.after.total') AS SIGNED) \
+         FROM inventory_operation_wal WHERE {applied} AND action IN (?, ?, ?, ?) \
+         AND JSON_VALUE(result_payload, '$.after.total') IS NOT NULL ORDER BY id DESC LIMIT 1"
+    ))
+    .bind(WalStatus::Succeeded as i8)
+    .bind(bucket)
+    .bind(WalAction::InitBucket as i8)
+    .bind(WalAction::Adjust as i8)
+    .bind(WalAction::Repair as i8)
+    .bind(WalAction::Rebuild as i8)
+    .fetch_optional(pool)
+    .deadline()
+    .await?;
+    let Some((total,)) = total else {
+        return Ok(None);
+    };
+    let (version,): (u64,) = sqlx::query_as(&format!(
+        "SELECT CAST(COALESCE(MAX(CAST(JSON_VALUE(request_payload, '$.baseline_version') AS UNSIGNED)), 0) AS UNSIGNED) \
+         FROM inventory_operation_wal WHERE {applied} AND action IN (?, ?)"
+    ))
+    .bind(WalStatus::Succeeded as i8)
+    .bind(bucket)
+    .bind(WalAction::InitBucket as i8)
+    .bind(WalAction::Adjust as i8)
+    .fetch_one(pool)
+    .deadline()
+    .await?;
+    Ok(Some((total, version)))
+}
+
+/// Rewrites the request of a row `owner` holds the lease of: a rebuild records the plan it
+/// computed from MySQL before it touches Redis, so a retry after a crash between the script
+/// and the completion announces exactly what the script wrote. False when the lease is lost.
+pub async fn set_request(
+    pool: &MySqlPool,
+    id: u64,
+    owner: &str,
+    request: &serde_json::Value,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE inventory_operation_wal SET request_payload = ?, updated_at = ? \
+         WHERE id = ? AND status = ? AND lease_owner = ?",
+    )
+    .bind(request)
+    .bind(now())
+    .bind(id)
+    .bind(WalStatus::Executing as i8)
+    .bind(owner)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// An operator's "retry now": a RETRY or DEAD row becomes due immediately. The attempt count

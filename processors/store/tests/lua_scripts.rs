@@ -221,7 +221,15 @@ async fn cancel_before_try_is_an_empty_rollback_and_fences_the_late_try() -> Res
 
     let c = ctx
         .exec
-        .step(&keys, 5, "cancel-5", Step::Cancel { quantity: 2 })
+        .step(
+            &keys,
+            5,
+            "cancel-5",
+            Step::Cancel {
+                quantity: 2,
+                never_built: false,
+            },
+        )
         .await?;
     assert_eq!(c.code, OpCode::Succeeded);
     assert!(c.empty_rollback && !c.replayed);
@@ -257,13 +265,29 @@ async fn cancel_before_try_is_an_empty_rollback_and_fences_the_late_try() -> Res
     assert_eq!((t2.code, t2.replayed), (OpCode::Fenced, true));
     let c2 = ctx
         .exec
-        .step(&keys, 5, "cancel-5-again", Step::Cancel { quantity: 2 })
+        .step(
+            &keys,
+            5,
+            "cancel-5-again",
+            Step::Cancel {
+                quantity: 2,
+                never_built: false,
+            },
+        )
         .await?;
     assert_eq!(c2.code, OpCode::Succeeded);
     assert!(c2.empty_rollback && !c2.replayed);
     let c3 = ctx
         .exec
-        .step(&keys, 5, "cancel-5", Step::Cancel { quantity: 2 })
+        .step(
+            &keys,
+            5,
+            "cancel-5",
+            Step::Cancel {
+                quantity: 2,
+                never_built: false,
+            },
+        )
         .await?;
     assert_eq!(
         c3,
@@ -274,12 +298,39 @@ async fn cancel_before_try_is_an_empty_rollback_and_fences_the_late_try() -> Res
     );
     assert_eq!(ctx.numbers(&keys).await?, before);
 
-    // Cancel with no bucket at all still fences: a Try waiting for a lazy init must not
-    // freeze stock after it.
+    // Cancel with no bucket: for a bucket that was built, Redis lost it with its fences, so
+    // nothing is judged (a missing fence there does not mean "the Try never ran").
     let missing = ctx.bucket(2);
+    let lost = ctx
+        .exec
+        .step(
+            &missing,
+            6,
+            "cancel-6",
+            Step::Cancel {
+                quantity: 1,
+                never_built: false,
+            },
+        )
+        .await?;
+    assert_eq!(lost.code, OpCode::BucketMissing);
+    assert!(
+        ctx.exec.read_fence(&missing, 6).await?.is_none(),
+        "nothing written"
+    );
+    // For a bucket MySQL knows was never built it still fences: a Try waiting for a lazy
+    // init must not freeze stock after it.
     let c = ctx
         .exec
-        .step(&missing, 6, "cancel-6", Step::Cancel { quantity: 1 })
+        .step(
+            &missing,
+            6,
+            "cancel-6",
+            Step::Cancel {
+                quantity: 1,
+                never_built: true,
+            },
+        )
         .await?;
     assert!((c.code == OpCode::Succeeded) && c.empty_rollback);
     assert!(
@@ -327,7 +378,10 @@ async fn confirm_and_cancel_race_and_exactly_one_wins() -> Result<()> {
                     &k2,
                     r,
                     &format!("cancel-{r}"),
-                    Step::Cancel { quantity: qty },
+                    Step::Cancel {
+                        quantity: qty,
+                        never_built: false,
+                    },
                 )
                 .await
             });
@@ -338,7 +392,10 @@ async fn confirm_and_cancel_race_and_exactly_one_wins() -> Result<()> {
                     &k2,
                     r,
                     &format!("cancel-{r}"),
-                    Step::Cancel { quantity: qty },
+                    Step::Cancel {
+                        quantity: qty,
+                        never_built: false,
+                    },
                 )
                 .await
             });
@@ -506,7 +563,15 @@ async fn refunds() -> Result<()> {
         .step(&keys, 5, "try-5", Step::Try { quantity: 1 })
         .await?;
     ctx.exec
-        .step(&keys, 5, "cancel-5", Step::Cancel { quantity: 1 })
+        .step(
+            &keys,
+            5,
+            "cancel-5",
+            Step::Cancel {
+                quantity: 1,
+                never_built: false,
+            },
+        )
         .await?;
     let canceled = ctx
         .exec
@@ -515,7 +580,15 @@ async fn refunds() -> Result<()> {
     assert_eq!(canceled.code, OpCode::Conflict);
     let cancel_after_confirm = ctx
         .exec
-        .step(&keys, 2, "cancel-2", Step::Cancel { quantity: 4 })
+        .step(
+            &keys,
+            2,
+            "cancel-2",
+            Step::Cancel {
+                quantity: 4,
+                never_built: false,
+            },
+        )
         .await?;
     assert_eq!(cancel_after_confirm.code, OpCode::Conflict);
 
@@ -662,7 +735,15 @@ async fn adjust_below_committed_gives_a_deficit_that_returns_pay_down() -> Resul
     // Returned stock pays the deficit first: available + reserved + sold == total + deficit.
     let c = ctx
         .exec
-        .step(&keys, 2, "cancel-2", Step::Cancel { quantity: 10 })
+        .step(
+            &keys,
+            2,
+            "cancel-2",
+            Step::Cancel {
+                quantity: 10,
+                never_built: false,
+            },
+        )
         .await?;
     assert_eq!(
         (c.after.available, c.after.reserved, c.after.sold, c.deficit),
@@ -748,7 +829,15 @@ async fn missing_and_closed_buckets() -> Result<()> {
     assert_eq!(reopen.code, OpCode::Conflict);
     assert!(
         ctx.exec
-            .step(&keys, 2, "cancel-2", Step::Cancel { quantity: 1 })
+            .step(
+                &keys,
+                2,
+                "cancel-2",
+                Step::Cancel {
+                    quantity: 1,
+                    never_built: false
+                }
+            )
             .await?
             .code
             == OpCode::Succeeded
@@ -850,7 +939,15 @@ async fn bad_calls_are_refused_without_effect() -> Result<()> {
     );
     let reused = ctx
         .exec
-        .step(&keys, 1, "op-x", Step::Cancel { quantity: 1 })
+        .step(
+            &keys,
+            1,
+            "op-x",
+            Step::Cancel {
+                quantity: 1,
+                never_built: false,
+            },
+        )
         .await;
     assert!(
         matches!(reused, Err(ExecError::Rejected { .. })),

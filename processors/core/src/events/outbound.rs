@@ -130,9 +130,68 @@ pub struct StockBaselineAdjustedData {
     pub reason_code: Option<String>,
 }
 
+/// `io.stocksvr.inventory.StockNumbers`: a bucket's five numbers as one view saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StockNumbers {
+    pub total: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+    pub deficit: i64,
+}
+
+/// `io.stocksvr.inventory.StockBucketRepairedData`: a versioned repair by the reconciler.
+/// The deltas are what the ledger books (after minus the ledger's sums before), so the
+/// ledger adds up to `after` whichever view was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StockBucketRepairedData {
+    pub operation_id: String,
+    pub stock_bucket_id: String,
+    pub merchant_id: i64,
+    pub dish_id: i64,
+    pub stock_date: String,
+    pub kinds: Vec<String>,
+    /// Redis at the version the repair was computed against.
+    pub before: StockNumbers,
+    pub ledger_before: StockNumbers,
+    pub total_delta: i64,
+    pub available_delta: i64,
+    pub reserved_delta: i64,
+    pub sold_delta: i64,
+    pub deficit: i64,
+    pub redis_version: i64,
+    pub after: StockAfter,
+    #[serde(default)]
+    pub reason_code: Option<String>,
+}
+
+/// `io.stocksvr.inventory.StockBucketRebuiltData`: a lost bucket recreated from MySQL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StockBucketRebuiltData {
+    pub operation_id: String,
+    pub stock_bucket_id: String,
+    pub merchant_id: i64,
+    pub dish_id: i64,
+    pub stock_date: String,
+    pub baseline_version: i64,
+    pub ledger_before: StockNumbers,
+    pub total_delta: i64,
+    pub available_delta: i64,
+    pub reserved_delta: i64,
+    pub sold_delta: i64,
+    pub deficit: i64,
+    pub redis_version: i64,
+    pub after: StockAfter,
+    pub fences_restored: i64,
+    #[serde(default)]
+    pub reason_code: Option<String>,
+}
+
 keyed_by_bucket! {
     StockBucketInitializedData => StockBucketInitialized,
     StockBaselineAdjustedData => StockBaselineAdjusted,
+    StockBucketRepairedData => StockBucketRepaired,
+    StockBucketRebuiltData => StockBucketRebuilt,
 }
 
 /// `io.stocksvr.inventory.InventoryReservedData`: Try succeeded.

@@ -86,6 +86,8 @@ fn round_trip_any(kind: EventKind, value: &Value) -> Result<Value, String> {
         | K::InventoryRedisRefunded => round_trip::<StockChangeData>(kind, value),
         K::StockBucketInitialized => round_trip::<StockBucketInitializedData>(kind, value),
         K::StockBaselineAdjusted => round_trip::<StockBaselineAdjustedData>(kind, value),
+        K::StockBucketRepaired => round_trip::<StockBucketRepairedData>(kind, value),
+        K::StockBucketRebuilt => round_trip::<StockBucketRebuiltData>(kind, value),
         K::InventoryReserved => round_trip::<InventoryReservedData>(kind, value),
         K::InventoryRejected => round_trip::<InventoryRejectedData>(kind, value),
         K::InventoryConfirmed => round_trip::<InventoryConfirmedData>(kind, value),

@@ -47,6 +47,8 @@ fn every_stock_change_example_decides() {
         "StockBucketInitialized",
         "StockBaselineAdjusted",
         "StockBaselineAdjusted.deficit",
+        "StockBucketRepaired",
+        "StockBucketRebuilt",
     ];
     for file in files {
         let p = decide_example(file);
@@ -99,8 +101,9 @@ fn reservation_steps_book_their_deltas_and_sync_the_reservation() {
     );
     let snapshot = p.snapshot.expect("snapshot");
     assert_eq!(
-        snapshot.deficit, None,
-        "a Try says nothing about the deficit"
+        snapshot.deficit,
+        Some(0),
+        "the deficit follows from after: available + reserved + sold - total"
     );
     assert_eq!(
         snapshot.stock_date,
@@ -261,4 +264,45 @@ fn other_events_are_not_stock_changes() {
         decide(&unknown),
         Err(InvalidEvent::NotAStockChange(_))
     ));
+}
+
+#[test]
+fn repairs_and_rebuilds_book_their_deltas_and_set_the_snapshot() {
+    for (file, action, code) in [
+        ("StockBucketRepaired", LedgerAction::Repair, 7),
+        ("StockBucketRebuilt", LedgerAction::Rebuild, 8),
+    ] {
+        let p = decide_example(file);
+        assert_eq!((p.ledger.action, p.ledger.action.code()), (action, code));
+        assert_eq!(p.sync, None, "{file}: no reservation");
+        let json = example(file);
+        let d = &json["data"];
+        assert_eq!(
+            (
+                p.ledger.total_delta,
+                p.ledger.available_delta,
+                p.ledger.reserved_delta,
+                p.ledger.sold_delta
+            ),
+            (
+                d["total_delta"].as_i64().unwrap_or(-1),
+                d["available_delta"].as_i64().unwrap_or(-1),
+                d["reserved_delta"].as_i64().unwrap_or(-1),
+                d["sold_delta"].as_i64().unwrap_or(-1)
+            ),
+            "{file}"
+        );
+        let snapshot = p.snapshot.expect("a repair always has a version");
+        assert_eq!(snapshot.deficit, Some(0), "{file}");
+    }
+}
+
+#[test]
+fn a_release_that_pays_a_deficit_leaves_the_rest_in_the_snapshot() {
+    let mut json = example("InventoryRedisCanceled");
+    // 3 of the released units paid a deficit: total 100 with 101 accounted for.
+    json["data"]["after"] =
+        serde_json::json!({"total": 100, "available": 0, "reserved": 60, "sold": 41});
+    let p = decide(&decoded("InventoryRedisCanceled", &json)).expect("decides");
+    assert_eq!(p.snapshot.expect("snapshot").deficit, Some(1));
 }

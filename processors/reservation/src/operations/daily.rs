@@ -87,6 +87,7 @@ impl StockOps {
                     baseline_version: 1,
                     stock_status: from.stock_status,
                     bucket_status: BucketState::Open.code() as i8,
+                    lost_at: None,
                 };
                 match self.init_bucket(&b).await {
                     Ok(v) if v.succeeded() => {

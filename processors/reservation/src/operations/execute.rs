@@ -13,7 +13,7 @@ fn crash_point(point: &'static str) -> Result<(), OpsError> {
 }
 
 /// What one step of a WAL row ended in.
-enum Step {
+pub(super) enum Step {
     Done(WalCompletion),
     /// Worth trying again later (Redis down, an unknown outcome, a transient refusal).
     Retry(String),
@@ -75,7 +75,7 @@ impl StockOps {
         // Crash points for tests (inert otherwise): the row is leased and EXECUTING, and the
         // Lua step has not run, or has run without its completion being committed.
         crash_point("wal.before_redis")?;
-        let step = self.step(&row).await?;
+        let step = self.step(&row, owner).await?;
         match step {
             Step::Done(completion) => {
                 crash_point("wal.before_complete")?;
@@ -148,7 +148,7 @@ impl StockOps {
     }
 
     /// Calls a script, retrying an UNKNOWN outcome with the same operation id.
-    async fn call<F, Fut>(&self, operation_id: &str, f: F) -> Result<OpResult, ExecError>
+    pub(super) async fn call<F, Fut>(&self, operation_id: &str, f: F) -> Result<OpResult, ExecError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<OpResult, ExecError>>,
@@ -157,7 +157,7 @@ impl StockOps {
     }
 
     #[tracing::instrument(skip_all, fields(operation_id = %row.operation_id, bucket = %row.stock_bucket_id, action = row.action))]
-    async fn step(&self, row: &WalRow) -> Result<Step, OpsError> {
+    async fn step(&self, row: &WalRow, owner: &str) -> Result<Step, OpsError> {
         let Some(action) = row.action() else {
             return Ok(Step::Dead(format!(
                 "unknown WAL action code {}",
@@ -224,21 +224,12 @@ impl StockOps {
                 })
                 .await
             }
-            WalAction::Repair => {
-                return Ok(Step::Dead(
-                    "repair operations run with the reconciler, which this worker does not include"
-                        .into(),
-                ))
-            }
+            WalAction::Repair => return self.step_repair(row, &baseline, &keys, &request).await,
+            WalAction::Rebuild => return self.step_rebuild(row, owner, &baseline, &keys).await,
         };
-        let result = match result {
+        let result = match script_outcome(result) {
             Ok(r) => r,
-            Err(e @ ExecError::Unknown { .. }) => return Ok(Step::Retry(e.to_string())),
-            // A refused argument will be refused again: an operator must look.
-            Err(e @ ExecError::InvalidArgument(_)) => return Ok(Step::Dead(e.to_string())),
-            // A script refusal or an odd reply may come from a Redis or script version in the
-            // middle of a rollout: retry with backoff up to the bound, then dead.
-            Err(e) => return Ok(Step::Retry(e.to_string())),
+            Err(step) => return Ok(step),
         };
         // No bucket in Redis while its init has not finished: the init builds it from the
         // current baseline; a close, archive or adjust applied now would be lost under it.
@@ -263,27 +254,9 @@ impl StockOps {
         result: &OpResult,
     ) -> Step {
         let op = row.operation_id.as_str();
-        let summary = |extra: serde_json::Value| {
-            let mut v = json!({
-                "outcome": result.code.name(),
-                "replayed": result.replayed,
-                "redis_version": result.version,
-                "after": {
-                    "total": result.after.total,
-                    "available": result.after.available,
-                    "reserved": result.after.reserved,
-                    "sold": result.after.sold,
-                    "deficit": result.deficit,
-                },
-            });
-            if let (Some(map), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
-                map.extend(extra);
-            }
-            v
-        };
         let done = |outbox, bucket_status, extra| {
             Step::Done(WalCompletion {
-                result_payload: summary(extra),
+                result_payload: summary(result, extra),
                 outbox,
                 bucket_status,
             })
@@ -410,6 +383,40 @@ impl StockOps {
             }
         }
         Ok(report)
+    }
+}
+
+/// The result payload of a WAL row: the script's outcome and the numbers it left, plus
+/// what the action adds (`extra`, an object).
+pub(super) fn summary(result: &OpResult, extra: serde_json::Value) -> serde_json::Value {
+    let mut v = json!({
+        "outcome": result.code.name(),
+        "replayed": result.replayed,
+        "redis_version": result.version,
+        "after": {
+            "total": result.after.total,
+            "available": result.after.available,
+            "reserved": result.after.reserved,
+            "sold": result.after.sold,
+            "deficit": result.deficit,
+        },
+    });
+    if let (Some(map), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
+        map.extend(extra);
+    }
+    v
+}
+
+/// A script call's error as the step it ends in.
+pub(super) fn script_outcome(result: Result<OpResult, ExecError>) -> Result<OpResult, Step> {
+    match result {
+        Ok(r) => Ok(r),
+        Err(e @ ExecError::Unknown { .. }) => Err(Step::Retry(e.to_string())),
+        // A refused argument will be refused again: an operator must look.
+        Err(e @ ExecError::InvalidArgument(_)) => Err(Step::Dead(e.to_string())),
+        // A script refusal or an odd reply may come from a Redis or script version in the
+        // middle of a rollout: retry with backoff up to the bound, then dead.
+        Err(e) => Err(Step::Retry(e.to_string())),
     }
 }
 

@@ -30,10 +30,12 @@ use tokio::sync::watch;
 
 mod daily;
 mod execute;
+mod repair;
 mod view;
 
 pub use daily::{run_daily, DailyConfig, PrepareReport};
 pub use execute::{run_worker, WorkReport};
+pub use repair::{rebuild_operation_id, repair_operation_id, RebuildPlan, RepairPlan};
 pub use view::{BaselineView, BucketReport, RedisView, SnapshotView, WalView};
 
 #[derive(Debug, Clone)]

@@ -79,10 +79,12 @@ pub fn completion(
             let released = if result.empty_rollback {
                 0
             } else {
-                q(row.quantity)
+                q(row.held())
             };
+            // Units that paid down a deficit (an adjust below what was accepted) did not
+            // become available: the ledger books what Redis really did.
             let d = Deltas {
-                available: released,
+                available: released - result.paid,
                 reserved: -released,
                 sold: 0,
             };
@@ -109,13 +111,13 @@ pub fn completion(
             let from_sold = row.resume_status() == Some(ReservationStatus::Confirmed);
             let d = if from_sold {
                 Deltas {
-                    available: q(qty),
+                    available: q(qty) - result.paid,
                     reserved: 0,
                     sold: -q(qty),
                 }
             } else {
                 Deltas {
-                    available: q(qty),
+                    available: q(qty) - result.paid,
                     reserved: -q(qty),
                     sold: 0,
                 }
@@ -201,6 +203,7 @@ mod tests {
                 sold: 0,
             },
             deficit: 0,
+            paid: 0,
             version: 42,
             fence: FencePhase::Reserved,
         }

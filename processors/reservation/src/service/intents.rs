@@ -35,20 +35,45 @@ impl ReservationService {
     /// (a Try of the order that has not reached MySQL yet will be refused, see the Try path)
     /// and every reservation of the order that can still be cancelled (PREPARING, RESERVED)
     /// moves to CANCELING; then each reservation's cancel runs, or reports why it cannot (a
-    /// scheduled order already created, say). Returns each reservation's outcome.
+    /// scheduled order already created, say). Returns each reservation's outcome: an error
+    /// there (its bucket lost in Redis, say) leaves that reservation CANCELING for the
+    /// recovery worker; the fence and the decision are committed either way.
     pub async fn fail_order(
         &self,
         order_id: u64,
         event_id: &str,
         reason: Option<&str>,
-    ) -> Result<Vec<(u64, IntentOutcome)>, ServiceError> {
+    ) -> Result<Vec<(u64, Result<IntentOutcome, ServiceError>)>, ServiceError> {
+        // A Try inserting concurrently can deadlock with this transaction; the loser is
+        // rolled back whole and runs again.
+        let rows = stocksvr_store::retry::on_lock_conflict(3, || {
+            self.fence_and_decide(order_id, event_id, reason)
+        })
+        .await?;
+        let mut outcomes = Vec::with_capacity(rows.len());
+        for row in rows {
+            outcomes.push((row.id, self.cancel(row.id).await));
+        }
+        Ok(outcomes)
+    }
+
+    /// The order fence and the cancel decision of every cancellable reservation of the
+    /// order, in one transaction; returns the order's reservations as they were locked.
+    async fn fence_and_decide(
+        &self,
+        order_id: u64,
+        event_id: &str,
+        reason: Option<&str>,
+    ) -> Result<Vec<stocksvr_store::reservations::Reservation>, sqlx::Error> {
         use stocksvr_store::deadline::Deadline;
         use stocksvr_store::order_events;
         let mut tx = self.pool.begin().deadline().await?;
         order_events::fence_order(&mut tx, order_id, event_id, reason).await?;
         let rows = order_events::lock_order(&mut tx, order_id).await?;
         for row in &rows {
-            let status = row.status()?;
+            let status = row
+                .status()
+                .map_err(|e| sqlx::Error::Decode(e.to_string().into()))?;
             if matches!(
                 status,
                 ReservationStatus::Preparing | ReservationStatus::Reserved
@@ -64,11 +89,7 @@ impl ReservationService {
             }
         }
         tx.commit().deadline().await?;
-        let mut outcomes = Vec::with_capacity(rows.len());
-        for row in rows {
-            outcomes.push((row.id, self.cancel(row.id).await?));
-        }
-        Ok(outcomes)
+        Ok(rows)
     }
 
     /// `OrderCanceled` (`refund_id` None: everything still held) or `RefundRequested`

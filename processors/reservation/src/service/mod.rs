@@ -249,6 +249,7 @@ fn error_label(e: &ServiceError) -> &'static str {
         ServiceError::OutcomeUnknown { .. } => "unknown",
         ServiceError::Mysql(_) => "unavailable",
         ServiceError::Inconsistent { .. } => "inconsistent",
+        ServiceError::BucketLost { .. } => "bucket_lost",
     }
 }
 

@@ -22,6 +22,7 @@ impl ReservationService {
         status: ReservationStatus,
         bucket: &BucketKey,
         row: &Reservation,
+        never_built: bool,
     ) -> Result<OpResult, ExecError> {
         let op = row.current_operation_id.as_str();
         let step = match status {
@@ -31,6 +32,7 @@ impl ReservationService {
             ReservationStatus::Confirming => Step::Confirm,
             ReservationStatus::Canceling => Step::Cancel {
                 quantity: row.quantity,
+                never_built,
             },
             ReservationStatus::Refunding => Step::Refund {
                 quantity: row.pending_quantity,
@@ -57,12 +59,26 @@ impl ReservationService {
         }
         failpoint::at(status, Place::BeforeRedis)?;
         let keys = BucketKey::new(row.merchant_id, row.dish_id, row.stock_date);
-        let mut result = self.call_step(status, &keys, &row).await;
-        if status == ReservationStatus::Preparing
-            && matches!(&result, Ok(r) if r.code == OpCode::BucketMissing)
-        {
+        let mut result = self.call_step(status, &keys, &row, false).await;
+        let missing = matches!(&result, Ok(r) if r.code == OpCode::BucketMissing);
+        if missing && status != ReservationStatus::Preparing {
+            // The bucket of a reservation that already took steps is gone from Redis. Only a
+            // Cancel can meet a bucket that was never built (an OrderCreatedFailed before
+            // the Try's lazy init): then its empty rollback must fence the Try. Otherwise
+            // Redis lost the bucket, fences included, and nothing may be judged until the
+            // rebuild restores them.
+            let built = stocksvr_store::wal::succeeded_init(&self.pool, &row.stock_bucket_id)
+                .await?
+                .is_some();
+            if status == ReservationStatus::Canceling && !built {
+                result = self.call_step(status, &keys, &row, true).await;
+            } else {
+                return Err(self.bucket_lost(&row, status).await?);
+            }
+        }
+        if missing && status == ReservationStatus::Preparing {
             match self.init_bucket(&row).await {
-                Ok(true) => result = self.call_step(status, &keys, &row).await,
+                Ok(true) => result = self.call_step(status, &keys, &row, false).await,
                 // The day was closed before its bucket ever reached Redis: refuse the Try
                 // as the script refuses one on a CLOSED bucket.
                 Ok(false) => {
@@ -73,6 +89,9 @@ impl ReservationService {
                         self.outbox_committed();
                     }
                     return self.load(row.id).await;
+                }
+                Err(ServiceError::BucketLost { .. }) => {
+                    return Err(self.try_in_lost_bucket(&row, &keys).await?);
                 }
                 Err(e) => {
                     // Counted like any failed step, so recovery backs off and, past its
@@ -216,15 +235,94 @@ impl ReservationService {
             .map(|()| true)
             .map_err(|e| match e {
                 OpsError::Mysql(e) => ServiceError::Mysql(e),
-                OpsError::BucketLost { .. } => ServiceError::Inconsistent {
-                    reservation_id: row.id,
-                    reason: e.to_string(),
-                },
+                OpsError::BucketLost { bucket, .. } => ServiceError::BucketLost { bucket },
                 other => ServiceError::OutcomeUnknown {
                     reservation_id: row.id,
                     status: ReservationStatus::Preparing,
                     reason: format!("initialising bucket {}: {other}", baseline.stock_bucket_id),
                 },
             })
+    }
+
+    /// A step of an existing reservation found its bucket lost: mark it (Trys are refused
+    /// from now on, the reconciler and `/readyz` report it) and put the step off without
+    /// counting an attempt; the rebuild restores the fence and the step then applies once.
+    async fn bucket_lost(
+        &self,
+        row: &Reservation,
+        status: ReservationStatus,
+    ) -> Result<ServiceError, ServiceError> {
+        self.note_lost(&row.stock_bucket_id).await?;
+        repo::postpone(
+            &self.pool,
+            row.id,
+            status,
+            "the bucket is lost in Redis: waiting for its rebuild",
+            self.retry_delay(3),
+        )
+        .await?;
+        Ok(ServiceError::BucketLost {
+            bucket: row.stock_bucket_id.clone(),
+        })
+    }
+
+    /// A Try whose bucket turned out to be lost: its script changed nothing. Fence the
+    /// reservation id in Redis (an empty rollback, written even without the stock hash) so
+    /// that no copy of this Try still in flight can ever reserve under it, then remove the
+    /// PREPARING row: the caller gets 503 `bucket_lost`, and a retry of the same item after
+    /// the rebuild starts afresh instead of finding a row stuck in the recovery list.
+    async fn try_in_lost_bucket(
+        &self,
+        row: &Reservation,
+        keys: &BucketKey,
+    ) -> Result<ServiceError, ServiceError> {
+        self.note_lost(&row.stock_bucket_id).await?;
+        let op = rules::cancel_operation_id(row.id);
+        let fence = retry_unknown(self.config.unknown_retries, &op, "cancel", || {
+            self.lua.step(
+                keys,
+                row.id,
+                &op,
+                Step::Cancel {
+                    quantity: row.quantity,
+                    never_built: true,
+                },
+            )
+        })
+        .await;
+        match fence {
+            Ok(r)
+                if r.code == OpCode::Succeeded
+                    && r.fence == stocksvr_core::model::FencePhase::Canceled =>
+            {
+                if repo::discard_unapplied_try(&self.pool, row.id, row.version).await? {
+                    tracing::warn!(reservation_id = row.id, bucket = %row.stock_bucket_id, "Try refused: its bucket is lost in Redis; nothing held, no row kept");
+                }
+            }
+            // Redis unreachable or the fence not written: the row stays PREPARING and the
+            // recovery worker resumes it after the rebuild (a 503 never promised a refusal).
+            other => {
+                tracing::warn!(reservation_id = row.id, outcome = ?other.map(|r| r.code), "could not fence a Try of a lost bucket; its row waits for the rebuild");
+                repo::postpone(
+                    &self.pool,
+                    row.id,
+                    ReservationStatus::Preparing,
+                    "the bucket is lost in Redis: waiting for its rebuild",
+                    self.retry_delay(3),
+                )
+                .await?;
+            }
+        }
+        Ok(ServiceError::BucketLost {
+            bucket: row.stock_bucket_id.clone(),
+        })
+    }
+
+    /// Records that `bucket` is lost (once), so Trys are refused before any row is written.
+    pub(crate) async fn note_lost(&self, bucket: &str) -> Result<(), ServiceError> {
+        if stocksvr_store::baselines::mark_lost(&self.pool, bucket).await? {
+            tracing::error!(bucket, "bucket lost in Redis: Trys refused, steps wait; rebuild it (stocksvr bucket rebuild) and it reopens after a clean reconcile pass");
+        }
+        Ok(())
     }
 }

@@ -117,6 +117,11 @@ impl ReservationService {
                 reason: "the bucket is closed for new reservations",
             });
         }
+        // Redis lost this bucket: refused before any row is written, until it is rebuilt
+        // and a reconcile pass found it clean.
+        if baseline.lost_at.is_some() {
+            return Err(ServiceError::BucketLost { bucket: bucket_id });
+        }
         let id = self.ids.next_id().map_err(|e| ServiceError::Inconsistent {
             reservation_id: 0,
             reason: format!("snowflake: {e}"),

@@ -58,6 +58,7 @@ impl Ops {
             baseline_version: 1,
             stock_status: 1,
             bucket_status: 10,
+            lost_at: None,
         }
     }
 

@@ -53,6 +53,7 @@ pub async fn shop_in(env: super::TestEnv, total: i64) -> Shop {
             baseline_version: 1,
             stock_status: 1,
             bucket_status: 10,
+            lost_at: None,
         },
     )
     .await

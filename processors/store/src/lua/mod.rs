@@ -57,6 +57,8 @@ pub const REFUND_LUA: &str = lua_script!("refund.lua");
 pub const INIT_BUCKET_LUA: &str = lua_script!("init_bucket.lua");
 pub const ADJUST_LUA: &str = lua_script!("adjust.lua");
 pub const SET_STATE_LUA: &str = lua_script!("set_state.lua");
+pub const REPAIR_LUA: &str = lua_script!("repair.lua");
+pub const RESTORE_FENCES_LUA: &str = lua_script!("restore_fences.lua");
 
 /// Largest bucket total the scripts accept (Lua numbers are doubles: exact to 2^53).
 pub const MAX_TOTAL: i64 = 1 << 50;
@@ -74,7 +76,10 @@ pub enum Step {
     Confirm,
     /// From RESERVED the held quantity goes back; with no fence a CANCELED fence of `quantity`
     /// is written and no stock added (empty rollback); CONFIRMED/REFUNDED is a `Conflict`.
-    Cancel { quantity: u32 },
+    /// Without the stock hash it is `BucketMissing` (the bucket was lost, fences with it)
+    /// unless `never_built` says MySQL knows the bucket was never created: then the empty
+    /// rollback is written so the Try waiting for the lazy init is fenced.
+    Cancel { quantity: u32, never_built: bool },
     /// From RESERVED (reserved -> available) or CONFIRMED (sold -> available); partial refunds
     /// add up; more than what is left is `OverRefund`.
     Refund { quantity: u32 },
@@ -93,7 +98,7 @@ impl Step {
 
     fn quantity(self) -> Option<u32> {
         match self {
-            Step::Try { quantity } | Step::Cancel { quantity } | Step::Refund { quantity } => {
+            Step::Try { quantity } | Step::Cancel { quantity, .. } | Step::Refund { quantity } => {
                 Some(quantity)
             }
             Step::Confirm => None,
@@ -128,6 +133,71 @@ pub struct FenceRecord {
     pub updated_at_ms: i64,
 }
 
+/// The five numbers a repair or a rebuild writes; they satisfy
+/// `available + reserved + sold == total + deficit` with `available` or `deficit` zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct TargetNumbers {
+    pub total: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+    pub deficit: i64,
+}
+
+impl TargetNumbers {
+    /// The numbers a bucket of `total` holds with `reserved` and `sold` accepted: what is not
+    /// accepted is available, and what was accepted beyond the total is the deficit.
+    pub fn from_accepted(total: i64, reserved: i64, sold: i64) -> Self {
+        let committed = reserved + sold;
+        Self {
+            total,
+            available: (total - committed).max(0),
+            reserved,
+            sold,
+            deficit: (committed - total).max(0),
+        }
+    }
+}
+
+/// How [`LuaExecutor::repair`] writes its numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepairMode {
+    /// Only while the bucket is still at `expected_version` (a `Conflict` otherwise: the
+    /// caller recomputes); the version is bumped.
+    Repair { expected_version: u64 },
+    /// Only when the stock hash is missing: creates it at `version` in `state`.
+    Rebuild {
+        version: u64,
+        state: BucketState,
+        baseline_version: u64,
+    },
+}
+
+/// A fence to re-create after Redis lost a bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoredFence {
+    pub reservation_id: u64,
+    pub phase: FencePhase,
+    pub quantity: u32,
+    pub refunded: u32,
+    pub try_op: Option<String>,
+    pub confirm_op: Option<String>,
+    pub cancel_op: Option<String>,
+    pub last_refund_op: Option<String>,
+}
+
+/// The op record of a step MySQL says a reservation took, re-created after a loss.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoredOp {
+    pub reservation_id: u64,
+    pub operation_id: String,
+    /// `TRY`, `CONFIRM`, `CANCEL` or `REFUND` (what the script records as its action).
+    pub action: &'static str,
+    /// The fence phase the step left.
+    pub phase: FencePhase,
+    pub quantity: u32,
+}
+
 struct Scripts {
     try_reserve: Script,
     confirm: Script,
@@ -136,6 +206,8 @@ struct Scripts {
     init_bucket: Script,
     adjust: Script,
     set_state: Script,
+    repair: Script,
+    restore_fences: Script,
 }
 
 /// Runs the inventory scripts over one multiplexed, reconnecting connection. Cheap to clone.
@@ -175,6 +247,8 @@ impl LuaExecutor {
                 init_bucket: Script::new(INIT_BUCKET_LUA),
                 adjust: Script::new(ADJUST_LUA),
                 set_state: Script::new(SET_STATE_LUA),
+                repair: Script::new(REPAIR_LUA),
+                restore_fences: Script::new(RESTORE_FENCES_LUA),
             }),
             op_ttl_ms,
         }
@@ -201,6 +275,9 @@ impl LuaExecutor {
             args.push(quantity.to_string());
         }
         args.push(self.op_ttl_ms.to_string());
+        if let Step::Cancel { never_built, .. } = step {
+            args.push(if never_built { "1" } else { "" }.to_string());
+        }
         self.run(
             step.name(),
             script,
@@ -300,31 +377,143 @@ impl LuaExecutor {
         .await
     }
 
+    /// Writes a bucket's corrected numbers (versioned: see [`RepairMode`]) and records the
+    /// result under `operation_id` (action REPAIR or REBUILD).
+    pub async fn repair(
+        &self,
+        bucket: &BucketKey,
+        operation_id: &str,
+        mode: RepairMode,
+        numbers: TargetNumbers,
+    ) -> Result<OpResult, ExecError> {
+        check_op(operation_id)?;
+        for value in [
+            numbers.total,
+            numbers.available,
+            numbers.reserved,
+            numbers.sold,
+            numbers.deficit,
+        ] {
+            check_total(value)?;
+        }
+        let (name, version, state, baseline) = match mode {
+            RepairMode::Repair { expected_version } => ("REPAIR", expected_version, "", 0),
+            RepairMode::Rebuild {
+                version,
+                state,
+                baseline_version,
+            } => ("REBUILD", version, state.name(), baseline_version),
+        };
+        self.run(
+            "repair",
+            &self.scripts.repair,
+            operation_id,
+            &[bucket.stock_key(), bucket.op_key(operation_id)],
+            &[
+                operation_id.to_string(),
+                name.to_string(),
+                version.to_string(),
+                numbers.total.to_string(),
+                numbers.available.to_string(),
+                numbers.reserved.to_string(),
+                numbers.sold.to_string(),
+                numbers.deficit.to_string(),
+                state.to_string(),
+                baseline.to_string(),
+                self.op_ttl_ms.to_string(),
+            ],
+        )
+        .await
+    }
+
+    /// Re-creates `fences` and `ops` of a lost bucket where they do not exist (one atomic
+    /// call; the caller chunks large buckets). Returns how many fences were written.
+    pub async fn restore_fences(
+        &self,
+        bucket: &BucketKey,
+        version: u64,
+        fences: &[RestoredFence],
+        ops: &[RestoredOp],
+    ) -> Result<u64, ExecError> {
+        let mut keys = Vec::with_capacity(fences.len() + ops.len());
+        let mut args = vec![
+            self.op_ttl_ms.to_string(),
+            version.to_string(),
+            fences.len().to_string(),
+        ];
+        for f in fences {
+            if f.phase == FencePhase::None || f.quantity == 0 {
+                return Err(ExecError::InvalidArgument(format!(
+                    "fence of reservation {} needs a phase and a quantity",
+                    f.reservation_id
+                )));
+            }
+            keys.push(bucket.fence_key(f.reservation_id));
+            args.extend([
+                f.reservation_id.to_string(),
+                f.phase.name().to_string(),
+                f.quantity.to_string(),
+                f.refunded.to_string(),
+                f.try_op.clone().unwrap_or_default(),
+                f.confirm_op.clone().unwrap_or_default(),
+                f.cancel_op.clone().unwrap_or_default(),
+                f.last_refund_op.clone().unwrap_or_default(),
+            ]);
+        }
+        for op in ops {
+            check_op(&op.operation_id)?;
+            keys.push(bucket.op_key(&op.operation_id));
+            args.extend([
+                op.reservation_id.to_string(),
+                op.action.to_string(),
+                op.phase.name().to_string(),
+                op.quantity.to_string(),
+            ]);
+        }
+        let mut invocation = self.scripts.restore_fences.prepare_invoke();
+        for key in &keys {
+            invocation.key(key.as_str());
+        }
+        for arg in &args {
+            invocation.arg(arg.as_str());
+        }
+        let mut conn = self.conn.clone();
+        invocation
+            .invoke_async::<u64>(&mut conn)
+            .await
+            .map_err(|e| ExecError::from_redis("restore_fences", e))
+    }
+
+    /// The stock hashes of `buckets` in one pipelined round trip (the reconciler's read).
+    pub async fn read_buckets(
+        &self,
+        buckets: &[BucketKey],
+    ) -> Result<Vec<Option<StockNumbers>>, ExecError> {
+        if buckets.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for bucket in buckets {
+            pipe.cmd("HGETALL").arg(bucket.stock_key());
+        }
+        let mut conn = self.conn.clone();
+        let maps: Vec<HashMap<String, String>> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| ExecError::from_redis("", e))?;
+        buckets
+            .iter()
+            .zip(maps)
+            .map(|(bucket, map)| stock_numbers(&bucket.stock_key(), &map))
+            .collect()
+    }
+
     /// The stock hash, or `None` when the bucket does not exist. Errors carry an empty
     /// operation id (a read has none).
     pub async fn read_bucket(&self, bucket: &BucketKey) -> Result<Option<StockNumbers>, ExecError> {
         let key = bucket.stock_key();
         let map = self.hgetall(&key).await?;
-        if map.is_empty() {
-            return Ok(None);
-        }
-        let protocol = |detail: String| ExecError::Protocol {
-            operation_id: String::new(),
-            detail: format!("{key}: {detail}"),
-        };
-        let state = map.get("state").map(String::as_str).unwrap_or_default();
-        Ok(Some(StockNumbers {
-            total: reply::field(&map, "total").map_err(protocol)?,
-            available: reply::field(&map, "available").map_err(protocol)?,
-            reserved: reply::field(&map, "reserved").map_err(protocol)?,
-            sold: reply::field(&map, "sold").map_err(protocol)?,
-            version: reply::field(&map, "version").map_err(protocol)?,
-            state: BucketState::from_name(state)
-                .ok_or_else(|| protocol(format!("unknown state {state:?}")))?,
-            baseline_version: reply::field(&map, "baseline_version").map_err(protocol)?,
-            deficit: reply::field(&map, "deficit").map_err(protocol)?,
-            updated_at_ms: reply::field(&map, "updated_at").map_err(protocol)?,
-        }))
+        stock_numbers(&key, &map)
     }
 
     /// The reservation fence, or `None` (phase NONE).
@@ -411,6 +600,43 @@ impl LuaExecutor {
         );
         Ok(result)
     }
+}
+
+/// A stock hash read back with HGETALL; `None` for an empty map (no such key). A hash without
+/// `total` is a bucket something other than the scripts wrote (a stray HINCRBY on a lost
+/// bucket, say): reported as it is, numbers missing read as 0, so the reconciler sees it.
+fn stock_numbers(
+    key: &str,
+    map: &HashMap<String, String>,
+) -> Result<Option<StockNumbers>, ExecError> {
+    if map.is_empty() {
+        return Ok(None);
+    }
+    let protocol = |detail: String| ExecError::Protocol {
+        operation_id: String::new(),
+        detail: format!("{key}: {detail}"),
+    };
+    let state = map.get("state").map(String::as_str).unwrap_or_default();
+    let number = |name: &str| -> Result<i64, ExecError> {
+        match map.get(name) {
+            None => Ok(0),
+            Some(_) => reply::field(map, name).map_err(protocol),
+        }
+    };
+    Ok(Some(StockNumbers {
+        total: number("total")?,
+        available: number("available")?,
+        reserved: number("reserved")?,
+        sold: number("sold")?,
+        version: u64::try_from(number("version")?)
+            .map_err(|_| protocol("negative version".into()))?,
+        state: BucketState::from_name(state)
+            .ok_or_else(|| protocol(format!("unknown state {state:?}")))?,
+        baseline_version: u64::try_from(number("baseline_version")?)
+            .map_err(|_| protocol("negative baseline version".into()))?,
+        deficit: number("deficit")?,
+        updated_at_ms: number("updated_at")?,
+    }))
 }
 
 /// Runs `call` and repeats it while its outcome is unknown, up to `retries` more times with a

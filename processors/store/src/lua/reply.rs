@@ -1,5 +1,6 @@
 //! The one reply layout every script returns (see `lua/_common.lua`):
-//! `{code, version, total, available, reserved, sold, phase, empty_rollback, replayed, deficit}`.
+//! `{code, version, total, available, reserved, sold, phase, empty_rollback, replayed, deficit,
+//! paid}`.
 
 use super::ExecError;
 use redis::Value;
@@ -15,10 +16,10 @@ pub fn parse_reply(operation_id: &str, reply: Value) -> Result<OpResult, ExecErr
         detail,
     };
     let items = match reply {
-        Value::Array(items) if items.len() == 10 => items,
+        Value::Array(items) if items.len() == 11 => items,
         other => {
             return Err(protocol(format!(
-                "expected a 10-element array, got {other:?}"
+                "expected an 11-element array, got {other:?}"
             )))
         }
     };
@@ -53,6 +54,7 @@ pub fn parse_reply(operation_id: &str, reply: Value) -> Result<OpResult, ExecErr
             sold: int(5)?,
         },
         deficit: int(9)?,
+        paid: int(10)?,
         version,
         fence: FencePhase::from_name(&phase).unwrap_or(FencePhase::None),
     })
@@ -104,6 +106,7 @@ mod tests {
             bulk(phase),
             Value::Int(0),
             Value::Int(1),
+            Value::Int(0),
             Value::Int(0),
         ])
     }

@@ -1,0 +1,606 @@
+//! Versioned repair (seed §13.2) and rebuild after Redis lost a bucket (§13.3). Both are WAL
+//! operations like init and adjust: the row is written first, the same executor and worker
+//! run its script with its operation id, and the completion commits the outbox event that
+//! makes the projector book one ledger row and move the snapshot.
+//!
+//! A repair never writes `available = expected` blindly: the reconciler computed the numbers
+//! from MySQL at one Redis version, and `repair.lua` writes them only if the bucket is still at
+//! that version (a Try in between makes it a CONFLICT, and the reconciler computes again).
+//!
+//! A rebuild recreates a bucket that Redis lost: the fences of its reservations first (so a
+//! retried step is recognised and an empty rollback keeps fencing its late Try), then the stock
+//! hash from the last applied total and the reservation table's reserved and sold, at a
+//! version above every version MySQL has seen.
+
+use super::execute::{script_outcome, summary, Step};
+use super::*;
+use serde::Deserialize;
+use stocksvr_core::events::StockNumbers as EventNumbers;
+use stocksvr_core::model::FencePhase;
+use stocksvr_core::reservation::{self as rules, ReservationStatus};
+use stocksvr_store::lua::{RepairMode, RestoredFence, RestoredOp, TargetNumbers};
+use stocksvr_store::reconcile as store;
+
+/// Reservations per restore call: one atomic script each, small enough not to block Redis.
+const RESTORE_CHUNK: u32 = 200;
+
+/// What a repair writes, computed by the reconciler from MySQL at `expected_version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepairPlan {
+    pub stock_bucket_id: String,
+    /// The Redis version the numbers were computed against.
+    pub expected_version: u64,
+    /// What the bucket must hold: the baseline's total, the reservation table's reserved and
+    /// sold.
+    pub target: TargetNumbers,
+    /// Redis at `expected_version`.
+    pub before: TargetNumbers,
+    /// The ledger's sums when the plan was made (nothing of the bucket in flight).
+    pub ledger_before: TargetNumbers,
+    /// The differences it answers (`oversell`, `ledger_gap`, ...).
+    pub kinds: Vec<String>,
+}
+
+/// The plan a rebuild computed, stored in its WAL row before Redis is touched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebuildPlan {
+    pub version: u64,
+    pub state: String,
+    pub baseline_version: u64,
+    pub target: TargetNumbers,
+    pub ledger_before: TargetNumbers,
+    pub fences_restored: u64,
+}
+
+/// One repair per bucket and version: a second reconciler (or a retry) that computed the
+/// same difference at the same version converges on the same row.
+pub fn repair_operation_id(bucket_id: &str, version: u64) -> String {
+    format!("op_repair_{}_v{version}", op_suffix(bucket_id))
+}
+
+/// One rebuild per loss: the time the bucket was found lost (seconds) tells losses apart.
+pub fn rebuild_operation_id(bucket_id: &str, lost_at: NaiveDateTime) -> String {
+    format!(
+        "op_rebuild_{}_{}",
+        op_suffix(bucket_id),
+        lost_at.and_utc().timestamp()
+    )
+}
+
+fn numbers(n: TargetNumbers) -> EventNumbers {
+    EventNumbers {
+        total: n.total,
+        available: n.available,
+        reserved: n.reserved,
+        sold: n.sold,
+        deficit: n.deficit,
+    }
+}
+
+fn fits(op: &str) -> Result<(), OpsError> {
+    if op.len() > 64 {
+        return Err(OpsError::Invalid {
+            field: "stock_bucket_id",
+            message: format!("operation id {op} is longer than 64 characters"),
+        });
+    }
+    Ok(())
+}
+
+impl StockOps {
+    /// Writes and runs the REPAIR row of `plan` (idempotent per bucket and version).
+    pub async fn repair(&self, plan: &RepairPlan) -> Result<WalView, OpsError> {
+        let op = repair_operation_id(&plan.stock_bucket_id, plan.expected_version);
+        fits(&op)?;
+        let owner = self.token();
+        let request = serde_json::to_value(plan).map_err(|e| OpsError::Invalid {
+            field: "plan",
+            message: e.to_string(),
+        })?;
+        wal::begin_operation(
+            &self.pool,
+            self.new_wal(
+                &owner,
+                op.clone(),
+                &plan.stock_bucket_id,
+                WalAction::Repair,
+                request,
+            ),
+        )
+        .await?;
+        self.drive(&op, &owner).await
+    }
+
+    /// Rebuilds a bucket Redis lost (marking it lost first if nobody has yet). Refused for a
+    /// bucket Redis still has: that one is repaired, never rebuilt over.
+    pub async fn rebuild(&self, bucket_id: &str) -> Result<WalView, OpsError> {
+        let baseline = stocksvr_store::baselines::find_baseline(&self.pool, bucket_id)
+            .await?
+            .ok_or_else(|| OpsError::Refused(Refusal::NoBaseline(bucket_id.to_string())))?;
+        let keys = BucketKey::new(baseline.merchant_id, baseline.dish_id, baseline.stock_date);
+        let lost_at = match baseline.lost_at {
+            Some(t) => t,
+            None => {
+                let present = self
+                    .lua
+                    .read_bucket(&keys)
+                    .await
+                    .map_err(|e| OpsError::Redis(e.to_string()))?
+                    .is_some();
+                if present {
+                    return Err(OpsError::Invalid {
+                        field: "stock_bucket_id",
+                        message: format!(
+                            "{bucket_id} is in Redis: nothing to rebuild (stocksvr reconcile --repair corrects its numbers)"
+                        ),
+                    });
+                }
+                if wal::succeeded_init(&self.pool, bucket_id).await?.is_none() {
+                    return Err(OpsError::Invalid {
+                        field: "stock_bucket_id",
+                        message: format!(
+                            "{bucket_id} was never built: its first Try or the daily job initialises it"
+                        ),
+                    });
+                }
+                stocksvr_store::baselines::mark_lost(&self.pool, bucket_id).await?;
+                stocksvr_store::baselines::find_baseline(&self.pool, bucket_id)
+                    .await?
+                    .and_then(|b| b.lost_at)
+                    .ok_or_else(|| OpsError::Mysql(sqlx::Error::RowNotFound))?
+            }
+        };
+        let op = rebuild_operation_id(bucket_id, lost_at);
+        fits(&op)?;
+        let owner = self.token();
+        wal::begin_operation(
+            &self.pool,
+            self.new_wal(
+                &owner,
+                op.clone(),
+                bucket_id,
+                WalAction::Rebuild,
+                json!({ "lost_at": view::ts(lost_at) }),
+            ),
+        )
+        .await?;
+        self.drive(&op, &owner).await
+    }
+
+    pub(super) async fn step_repair(
+        &self,
+        row: &WalRow,
+        baseline: &Baseline,
+        keys: &BucketKey,
+        request: &serde_json::Value,
+    ) -> Result<Step, OpsError> {
+        let Ok(plan) = serde_json::from_value::<RepairPlan>(request.clone()) else {
+            return Ok(Step::Dead("unreadable repair plan".into()));
+        };
+        let op = row.operation_id.as_str();
+        let mode = RepairMode::Repair {
+            expected_version: plan.expected_version,
+        };
+        let result = match script_outcome(
+            self.call(op, || self.lua.repair(keys, op, mode, plan.target))
+                .await,
+        ) {
+            Ok(r) => r,
+            Err(step) => return Ok(step),
+        };
+        let effect = match result.code {
+            OpCode::Succeeded => "REPAIRED",
+            // Something ran since the numbers were computed: nothing written; the reconciler
+            // computes again at the new version (a new operation id).
+            OpCode::Conflict => "VERSION_CHANGED",
+            OpCode::BucketMissing => "BUCKET_MISSING",
+            other => {
+                return Ok(Step::Dead(format!(
+                    "repair got {} from Redis",
+                    other.name()
+                )));
+            }
+        };
+        let outbox = if result.code == OpCode::Succeeded {
+            vec![outbox::bucket_repaired(
+                &outbox::Corrected {
+                    wal_id: row.id,
+                    operation_id: op,
+                    baseline,
+                    ledger_before: numbers(plan.ledger_before),
+                    result: &result,
+                },
+                &plan.kinds,
+                numbers(plan.before),
+            )]
+        } else {
+            Vec::new()
+        };
+        Ok(Step::Done(WalCompletion {
+            result_payload: summary(&result, json!({ "effect": effect })),
+            outbox,
+            bucket_status: None,
+        }))
+    }
+
+    pub(super) async fn step_rebuild(
+        &self,
+        row: &WalRow,
+        owner: &str,
+        baseline: &Baseline,
+        keys: &BucketKey,
+    ) -> Result<Step, OpsError> {
+        let op = row.operation_id.as_str();
+        let present = match self.lua.read_bucket(keys).await {
+            Ok(b) => b.is_some(),
+            Err(e) => return Ok(Step::Retry(e.to_string())),
+        };
+        let stored = serde_json::from_str::<serde_json::Value>(&row.request_payload)
+            .ok()
+            .and_then(|r| r.get("plan").cloned())
+            .and_then(|p| serde_json::from_value::<RebuildPlan>(p).ok());
+        let plan = match (present, stored) {
+            // The script ran and the completion did not commit: replay it with the plan it
+            // ran with, so the event says exactly what it wrote.
+            (true, Some(plan)) => plan,
+            (true, None) => {
+                return Ok(Step::Dead(format!(
+                    "{} exists in Redis and this rebuild never wrote it: reconcile it instead",
+                    row.stock_bucket_id
+                )))
+            }
+            (false, _) => {
+                // Steps cannot complete while the stock hash is missing, so MySQL holds
+                // still; the ledger must have booked every event before its sums count.
+                if !store::projection_complete(&self.pool, &row.stock_bucket_id).await? {
+                    return Ok(Step::Wait(
+                        "events of the bucket are still on their way to the ledger".into(),
+                    ));
+                }
+                let plan = match self.plan_rebuild(baseline).await? {
+                    Ok(plan) => plan,
+                    Err(reason) => return Ok(Step::Dead(reason)),
+                };
+                let mut request = json!({ "plan": plan });
+                if let Some(lost_at) =
+                    serde_json::from_str::<serde_json::Value>(&row.request_payload)
+                        .ok()
+                        .and_then(|r| r.get("lost_at").cloned())
+                {
+                    request["lost_at"] = lost_at;
+                }
+                if !wal::set_request(&self.pool, row.id, owner, &request).await? {
+                    return Ok(Step::Retry("lost the lease before writing the plan".into()));
+                }
+                if let Err(e) = self.restore_fences(baseline, keys, plan.version).await {
+                    return Ok(Step::Retry(e));
+                }
+                plan
+            }
+        };
+        let state = BucketState::from_name(&plan.state).unwrap_or(BucketState::Open);
+        let mode = RepairMode::Rebuild {
+            version: plan.version,
+            state,
+            baseline_version: plan.baseline_version,
+        };
+        let result = match script_outcome(
+            self.call(op, || self.lua.repair(keys, op, mode, plan.target))
+                .await,
+        ) {
+            Ok(r) => r,
+            Err(step) => return Ok(step),
+        };
+        if result.code != OpCode::Succeeded {
+            return Ok(Step::Dead(format!(
+                "rebuild got {} from Redis: the bucket was created by something else meanwhile",
+                result.code.name()
+            )));
+        }
+        let event = outbox::bucket_rebuilt(
+            &outbox::Corrected {
+                wal_id: row.id,
+                operation_id: op,
+                baseline,
+                ledger_before: numbers(plan.ledger_before),
+                result: &result,
+            },
+            plan.baseline_version,
+            plan.fences_restored,
+        );
+        tracing::warn!(bucket = %row.stock_bucket_id, operation_id = op, version = plan.version, total = plan.target.total, reserved = plan.target.reserved, sold = plan.target.sold, fences = plan.fences_restored, "bucket rebuilt in Redis from MySQL");
+        Ok(Step::Done(WalCompletion {
+            result_payload: summary(
+                &result,
+                json!({ "effect": "REBUILT", "fences_restored": plan.fences_restored }),
+            ),
+            outbox: vec![event],
+            bucket_status: None,
+        }))
+    }
+
+    /// The numbers of a lost bucket from MySQL: the total and baseline version its stock
+    /// operations last applied, reserved and sold from the reservation table, at a version
+    /// above any MySQL has seen. `Err` names why it cannot be rebuilt.
+    async fn plan_rebuild(&self, b: &Baseline) -> Result<Result<RebuildPlan, String>, OpsError> {
+        let bucket = b.stock_bucket_id.as_str();
+        let Some((total, baseline_version)) = wal::last_applied(&self.pool, bucket).await? else {
+            return Ok(Err(format!(
+                "{bucket} has no applied init: nothing to rebuild from"
+            )));
+        };
+        let (mut reserved, mut sold, mut fences) = (0i64, 0i64, 0u64);
+        let mut after = 0u64;
+        loop {
+            let rows = store::rebuild_rows(&self.pool, bucket, after, RESTORE_CHUNK).await?;
+            let Some(last) = rows.last() else { break };
+            after = last.id;
+            for r in &rows {
+                let (phase, held_in) = restored_phase(r);
+                let held = i64::from(r.quantity.saturating_sub(r.refunded_quantity));
+                match held_in {
+                    Held::Reserved => reserved += held,
+                    Held::Sold => sold += held,
+                    Held::Nothing => {}
+                }
+                fences += u64::from(phase.is_some());
+            }
+        }
+        let ids = [bucket.to_string()];
+        let views = store::mysql_views(&self.pool, &ids).await?;
+        let l = views.ledger.get(bucket).copied().unwrap_or_default();
+        let ledger_before = TargetNumbers {
+            total: l.total,
+            available: l.available,
+            reserved: l.reserved,
+            sold: l.sold,
+            deficit: (l.available + l.reserved + l.sold - l.total).max(0),
+        };
+        let state = match b.state() {
+            Some(BucketState::Closed) => BucketState::Closed,
+            _ => BucketState::Open,
+        };
+        Ok(Ok(RebuildPlan {
+            version: store::highest_known_version(&self.pool, bucket).await? + 1,
+            state: state.name().to_string(),
+            baseline_version,
+            target: TargetNumbers::from_accepted(total, reserved, sold),
+            ledger_before,
+            fences_restored: fences,
+        }))
+    }
+
+    /// Re-creates the fences and op records of the bucket's reservations, in chunks.
+    async fn restore_fences(
+        &self,
+        b: &Baseline,
+        keys: &BucketKey,
+        version: u64,
+    ) -> Result<u64, String> {
+        let mut after = 0u64;
+        let mut written = 0;
+        loop {
+            let rows = store::rebuild_rows(&self.pool, &b.stock_bucket_id, after, RESTORE_CHUNK)
+                .await
+                .map_err(|e| e.to_string())?;
+            let Some(last) = rows.last() else { break };
+            after = last.id;
+            let ids: Vec<u64> = rows.iter().map(|r| r.id).collect();
+            let refunds = store::completed_refunds(&self.pool, &ids)
+                .await
+                .map_err(|e| e.to_string())?;
+            let (fences, ops) = restoration(&rows, &refunds);
+            written += self
+                .lua
+                .restore_fences(keys, version, &fences, &ops)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(written)
+    }
+}
+
+/// Where a reservation's held units sit in a rebuilt bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Reserved,
+    Sold,
+    Nothing,
+}
+
+/// The fence phase a reservation gets back and where its held units count. A step in flight
+/// counts where it started (its script will run again on the rebuilt bucket); a Cancel in
+/// flight from PREPARING never held anything (its Try's effect, if any, went with Redis).
+fn restored_phase(r: &store::RebuildRow) -> (Option<FencePhase>, Held) {
+    use ReservationStatus as S;
+    let Some(status) = u8::try_from(r.status)
+        .ok()
+        .and_then(ReservationStatus::from_code)
+    else {
+        return (None, Held::Nothing);
+    };
+    let resume = r
+        .resume_status
+        .and_then(|s| u8::try_from(s).ok())
+        .and_then(ReservationStatus::from_code);
+    match status {
+        S::Reserved | S::CreatedReserved | S::Confirming => {
+            (Some(FencePhase::Reserved), Held::Reserved)
+        }
+        S::Canceling if r.expected_redis_version.is_some() => {
+            (Some(FencePhase::Reserved), Held::Reserved)
+        }
+        S::Refunding if resume == Some(S::Confirmed) => (Some(FencePhase::Confirmed), Held::Sold),
+        S::Refunding => (Some(FencePhase::Reserved), Held::Reserved),
+        S::Confirmed if r.quantity > r.refunded_quantity => {
+            (Some(FencePhase::Confirmed), Held::Sold)
+        }
+        S::Confirmed | S::Refunded => (Some(FencePhase::Refunded), Held::Nothing),
+        S::Canceled => (Some(FencePhase::Canceled), Held::Nothing),
+        S::Canceling | S::Preparing | S::Rejected => (None, Held::Nothing),
+    }
+}
+
+/// The fences and op records to restore for `rows` (with their completed refunds).
+fn restoration(
+    rows: &[store::RebuildRow],
+    refunds: &[(u64, String, u32)],
+) -> (Vec<RestoredFence>, Vec<RestoredOp>) {
+    let mut fences = Vec::new();
+    let mut ops = Vec::new();
+    for r in rows {
+        let (Some(phase), _) = restored_phase(r) else {
+            continue;
+        };
+        let id = r.id;
+        let status = u8::try_from(r.status)
+            .ok()
+            .and_then(ReservationStatus::from_code);
+        let confirmed = status == Some(ReservationStatus::Confirmed)
+            || (status == Some(ReservationStatus::Refunding) && phase == FencePhase::Confirmed);
+        let canceled = status == Some(ReservationStatus::Canceled);
+        let own_refunds: Vec<&(u64, String, u32)> =
+            refunds.iter().filter(|(rid, _, _)| *rid == id).collect();
+        fences.push(RestoredFence {
+            reservation_id: id,
+            phase,
+            quantity: r.quantity,
+            refunded: r.refunded_quantity,
+            try_op: (!canceled).then(|| rules::try_operation_id(id)),
+            confirm_op: confirmed.then(|| rules::confirm_operation_id(id)),
+            cancel_op: canceled.then(|| r.current_operation_id.clone()),
+            last_refund_op: own_refunds.last().map(|(_, op, _)| op.clone()),
+        });
+        if !canceled {
+            ops.push(RestoredOp {
+                reservation_id: id,
+                operation_id: rules::try_operation_id(id),
+                action: "TRY",
+                phase: FencePhase::Reserved,
+                quantity: r.quantity,
+            });
+        }
+        if confirmed {
+            ops.push(RestoredOp {
+                reservation_id: id,
+                operation_id: rules::confirm_operation_id(id),
+                action: "CONFIRM",
+                phase: FencePhase::Confirmed,
+                quantity: r.quantity,
+            });
+        }
+        if canceled {
+            ops.push(RestoredOp {
+                reservation_id: id,
+                operation_id: r.current_operation_id.clone(),
+                action: "CANCEL",
+                phase: FencePhase::Canceled,
+                quantity: r.quantity,
+            });
+        }
+        for (_, op, quantity) in own_refunds {
+            ops.push(RestoredOp {
+                reservation_id: id,
+                operation_id: op.clone(),
+                action: "REFUND",
+                phase,
+                quantity: *quantity,
+            });
+        }
+    }
+    (fences, ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(status: ReservationStatus, quantity: u32, refunded: u32) -> store::RebuildRow {
+        store::RebuildRow {
+            id: 7,
+            status: status.code() as i8,
+            quantity,
+            refunded_quantity: refunded,
+            current_operation_id: "op_x".into(),
+            expected_redis_version: Some(3),
+            resume_status: None,
+        }
+    }
+
+    #[test]
+    fn held_units_count_where_the_last_completed_step_left_them() {
+        use ReservationStatus as S;
+        let phase = |r: &store::RebuildRow| restored_phase(r);
+        assert_eq!(
+            phase(&row(S::Reserved, 2, 0)),
+            (Some(FencePhase::Reserved), Held::Reserved)
+        );
+        assert_eq!(
+            phase(&row(S::CreatedReserved, 3, 1)),
+            (Some(FencePhase::Reserved), Held::Reserved)
+        );
+        assert_eq!(
+            phase(&row(S::Confirming, 2, 0)),
+            (Some(FencePhase::Reserved), Held::Reserved)
+        );
+        assert_eq!(
+            phase(&row(S::Confirmed, 2, 1)),
+            (Some(FencePhase::Confirmed), Held::Sold)
+        );
+        assert_eq!(
+            phase(&row(S::Confirmed, 2, 2)),
+            (Some(FencePhase::Refunded), Held::Nothing)
+        );
+        assert_eq!(
+            phase(&row(S::Canceled, 2, 0)),
+            (Some(FencePhase::Canceled), Held::Nothing)
+        );
+        // A cancel in flight after a completed Try still holds; from PREPARING it never did.
+        assert_eq!(
+            phase(&row(S::Canceling, 2, 0)),
+            (Some(FencePhase::Reserved), Held::Reserved)
+        );
+        let mut early = row(S::Canceling, 2, 0);
+        early.expected_redis_version = None;
+        assert_eq!(phase(&early), (None, Held::Nothing));
+        // A refund in flight counts where it started.
+        let mut refunding = row(S::Refunding, 4, 1);
+        refunding.resume_status = Some(S::Confirmed.code() as i8);
+        assert_eq!(phase(&refunding), (Some(FencePhase::Confirmed), Held::Sold));
+        refunding.resume_status = Some(S::CreatedReserved.code() as i8);
+        assert_eq!(
+            phase(&refunding),
+            (Some(FencePhase::Reserved), Held::Reserved)
+        );
+        assert_eq!(phase(&row(S::Preparing, 1, 0)), (None, Held::Nothing));
+    }
+
+    #[test]
+    fn fences_name_the_steps_taken_and_their_op_records_come_back() {
+        let confirmed = row(ReservationStatus::Confirmed, 3, 1);
+        let refunds = vec![(7, "op_refund_7_a".to_string(), 1)];
+        let (fences, ops) = restoration(&[confirmed], &refunds);
+        assert_eq!(fences.len(), 1);
+        let f = &fences[0];
+        assert_eq!(
+            (f.phase, f.quantity, f.refunded),
+            (FencePhase::Confirmed, 3, 1)
+        );
+        assert_eq!(
+            f.try_op.as_deref(),
+            Some(rules::try_operation_id(7).as_str())
+        );
+        assert_eq!(
+            f.confirm_op.as_deref(),
+            Some(rules::confirm_operation_id(7).as_str())
+        );
+        assert_eq!(f.last_refund_op.as_deref(), Some("op_refund_7_a"));
+        let actions: Vec<&str> = ops.iter().map(|o| o.action).collect();
+        assert_eq!(actions, ["TRY", "CONFIRM", "REFUND"]);
+        let canceled = row(ReservationStatus::Canceled, 2, 0);
+        let (fences, ops) = restoration(&[canceled], &[]);
+        assert_eq!(fences[0].cancel_op.as_deref(), Some("op_x"));
+        assert_eq!(fences[0].try_op, None);
+        assert_eq!(ops.iter().map(|o| o.action).collect::<Vec<_>>(), ["CANCEL"]);
+    }
+}

@@ -1,0 +1,746 @@
+//! The reconciler (seed §13, §15): compares every live bucket's Redis numbers with what MySQL
+//! says two ways (the reservation table with the baseline's total, and the ledger's sums) and
+//! with the projector's snapshot; reports a difference only when it persists across two
+//! passes at an unchanged Redis version with nothing of the bucket in flight; repairs it with
+//! a versioned WAL operation when asked to; and brings lost buckets back through the rebuild.
+//!
+//! Scheduled passes (a role in `stocksvr all`) split the buckets over shards by merchant and
+//! dish; an instance checks a shard only while it holds the shard's lease, so several
+//! instances share the work and no bucket is checked twice at once. Their memory of what was
+//! seen is `inventory_reconcile_difference`. The on-demand check (`stocksvr reconcile`) makes
+//! its two passes in memory, a few seconds apart, and writes nothing unless it repairs.
+
+pub mod classify;
+
+use crate::operations::{RepairPlan, WalView};
+use crate::{OpsError, ReservationService, ServiceError};
+use chrono::{TimeDelta, Utc};
+use classify::{classify, BucketViews, DifferenceKind, InFlight, Verdict};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use stocksvr_core::bucket::BucketKey;
+use stocksvr_pipeline::periodic::{self, Cadence, Round};
+use stocksvr_store::lua::TargetNumbers;
+use stocksvr_store::reconcile::{self as store, BucketFilter, LiveBucket};
+use stocksvr_telemetry::names;
+use tokio::sync::watch;
+
+#[derive(Debug, Clone)]
+pub struct ReconcileConfig {
+    /// Shards the buckets are spread over (by merchant and dish).
+    pub shards: u32,
+    /// How long an instance holds a shard it checks.
+    pub lease: TimeDelta,
+    /// A shard is checked at most once per interval.
+    pub interval: Duration,
+    /// Buckets read per round trip.
+    pub chunk: u32,
+    /// Scheduled passes repair confirmed differences and rebuild lost buckets themselves;
+    /// otherwise they detect and alert only.
+    pub auto_repair: bool,
+    /// Repairs and rebuilds one scheduled pass may start.
+    pub max_repairs_per_pass: u32,
+    /// The on-demand check's wait between its two passes.
+    pub settle: Duration,
+    /// Attempts of one repair that keeps losing its version check.
+    pub repair_attempts: u32,
+    /// How long a rebuild waits for a clean pass before it reopens the bucket.
+    pub reopen_timeout: Duration,
+    /// Inbox rows older than this are purged (0: kept for ever).
+    pub inbox_retention: TimeDelta,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        Self {
+            shards: 16,
+            lease: TimeDelta::seconds(120),
+            interval: Duration::from_secs(60),
+            chunk: 200,
+            auto_repair: false,
+            max_repairs_per_pass: 10,
+            settle: Duration::from_secs(2),
+            repair_attempts: 5,
+            reopen_timeout: Duration::from_secs(120),
+            inbox_retention: TimeDelta::days(7),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("mysql: {0}")]
+    Mysql(#[from] sqlx::Error),
+    #[error("redis: {0}")]
+    Redis(String),
+    #[error(transparent)]
+    Ops(#[from] OpsError),
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+}
+
+/// One bucket as inspected: its baseline, its views and the verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inspection {
+    pub bucket: LiveBucket,
+    pub views: BucketViews,
+    pub verdict: Verdict,
+}
+
+impl Inspection {
+    fn kinds(&self) -> Vec<DifferenceKind> {
+        match &self.verdict {
+            Verdict::Differs(kinds) => kinds.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn version(&self) -> u64 {
+        self.views.redis.map(|r| r.version).unwrap_or(0)
+    }
+
+    /// The versioned repair of this inspection (its numbers computed at its Redis version).
+    pub fn plan(&self) -> Option<RepairPlan> {
+        let redis = self.views.redis?;
+        let l = self.views.ledger;
+        Some(RepairPlan {
+            stock_bucket_id: self.bucket.stock_bucket_id.clone(),
+            expected_version: redis.version,
+            target: self.views.expected,
+            before: TargetNumbers {
+                total: redis.total,
+                available: redis.available,
+                reserved: redis.reserved,
+                sold: redis.sold,
+                deficit: redis.deficit,
+            },
+            ledger_before: TargetNumbers {
+                total: l.total,
+                available: l.available,
+                reserved: l.reserved,
+                sold: l.sold,
+                deficit: l.deficit,
+            },
+            kinds: self.kinds().iter().map(|k| k.name().to_string()).collect(),
+        })
+    }
+}
+
+/// What a repair came to.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum RepairOutcome {
+    /// Written at the version it was computed for; the WAL row and its event.
+    Repaired {
+        operation_id: String,
+    },
+    /// Every attempt found the version moved (Trys kept running): nothing written.
+    VersionChanged {
+        attempts: u32,
+    },
+    /// No longer needed: the bucket agrees (or is in flight) when looked at again.
+    NotNeeded {
+        verdict: String,
+    },
+    Failed {
+        reason: String,
+    },
+}
+
+impl RepairOutcome {
+    fn label(&self) -> &'static str {
+        match self {
+            RepairOutcome::Repaired { .. } => "repaired",
+            RepairOutcome::VersionChanged { .. } => "version_changed",
+            RepairOutcome::NotNeeded { .. } => "not_needed",
+            RepairOutcome::Failed { .. } => "failed",
+        }
+    }
+}
+
+/// One bucket of an on-demand check.
+#[derive(Debug, Clone, Serialize)]
+pub struct Checked {
+    pub inspection: Inspection,
+    /// Differences seen on both passes at the same Redis version.
+    pub confirmed: Vec<DifferenceKind>,
+    pub repair: Option<RepairOutcome>,
+}
+
+/// What a scheduled pass over one shard did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PassReport {
+    pub shard: u32,
+    pub checked: u64,
+    pub consistent: u64,
+    pub not_built: u64,
+    pub held_back: u64,
+    pub suspected: u64,
+    pub confirmed: u64,
+    pub lost: u64,
+    pub repaired: u64,
+    pub reopened: u64,
+}
+
+pub struct Reconciler {
+    service: Arc<ReservationService>,
+    config: ReconcileConfig,
+    owner: String,
+}
+
+impl Reconciler {
+    pub fn new(service: Arc<ReservationService>, config: ReconcileConfig) -> Self {
+        let owner = format!(
+            "{}:{}",
+            std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "host".into()),
+            std::process::id()
+        );
+        Self {
+            service,
+            config,
+            owner,
+        }
+    }
+
+    pub fn config(&self) -> &ReconcileConfig {
+        &self.config
+    }
+
+    /// Reads every view of `buckets` (one chunk) and judges each.
+    pub async fn inspect(
+        &self,
+        buckets: Vec<LiveBucket>,
+    ) -> Result<Vec<Inspection>, ReconcileError> {
+        let pool = self.service.pool();
+        let ids: Vec<String> = buckets.iter().map(|b| b.stock_bucket_id.clone()).collect();
+        // Redis first, then MySQL: a step that completes in between shows in MySQL as done
+        // and in Redis as not yet, which the two-pass rule (same version twice) absorbs;
+        // the other order could pair a newer Redis with an older MySQL just the same.
+        let keys: Vec<BucketKey> = buckets
+            .iter()
+            .map(|b| BucketKey::new(b.merchant_id, b.dish_id, b.stock_date))
+            .collect();
+        let redis = self
+            .service
+            .lua()
+            .read_buckets(&keys)
+            .await
+            .map_err(|e| ReconcileError::Redis(e.to_string()))?;
+        let mysql = store::mysql_views(pool, &ids).await?;
+        let mut out = Vec::with_capacity(buckets.len());
+        for (bucket, redis) in buckets.into_iter().zip(redis) {
+            let id = bucket.stock_bucket_id.as_str();
+            let r = mysql.reservations.get(id).copied().unwrap_or_default();
+            let count = |m: &HashMap<String, i64>| m.get(id).copied().unwrap_or(0);
+            let mut in_flight = Vec::new();
+            for (n, what) in [
+                (r.in_flight, InFlight::Reservations as fn(i64) -> InFlight),
+                (count(&mysql.wal_unfinished), InFlight::StockOperations),
+                (count(&mysql.wal_dead), InFlight::DeadOperations),
+                (count(&mysql.outbox_unsent), InFlight::Outbox),
+                (
+                    r.unprojected + count(&mysql.wal_unbooked),
+                    InFlight::Projection,
+                ),
+            ] {
+                if n > 0 {
+                    in_flight.push(what(n));
+                }
+            }
+            let views = BucketViews {
+                bucket: id.to_string(),
+                redis: redis.as_ref().map(Into::into),
+                expected: TargetNumbers::from_accepted(bucket.total_stock, r.reserved, r.sold),
+                ledger: mysql.ledger.get(id).copied().unwrap_or_default().into(),
+                snapshot: mysql.snapshots.get(id).copied(),
+                in_flight,
+                built: mysql.built.get(id).copied().unwrap_or(false),
+                marked_lost: bucket.lost_at.is_some(),
+            };
+            let verdict = classify(&views);
+            out.push(Inspection {
+                bucket,
+                views,
+                verdict,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Every live bucket matching `filter`, inspected chunk by chunk; `progress` hears the
+    /// running count.
+    pub async fn inspect_all(
+        &self,
+        filter: &BucketFilter,
+        progress: &(dyn Fn(usize) + Sync),
+    ) -> Result<Vec<Inspection>, ReconcileError> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let chunk = store::live_buckets(
+                self.service.pool(),
+                filter,
+                after.as_deref(),
+                self.config.chunk,
+            )
+            .await?;
+            let Some(last) = chunk.last() else { break };
+            after = Some(last.stock_bucket_id.clone());
+            let full = chunk.len() as u32 == self.config.chunk;
+            out.extend(self.inspect(chunk).await?);
+            progress(out.len());
+            if !full {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The on-demand check: two passes `settle` apart; a difference counts only when the
+    /// second pass sees it again at the same Redis version. With `repair`, each confirmed
+    /// difference is repaired (recomputed while the version keeps moving).
+    pub async fn check(
+        &self,
+        filter: &BucketFilter,
+        repair: bool,
+        progress: &(dyn Fn(usize) + Sync),
+    ) -> Result<Vec<Checked>, ReconcileError> {
+        let first = self.inspect_all(filter, progress).await?;
+        let suspects: Vec<LiveBucket> = first
+            .iter()
+            .filter(|i| matches!(i.verdict, Verdict::Differs(_)))
+            .map(|i| i.bucket.clone())
+            .collect();
+        let mut second: HashMap<String, Inspection> = HashMap::new();
+        if !suspects.is_empty() {
+            tokio::time::sleep(self.config.settle).await;
+            for chunk in suspects.chunks(self.config.chunk.max(1) as usize) {
+                for i in self.inspect(chunk.to_vec()).await? {
+                    second.insert(i.bucket.stock_bucket_id.clone(), i);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(first.len());
+        for i in first {
+            let again = second.remove(&i.bucket.stock_bucket_id);
+            let confirmed = match &again {
+                Some(a) if a.version() == i.version() => {
+                    let before = i.kinds();
+                    a.kinds()
+                        .into_iter()
+                        .filter(|k| before.contains(k))
+                        .collect()
+                }
+                _ => Vec::new(),
+            };
+            let inspection = again.unwrap_or(i);
+            let repair = if repair && !confirmed.is_empty() {
+                Some(self.repair(&inspection).await)
+            } else {
+                None
+            };
+            for kind in &confirmed {
+                log_difference(&inspection, *kind);
+            }
+            out.push(Checked {
+                inspection,
+                confirmed,
+                repair,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Repairs a bucket from `inspection`; when the version moved meanwhile it looks again
+    /// (up to `repair_attempts`) and repairs what it finds then, if anything.
+    pub async fn repair(&self, inspection: &Inspection) -> RepairOutcome {
+        let started = Instant::now();
+        let mut current = inspection.clone();
+        let mut attempts = 0;
+        let outcome = loop {
+            let Some(plan) = current.plan().filter(|_| !current.kinds().is_empty()) else {
+                break RepairOutcome::NotNeeded {
+                    verdict: verdict_name(&current.verdict).to_string(),
+                };
+            };
+            attempts += 1;
+            match self.service.ops().repair(&plan).await {
+                Ok(view) => match effect(&view).as_deref() {
+                    Some("REPAIRED") => {
+                        break RepairOutcome::Repaired {
+                            operation_id: view.operation_id,
+                        }
+                    }
+                    Some("VERSION_CHANGED") if attempts < self.config.repair_attempts => {
+                        tracing::info!(bucket = %plan.stock_bucket_id, version = plan.expected_version, "repair lost its version check; computing again");
+                    }
+                    Some("VERSION_CHANGED") => break RepairOutcome::VersionChanged { attempts },
+                    other => {
+                        break RepairOutcome::Failed {
+                            reason: format!(
+                                "repair {} ended {} ({:?}): {}",
+                                view.operation_id,
+                                view.status,
+                                other,
+                                view.last_error.unwrap_or_default()
+                            ),
+                        }
+                    }
+                },
+                Err(e) => {
+                    break RepairOutcome::Failed {
+                        reason: e.to_string(),
+                    }
+                }
+            }
+            let again = match self.inspect(vec![current.bucket.clone()]).await {
+                Ok(mut v) if !v.is_empty() => v.remove(0),
+                Ok(_) => {
+                    break RepairOutcome::Failed {
+                        reason: "the bucket disappeared".into(),
+                    }
+                }
+                Err(e) => {
+                    break RepairOutcome::Failed {
+                        reason: e.to_string(),
+                    }
+                }
+            };
+            current = again;
+        };
+        metrics::counter!(names::RECONCILE_REPAIRS, "outcome" => outcome.label()).increment(1);
+        if matches!(outcome, RepairOutcome::Repaired { .. }) {
+            metrics::histogram!(names::RECONCILE_REPAIR_SECONDS)
+                .record(started.elapsed().as_secs_f64());
+        }
+        tracing::warn!(bucket = %inspection.bucket.stock_bucket_id, outcome = ?outcome, "reconcile repair");
+        outcome
+    }
+
+    /// Rebuilds a lost bucket, waits until a pass finds it clean, then reopens it for Trys.
+    /// Returns the rebuild's WAL row and whether the bucket was reopened.
+    pub async fn rebuild(&self, bucket: &str) -> Result<(WalView, bool), ReconcileError> {
+        let view = self.service.ops().rebuild(bucket).await?;
+        if !view.succeeded() {
+            return Ok((view, false));
+        }
+        let reopened = self.reopen(bucket, self.config.reopen_timeout).await?;
+        Ok((view, reopened))
+    }
+
+    /// Clears a rebuilt bucket's lost mark once a pass finds it consistent (the rebuild's
+    /// event booked, its reservations' steps settled); false when `within` ran out first.
+    pub async fn reopen(&self, bucket: &str, within: Duration) -> Result<bool, ReconcileError> {
+        let deadline = Instant::now() + within;
+        let filter = BucketFilter {
+            bucket: Some(bucket.to_string()),
+            ..BucketFilter::default()
+        };
+        loop {
+            let live = store::live_buckets(self.service.pool(), &filter, None, 1).await?;
+            let Some(b) = live.into_iter().next() else {
+                return Ok(false);
+            };
+            if b.lost_at.is_none() {
+                return Ok(true);
+            }
+            let inspected = self.inspect(vec![b]).await?;
+            if inspected.first().map(|i| &i.verdict) == Some(&Verdict::Consistent) {
+                let cleared =
+                    stocksvr_store::baselines::clear_lost(self.service.pool(), bucket).await?;
+                if cleared {
+                    tracing::warn!(
+                        bucket,
+                        "rebuilt bucket found consistent: Trys are taken again"
+                    );
+                }
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(bucket, verdict = ?inspected.first().map(|i| &i.verdict), "rebuilt bucket not consistent yet; it stays refused (the scheduled reconciler reopens it once it is)");
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// One scheduled pass: leases a shard due for checking and compares its buckets,
+    /// remembering sightings in MySQL. `None` when no shard is due.
+    pub async fn pass_once(&self) -> Result<Option<PassReport>, ReconcileError> {
+        let pool = self.service.pool();
+        let interval = TimeDelta::from_std(self.config.interval).unwrap_or(TimeDelta::seconds(60));
+        let Some(shard) = store::claim_shard(
+            pool,
+            &self.owner,
+            self.config.shards,
+            self.config.lease,
+            interval,
+        )
+        .await?
+        else {
+            return Ok(None);
+        };
+        let result = self.pass_shard(shard).await;
+        store::finish_shard(pool, shard, &self.owner).await?;
+        let report = result?;
+        self.export_gauges(&report).await?;
+        Ok(Some(report))
+    }
+
+    async fn pass_shard(&self, shard: u32) -> Result<PassReport, ReconcileError> {
+        let pool = self.service.pool();
+        let filter = BucketFilter {
+            shard: Some((shard, self.config.shards)),
+            ..BucketFilter::default()
+        };
+        let mut report = PassReport {
+            shard,
+            ..PassReport::default()
+        };
+        let mut budget = self.config.max_repairs_per_pass;
+        let mut held = HashMap::<&'static str, i64>::new();
+        let mut after: Option<String> = None;
+        loop {
+            let chunk =
+                store::live_buckets(pool, &filter, after.as_deref(), self.config.chunk).await?;
+            let Some(last) = chunk.last() else { break };
+            after = Some(last.stock_bucket_id.clone());
+            let full = chunk.len() as u32 == self.config.chunk;
+            let ids: Vec<String> = chunk.iter().map(|b| b.stock_bucket_id.clone()).collect();
+            let inspections = self.inspect(chunk).await?;
+            let open = store::open_differences(pool, &ids).await?;
+            for i in inspections {
+                report.checked += 1;
+                let id = i.bucket.stock_bucket_id.clone();
+                let mine: Vec<&store::OpenDifference> =
+                    open.iter().filter(|d| d.stock_bucket_id == id).collect();
+                match &i.verdict {
+                    Verdict::Consistent | Verdict::NotBuilt => {
+                        if i.verdict == Verdict::Consistent {
+                            report.consistent += 1;
+                        } else {
+                            report.not_built += 1;
+                        }
+                        for d in mine {
+                            store::resolve(pool, d.id).await?;
+                        }
+                        if i.bucket.lost_at.is_some()
+                            && i.verdict == Verdict::Consistent
+                            && stocksvr_store::baselines::clear_lost(pool, &id).await?
+                        {
+                            report.reopened += 1;
+                            tracing::warn!(bucket = %id, "rebuilt bucket found consistent: Trys are taken again");
+                        }
+                    }
+                    Verdict::HeldBack(reasons) => {
+                        report.held_back += 1;
+                        if !mine.is_empty() {
+                            *held.entry("in_flight").or_default() += 1;
+                        }
+                        tracing::debug!(bucket = %id, reasons = ?reasons, "held back: work in flight");
+                    }
+                    Verdict::Lost => {
+                        report.lost += 1;
+                        if i.bucket.lost_at.is_none() {
+                            self.service.note_lost(&id).await?;
+                        }
+                        if self.config.auto_repair && budget > 0 {
+                            budget -= 1;
+                            match self.rebuild(&id).await {
+                                Ok((view, reopened)) => {
+                                    tracing::warn!(bucket = %id, operation_id = %view.operation_id, status = view.status, reopened, "lost bucket rebuilt by the reconciler");
+                                    report.reopened += u64::from(reopened);
+                                }
+                                Err(e) => {
+                                    tracing::error!(bucket = %id, error = %e, "rebuild of a lost bucket failed")
+                                }
+                            }
+                        }
+                    }
+                    Verdict::Differs(kinds) => {
+                        let version = i.version();
+                        let views = serde_json::to_value(&i.views).unwrap_or_default();
+                        for d in &mine {
+                            let still = DifferenceKind::from_name(&d.kind)
+                                .is_some_and(|k| kinds.contains(&k));
+                            if !still {
+                                store::resolve(pool, d.id).await?;
+                            }
+                        }
+                        let mut newly_confirmed = Vec::new();
+                        for kind in kinds {
+                            match mine.iter().find(|d| d.kind == kind.name()) {
+                                None => {
+                                    store::suspect(pool, &id, kind.name(), version, &views).await?;
+                                    report.suspected += 1;
+                                    *held.entry("first_sighting").or_default() += 1;
+                                }
+                                Some(d) if d.redis_version != version => {
+                                    store::resuspect(pool, d.id, version, &views).await?;
+                                    report.suspected += 1;
+                                    *held.entry("version_moved").or_default() += 1;
+                                }
+                                Some(d) if d.status == store::DifferenceStatus::Suspected as i8 => {
+                                    if store::confirm(pool, d.id, &views).await? {
+                                        newly_confirmed.push((*kind, d.id));
+                                    }
+                                }
+                                // Confirmed before: still reported; repaired below if due.
+                                Some(d) => {
+                                    if d.repair_operation_id.is_none() {
+                                        newly_confirmed.push((*kind, d.id));
+                                    }
+                                }
+                            }
+                        }
+                        for (kind, _) in &newly_confirmed {
+                            log_difference(&i, *kind);
+                        }
+                        report.confirmed += newly_confirmed.len() as u64;
+                        if self.config.auto_repair && budget > 0 && !newly_confirmed.is_empty() {
+                            budget -= 1;
+                            let outcome = self.repair(&i).await;
+                            if let RepairOutcome::Repaired { operation_id } = &outcome {
+                                report.repaired += 1;
+                                for (_, diff) in &newly_confirmed {
+                                    store::set_repair(pool, *diff, operation_id).await?;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        for reason in ["in_flight", "version_moved", "first_sighting"] {
+            metrics::gauge!(names::RECONCILE_HELD_BACK, "reason" => reason)
+                .set(held.get(reason).copied().unwrap_or(0) as f64);
+        }
+        metrics::counter!(names::RECONCILE_BUCKETS_CHECKED).increment(report.checked);
+        let judged = report.checked - report.not_built;
+        let ratio = if judged == 0 {
+            1.0
+        } else {
+            report.consistent as f64 / judged as f64
+        };
+        metrics::gauge!(names::RECONCILE_CONSISTENT_RATIO).set(ratio);
+        Ok(report)
+    }
+
+    /// The gauges that summarise all shards: read back from MySQL so every instance exports
+    /// the same figures (a dashboard takes their max).
+    async fn export_gauges(&self, _report: &PassReport) -> Result<(), ReconcileError> {
+        let pool = self.service.pool();
+        let (by_kind, oldest) = store::confirmed_summary(pool).await?;
+        for kind in DifferenceKind::ALL {
+            let n = by_kind
+                .iter()
+                .find(|(k, _)| k == kind.name())
+                .map(|(_, n)| *n)
+                .unwrap_or(0);
+            metrics::gauge!(names::RECONCILE_DIFFERENCES, "kind" => kind.name()).set(n as f64);
+        }
+        let age = oldest
+            .map(|t| (Utc::now().naive_utc() - t).num_milliseconds() as f64 / 1000.0)
+            .unwrap_or(0.0);
+        metrics::gauge!(names::RECONCILE_OLDEST_DIFFERENCE_SECONDS).set(age.max(0.0));
+        metrics::gauge!(names::BUCKETS_LOST)
+            .set(stocksvr_store::baselines::count_lost(pool).await? as f64);
+        metrics::gauge!(names::RECONCILE_LAST_PASS_TIMESTAMP_SECONDS)
+            .set(Utc::now().timestamp_millis() as f64 / 1000.0);
+        Ok(())
+    }
+
+    /// Inbox rows past the retention (seed 002 keeps 7 days): one batch; returns how many.
+    pub async fn purge_inbox_once(&self, batch: u32) -> Result<u64, ReconcileError> {
+        if self.config.inbox_retention <= TimeDelta::zero() {
+            return Ok(0);
+        }
+        let before = Utc::now().naive_utc() - self.config.inbox_retention;
+        Ok(store::purge_inbox(self.service.pool(), before, batch).await?)
+    }
+}
+
+fn effect(view: &WalView) -> Option<String> {
+    view.result
+        .as_ref()
+        .and_then(|r| r.get("effect"))
+        .and_then(|e| e.as_str())
+        .map(str::to_string)
+}
+
+pub fn verdict_name(v: &Verdict) -> &'static str {
+    match v {
+        Verdict::Consistent => "consistent",
+        Verdict::NotBuilt => "not_built",
+        Verdict::Lost => "lost",
+        Verdict::HeldBack(_) => "held_back",
+        Verdict::Differs(_) => "differs",
+    }
+}
+
+/// One line per difference with all three views.
+fn log_difference(i: &Inspection, kind: DifferenceKind) {
+    let v = &i.views;
+    let redis = v
+        .redis
+        .map(|r| {
+            format!(
+                "total={} available={} reserved={} sold={} deficit={} v{}",
+                r.total, r.available, r.reserved, r.sold, r.deficit, r.version
+            )
+        })
+        .unwrap_or_else(|| "missing".into());
+    let e = v.expected;
+    let l = v.ledger;
+    tracing::error!(
+        bucket = %i.bucket.stock_bucket_id,
+        kind = kind.name(),
+        redis = %redis,
+        reservations = %format!("total={} available={} reserved={} sold={} deficit={}", e.total, e.available, e.reserved, e.sold, e.deficit),
+        ledger = %format!("total={} available={} reserved={} sold={} deficit={} rows={}", l.total, l.available, l.reserved, l.sold, l.deficit, l.rows),
+        snapshot = %v.snapshot.map(|s| format!("total={} available={} reserved={} sold={} deficit={} v{}", s.total, s.available, s.reserved, s.sold, s.deficit, s.redis_version)).unwrap_or_else(|| "missing".into()),
+        "reconcile difference"
+    );
+}
+
+/// Scheduled passes until `stop`: a shard whenever one is due, the inbox purge beside them.
+pub async fn run(
+    reconciler: Arc<Reconciler>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), ReconcileError> {
+    let idle = (reconciler.config.interval / reconciler.config.shards.max(1))
+        .max(Duration::from_millis(200));
+    periodic::run(
+        "reconciler",
+        Cadence::adaptive(idle.min(Duration::from_secs(1)), idle),
+        None,
+        stop,
+        || {
+            let reconciler = reconciler.clone();
+            async move {
+                if let Err(e) = reconciler.purge_inbox_once(1000).await {
+                    tracing::warn!(error = %e, "inbox purge failed; retrying");
+                }
+                Ok(match reconciler.pass_once().await {
+                    Ok(Some(report)) => {
+                        tracing::debug!(?report, "reconcile pass over a shard");
+                        Round::Partial
+                    }
+                    Ok(None) => Round::Empty,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reconcile pass failed; retrying");
+                        Round::Failed
+                    }
+                })
+            }
+        },
+    )
+    .await
+}

@@ -1,0 +1,644 @@
+//! What the reconciler reads and writes in MySQL (seed §13): the live buckets of a shard, the
+//! two MySQL views of each bucket (reservations and ledger) with its snapshot and the work in
+//! flight, the shard leases, and the differences it has seen. Every read takes a chunk of
+//! buckets at once (`IN (...)` with bound parameters), so a pass costs a few statements per
+//! chunk, not per bucket.
+
+use crate::deadline::Deadline;
+use crate::reservations::now;
+use chrono::{NaiveDate, NaiveDateTime, TimeDelta};
+use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
+use std::collections::HashMap;
+
+/// The statuses whose units Redis holds in `reserved` (held = quantity - refunded).
+pub const HOLDING: [i8; 2] = [20, 25];
+/// The status whose units Redis holds in `sold`.
+pub const SOLD: i8 = 40;
+/// Statuses whose Redis step may have run while MySQL does not know yet.
+pub const IN_FLIGHT: [i8; 4] = [10, 30, 50, 80];
+
+/// The shard of a dish: stable across buckets of every day, so one instance checks a dish's
+/// days together; computed the same way in SQL ([`buckets_of_shard`]).
+pub fn shard_of(merchant_id: u64, dish_id: u64, shards: u32) -> u32 {
+    let s = u64::from(shards.max(1));
+    (((merchant_id % s) * 31 + dish_id % s) % s) as u32
+}
+
+/// A live (not ARCHIVED) bucket as the baseline says.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct LiveBucket {
+    pub stock_bucket_id: String,
+    pub merchant_id: u64,
+    pub dish_id: u64,
+    pub stock_date: NaiveDate,
+    pub total_stock: i64,
+    pub baseline_version: u64,
+    pub bucket_status: i8,
+    pub lost_at: Option<NaiveDateTime>,
+}
+
+/// Which buckets a pass or a command looks at.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BucketFilter {
+    pub bucket: Option<String>,
+    pub merchant_id: Option<u64>,
+    pub stock_date: Option<NaiveDate>,
+    /// `(shard, shards)`: only the buckets of that shard.
+    pub shard: Option<(u32, u32)>,
+}
+
+/// Live buckets matching `filter` with ids after `after`, in id order, at most `limit`.
+pub async fn live_buckets(
+    pool: &MySqlPool,
+    filter: &BucketFilter,
+    after: Option<&str>,
+    limit: u32,
+) -> Result<Vec<LiveBucket>, sqlx::Error> {
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, total_stock, baseline_version, \
+         bucket_status, lost_at FROM dish_stock_baseline WHERE bucket_status <> 30",
+    );
+    if let Some(bucket) = &filter.bucket {
+        q.push(" AND stock_bucket_id = ").push_bind(bucket.clone());
+    }
+    if let Some(merchant) = filter.merchant_id {
+        q.push(" AND merchant_id = ").push_bind(merchant);
+    }
+    if let Some(date) = filter.stock_date {
+        q.push(" AND stock_date = ").push_bind(date);
+    }
+    if let Some((shard, shards)) = filter.shard {
+        let s = shards.max(1);
+        q.push(" AND MOD(MOD(merchant_id, ")
+            .push_bind(s)
+            .push(") * 31 + MOD(dish_id, ")
+            .push_bind(s)
+            .push("), ")
+            .push_bind(s)
+            .push(") = ")
+            .push_bind(shard);
+    }
+    if let Some(after) = after {
+        q.push(" AND stock_bucket_id > ")
+            .push_bind(after.to_string());
+    }
+    q.push(" ORDER BY stock_bucket_id LIMIT ").push_bind(limit);
+    q.build_query_as().fetch_all(pool).deadline().await
+}
+
+/// The reservation table's view of one bucket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReservationView {
+    /// Σ held of RESERVED and CREATED_RESERVED rows.
+    pub reserved: i64,
+    /// Σ held of CONFIRMED rows.
+    pub sold: i64,
+    /// Rows in PREPARING, CONFIRMING, CANCELING or REFUNDING.
+    pub in_flight: i64,
+    /// Rows whose stock-change event the projector has not booked yet.
+    pub unprojected: i64,
+}
+
+/// The ledger's view of one bucket: the sums of its deltas (seed §12.1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LedgerView {
+    pub total: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+    pub rows: i64,
+    pub max_version: u64,
+}
+
+/// `dish_stock_snapshot` of one bucket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SnapshotView {
+    pub total: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub sold: i64,
+    pub deficit: i64,
+    pub redis_version: u64,
+}
+
+/// Everything MySQL says about a chunk of buckets, by bucket id.
+#[derive(Debug, Clone, Default)]
+pub struct MysqlViews {
+    pub reservations: HashMap<String, ReservationView>,
+    pub ledger: HashMap<String, LedgerView>,
+    pub snapshots: HashMap<String, SnapshotView>,
+    /// Unfinished (INIT, EXECUTING, RETRY) stock operations.
+    pub wal_unfinished: HashMap<String, i64>,
+    /// DEAD stock operations: an operator must settle them before the numbers can agree.
+    pub wal_dead: HashMap<String, i64>,
+    /// Stock-change outbox rows not sent yet.
+    pub outbox_unsent: HashMap<String, i64>,
+    /// Stock operations that changed Redis and whose event the ledger has not booked yet.
+    pub wal_unbooked: HashMap<String, i64>,
+    /// Buckets with a succeeded INIT (built at least once).
+    pub built: HashMap<String, bool>,
+}
+
+fn in_list<'a>(q: &mut QueryBuilder<'a, MySql>, buckets: &'a [String]) {
+    q.push("(");
+    let mut list = q.separated(", ");
+    for b in buckets {
+        list.push_bind(b.as_str());
+    }
+    list.push_unseparated(")");
+}
+
+/// Reads every MySQL view of `buckets` (a chunk: a few hundred ids) in seven statements.
+pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlViews, sqlx::Error> {
+    let mut views = MysqlViews::default();
+    if buckets.is_empty() {
+        return Ok(views);
+    }
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT stock_bucket_id, status, COUNT(*) AS n, \
+         CAST(COALESCE(SUM(quantity - refunded_quantity), 0) AS SIGNED) AS held, \
+         CAST(COALESCE(SUM(sync_status = 10 AND expected_redis_version IS NOT NULL), 0) AS SIGNED) AS unprojected \
+         FROM inventory_reservation WHERE stock_bucket_id IN ",
+    );
+    in_list(&mut q, buckets);
+    q.push(" GROUP BY stock_bucket_id, status");
+    for row in q.build().fetch_all(pool).deadline().await? {
+        let bucket: String = row.try_get("stock_bucket_id")?;
+        let status: i8 = row.try_get("status")?;
+        let n: i64 = row.try_get("n")?;
+        let held: i64 = row.try_get("held")?;
+        let unprojected: i64 = row.try_get("unprojected")?;
+        let v = views.reservations.entry(bucket).or_default();
+        if HOLDING.contains(&status) {
+            v.reserved += held;
+        } else if status == SOLD {
+            v.sold += held;
+        } else if IN_FLIGHT.contains(&status) {
+            v.in_flight += n;
+        }
+        v.unprojected += unprojected;
+    }
+
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT stock_bucket_id, CAST(SUM(total_delta) AS SIGNED) AS t, \
+         CAST(SUM(available_delta) AS SIGNED) AS a, CAST(SUM(reserved_delta) AS SIGNED) AS r, \
+         CAST(SUM(sold_delta) AS SIGNED) AS s, COUNT(*) AS n, \
+         CAST(COALESCE(MAX(redis_version), 0) AS UNSIGNED) AS v \
+         FROM inventory_ledger WHERE stock_bucket_id IN ",
+    );
+    in_list(&mut q, buckets);
+    q.push(" GROUP BY stock_bucket_id");
+    for row in q.build().fetch_all(pool).deadline().await? {
+        views.ledger.insert(
+            row.try_get("stock_bucket_id")?,
+            LedgerView {
+                total: row.try_get("t")?,
+                available: row.try_get("a")?,
+                reserved: row.try_get("r")?,
+                sold: row.try_get("s")?,
+                rows: row.try_get("n")?,
+                max_version: row.try_get("v")?,
+            },
+        );
+    }
+
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT stock_bucket_id, total_stock, available_stock, reserved_stock, sold_stock, \
+         deficit_stock, redis_version FROM dish_stock_snapshot WHERE stock_bucket_id IN ",
+    );
+    in_list(&mut q, buckets);
+    for row in q.build().fetch_all(pool).deadline().await? {
+        views.snapshots.insert(
+            row.try_get("stock_bucket_id")?,
+            SnapshotView {
+                total: row.try_get("total_stock")?,
+                available: row.try_get("available_stock")?,
+                reserved: row.try_get("reserved_stock")?,
+                sold: row.try_get("sold_stock")?,
+                deficit: row.try_get("deficit_stock")?,
+                redis_version: row.try_get("redis_version")?,
+            },
+        );
+    }
+
+    // INIT 10, EXECUTING 20, RETRY 40 are unfinished; DEAD 50 needs an operator. A repair
+    // or rebuild row is the reconciler's own work and counts like any other.
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT stock_bucket_id, status, COUNT(*) AS n, \
+         CAST(COALESCE(SUM(action = 1 AND status = 30), 0) AS SIGNED) AS built \
+         FROM inventory_operation_wal WHERE stock_bucket_id IN ",
+    );
+    in_list(&mut q, buckets);
+    q.push(" GROUP BY stock_bucket_id, status");
+    for row in q.build().fetch_all(pool).deadline().await? {
+        let bucket: String = row.try_get("stock_bucket_id")?;
+        let status: i8 = row.try_get("status")?;
+        let n: i64 = row.try_get("n")?;
+        let built: i64 = row.try_get("built")?;
+        match status {
+            10 | 20 | 40 => *views.wal_unfinished.entry(bucket.clone()).or_default() += n,
+            50 => *views.wal_dead.entry(bucket.clone()).or_default() += n,
+            _ => {}
+        }
+        if built > 0 {
+            views.built.insert(bucket, true);
+        }
+    }
+
+    // Unsent rows are few (the relay keeps the backlog near zero): the status range of
+    // idx_publish, filtered by key.
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT partition_key, COUNT(*) AS n FROM inventory_outbox \
+         WHERE status IN (10, 20, 40) AND partition_key IN ",
+    );
+    in_list(&mut q, buckets);
+    q.push(" GROUP BY partition_key");
+    for row in q.build().fetch_all(pool).deadline().await? {
+        views
+            .outbox_unsent
+            .insert(row.try_get("partition_key")?, row.try_get("n")?);
+    }
+
+    let mut q = QueryBuilder::<MySql>::new(UNBOOKED_SELECT);
+    in_list(&mut q, buckets);
+    q.push(UNBOOKED_TAIL);
+    for row in q.build().fetch_all(pool).deadline().await? {
+        views
+            .wal_unbooked
+            .insert(row.try_get("stock_bucket_id")?, row.try_get("n")?);
+    }
+    Ok(views)
+}
+
+/// Stock operations whose script changed the bucket (an INIT that created it, an ADJUST,
+/// REPAIR or REBUILD that succeeded) and that have no ledger row yet: their event is on its
+/// way to the projector, so the ledger's sums lag Redis.
+const UNBOOKED_SELECT: &str =
+    "SELECT w.stock_bucket_id, COUNT(*) AS n FROM inventory_operation_wal w \
+     WHERE w.status = 30 AND w.action IN (1, 2, 3, 6) \
+     AND JSON_VALUE(w.result_payload, '$.outcome') = 'SUCCEEDED' \
+     AND (w.action <> 1 OR JSON_VALUE(w.result_payload, '$.effect') = 'INITIALIZED') \
+     AND NOT EXISTS (SELECT 1 FROM inventory_ledger l WHERE l.operation_id = w.operation_id) \
+     AND w.stock_bucket_id IN ";
+const UNBOOKED_TAIL: &str = " GROUP BY w.stock_bucket_id";
+
+/// Whether every event of `bucket` has been sent and booked: no unsent outbox row, no
+/// reservation step waiting for its projection, no stock operation without its ledger row.
+/// A rebuild computes from the ledger only once this holds.
+pub async fn projection_complete(pool: &MySqlPool, bucket: &str) -> Result<bool, sqlx::Error> {
+    let ids = [bucket.to_string()];
+    let v = mysql_views(pool, &ids).await?;
+    let pending = v.outbox_unsent.get(bucket).copied().unwrap_or(0)
+        + v.wal_unbooked.get(bucket).copied().unwrap_or(0)
+        + v.reservations
+            .get(bucket)
+            .map(|r| r.unprojected)
+            .unwrap_or(0);
+    Ok(pending == 0)
+}
+
+/// A reservation as the rebuild needs it: what Redis held for it and the steps it took.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct RebuildRow {
+    pub id: u64,
+    pub status: i8,
+    pub quantity: u32,
+    pub refunded_quantity: u32,
+    pub current_operation_id: String,
+    pub expected_redis_version: Option<u64>,
+    /// The status a REFUNDING row returns to (CONFIRMED or CREATED_RESERVED).
+    pub resume_status: Option<i8>,
+}
+
+/// Every reservation of `bucket` that left a trace in Redis (not REJECTED, not PREPARING),
+/// in id order, after `after`, at most `limit`.
+pub async fn rebuild_rows(
+    pool: &MySqlPool,
+    bucket: &str,
+    after: u64,
+    limit: u32,
+) -> Result<Vec<RebuildRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, status, quantity, refunded_quantity, current_operation_id, \
+         expected_redis_version, resume_status FROM inventory_reservation \
+         WHERE stock_bucket_id = ? AND status NOT IN (10, 70) AND id > ? ORDER BY id LIMIT ?",
+    )
+    .bind(bucket)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .deadline()
+    .await
+}
+
+/// The completed refunds of `reservation_ids` (operation id, reservation, quantity), to
+/// re-create their op records.
+pub async fn completed_refunds(
+    pool: &MySqlPool,
+    reservation_ids: &[u64],
+) -> Result<Vec<(u64, String, u32)>, sqlx::Error> {
+    if reservation_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT reservation_id, operation_id, quantity FROM inventory_refund WHERE status = ",
+    );
+    q.push_bind(stocksvr_core::reservation::RefundStatus::Done.code());
+    q.push(" AND reservation_id IN (");
+    let mut list = q.separated(", ");
+    for id in reservation_ids {
+        list.push_bind(*id);
+    }
+    list.push_unseparated(") ORDER BY reservation_id, updated_at");
+    q.build_query_as().fetch_all(pool).deadline().await
+}
+
+/// The highest bucket version MySQL knows of: the start of a rebuilt bucket must lie above
+/// it, so every event after the rebuild is newer than anything the projector booked.
+pub async fn highest_known_version(pool: &MySqlPool, bucket: &str) -> Result<u64, sqlx::Error> {
+    let (v,): (u64,) = sqlx::query_as(
+        "SELECT CAST(GREATEST( \
+           COALESCE((SELECT MAX(redis_version) FROM inventory_ledger WHERE stock_bucket_id = ?), 0), \
+           COALESCE((SELECT redis_version FROM dish_stock_snapshot WHERE stock_bucket_id = ?), 0), \
+           COALESCE((SELECT MAX(expected_redis_version) FROM inventory_reservation WHERE stock_bucket_id = ?), 0), \
+           COALESCE((SELECT MAX(CAST(JSON_VALUE(result_payload, '$.redis_version') AS UNSIGNED)) \
+                     FROM inventory_operation_wal WHERE stock_bucket_id = ?), 0)) AS UNSIGNED)",
+    )
+    .bind(bucket)
+    .bind(bucket)
+    .bind(bucket)
+    .bind(bucket)
+    .fetch_one(pool)
+    .deadline()
+    .await?;
+    Ok(v)
+}
+
+/// Makes sure shard rows 0..shards exist (idempotent).
+async fn ensure_shards(pool: &MySqlPool, shards: u32) -> Result<(), sqlx::Error> {
+    let mut q = QueryBuilder::<MySql>::new(
+        "INSERT IGNORE INTO inventory_reconcile_shard (shard, lease_expire_at) ",
+    );
+    let epoch = NaiveDateTime::default();
+    q.push_values(0..shards, |mut b, shard| {
+        b.push_bind(shard).push_bind(epoch);
+    });
+    q.build().execute(pool).deadline().await?;
+    Ok(())
+}
+
+/// Leases the shard checked longest ago that nobody holds, for `lease`. `None` when every
+/// shard is held or was checked less than `min_interval` ago.
+pub async fn claim_shard(
+    pool: &MySqlPool,
+    owner: &str,
+    shards: u32,
+    lease: TimeDelta,
+    min_interval: TimeDelta,
+) -> Result<Option<u32>, sqlx::Error> {
+    ensure_shards(pool, shards).await?;
+    let now = now();
+    let mut tx = pool.begin().deadline().await?;
+    let shard: Option<(u32,)> = sqlx::query_as(
+        "SELECT shard FROM inventory_reconcile_shard WHERE shard < ? AND lease_expire_at < ? \
+         AND (last_pass_at IS NULL OR last_pass_at < ?) \
+         ORDER BY last_pass_at IS NOT NULL, last_pass_at, shard LIMIT 1 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(shards)
+    .bind(now)
+    .bind(now - min_interval)
+    .fetch_optional(&mut *tx)
+    .deadline()
+    .await?;
+    let Some((shard,)) = shard else {
+        tx.commit().deadline().await?;
+        return Ok(None);
+    };
+    sqlx::query(
+        "UPDATE inventory_reconcile_shard SET lease_owner = ?, lease_expire_at = ? WHERE shard = ?",
+    )
+    .bind(owner)
+    .bind(now + lease)
+    .bind(shard)
+    .execute(&mut *tx)
+    .deadline()
+    .await?;
+    tx.commit().deadline().await?;
+    Ok(Some(shard))
+}
+
+/// Ends `owner`'s lease of `shard` and records the pass.
+pub async fn finish_shard(pool: &MySqlPool, shard: u32, owner: &str) -> Result<(), sqlx::Error> {
+    let now = now();
+    sqlx::query(
+        "UPDATE inventory_reconcile_shard SET lease_owner = NULL, lease_expire_at = ?, \
+         last_pass_at = ? WHERE shard = ? AND lease_owner = ?",
+    )
+    .bind(now)
+    .bind(now)
+    .bind(shard)
+    .bind(owner)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(())
+}
+
+/// `inventory_reconcile_difference.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i8)]
+pub enum DifferenceStatus {
+    Suspected = 10,
+    Confirmed = 20,
+    Resolved = 30,
+}
+
+/// An open (suspected or confirmed) difference.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct OpenDifference {
+    pub id: u64,
+    pub stock_bucket_id: String,
+    pub kind: String,
+    pub redis_version: u64,
+    pub status: i8,
+    pub repair_operation_id: Option<String>,
+    pub first_seen_at: NaiveDateTime,
+    pub confirmed_at: Option<NaiveDateTime>,
+}
+
+/// The open differences of `buckets`.
+pub async fn open_differences(
+    pool: &MySqlPool,
+    buckets: &[String],
+) -> Result<Vec<OpenDifference>, sqlx::Error> {
+    if buckets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT id, stock_bucket_id, kind, redis_version, status, repair_operation_id, \
+         first_seen_at, confirmed_at FROM inventory_reconcile_difference WHERE status IN (10, 20) \
+         AND stock_bucket_id IN ",
+    );
+    in_list(&mut q, buckets);
+    q.push(" ORDER BY id");
+    q.build_query_as().fetch_all(pool).deadline().await
+}
+
+/// A first sighting: SUSPECTED at `version`.
+pub async fn suspect(
+    pool: &MySqlPool,
+    bucket: &str,
+    kind: &str,
+    version: u64,
+    views: &serde_json::Value,
+) -> Result<(), sqlx::Error> {
+    let now = now();
+    sqlx::query(
+        "INSERT INTO inventory_reconcile_difference (stock_bucket_id, kind, redis_version, status, \
+         views, first_seen_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(bucket)
+    .bind(kind)
+    .bind(version)
+    .bind(DifferenceStatus::Suspected as i8)
+    .bind(views)
+    .bind(now)
+    .bind(now)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(())
+}
+
+/// Seen again at another version: the sighting starts over there.
+pub async fn resuspect(
+    pool: &MySqlPool,
+    id: u64,
+    version: u64,
+    views: &serde_json::Value,
+) -> Result<(), sqlx::Error> {
+    let now = now();
+    sqlx::query(
+        "UPDATE inventory_reconcile_difference SET status = ?, redis_version = ?, views = ?, \
+         first_seen_at = ?, confirmed_at = NULL, updated_at = ? WHERE id = ? AND status IN (10, 20)",
+    )
+    .bind(DifferenceStatus::Suspected as i8)
+    .bind(version)
+    .bind(views)
+    .bind(now)
+    .bind(now)
+    .bind(id)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(())
+}
+
+/// Seen twice at the same version with nothing in flight: CONFIRMED. True when this call
+/// confirmed it (not an earlier pass).
+pub async fn confirm(
+    pool: &MySqlPool,
+    id: u64,
+    views: &serde_json::Value,
+) -> Result<bool, sqlx::Error> {
+    let now = now();
+    let done = sqlx::query(
+        "UPDATE inventory_reconcile_difference SET status = ?, views = ?, confirmed_at = ?, \
+         updated_at = ? WHERE id = ? AND status = ?",
+    )
+    .bind(DifferenceStatus::Confirmed as i8)
+    .bind(views)
+    .bind(now)
+    .bind(now)
+    .bind(id)
+    .bind(DifferenceStatus::Suspected as i8)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The bucket agrees again (repaired, or it was transient): the difference is resolved.
+pub async fn resolve(pool: &MySqlPool, id: u64) -> Result<(), sqlx::Error> {
+    let now = now();
+    sqlx::query(
+        "UPDATE inventory_reconcile_difference SET status = ?, resolved_at = ?, updated_at = ? \
+         WHERE id = ? AND status IN (10, 20)",
+    )
+    .bind(DifferenceStatus::Resolved as i8)
+    .bind(now)
+    .bind(now)
+    .bind(id)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(())
+}
+
+/// Records the repair operation that answers a confirmed difference.
+pub async fn set_repair(pool: &MySqlPool, id: u64, operation_id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE inventory_reconcile_difference SET repair_operation_id = ?, updated_at = ? WHERE id = ?",
+    )
+    .bind(operation_id)
+    .bind(now())
+    .bind(id)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(())
+}
+
+/// Confirmed differences by kind, and the confirmation time of the oldest one: the gauges.
+pub async fn confirmed_summary(
+    pool: &MySqlPool,
+) -> Result<(Vec<(String, i64)>, Option<NaiveDateTime>), sqlx::Error> {
+    let by_kind: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT kind, COUNT(*) FROM inventory_reconcile_difference WHERE status = 20 GROUP BY kind",
+    )
+    .fetch_all(pool)
+    .deadline()
+    .await?;
+    let (oldest,): (Option<NaiveDateTime>,) = sqlx::query_as(
+        "SELECT MIN(confirmed_at) FROM inventory_reconcile_difference WHERE status = 20",
+    )
+    .fetch_one(pool)
+    .deadline()
+    .await?;
+    Ok((by_kind, oldest))
+}
+
+/// Deletes inbox rows consumed before `before`, at most `limit`; returns how many.
+pub async fn purge_inbox(
+    pool: &MySqlPool,
+    before: NaiveDateTime,
+    limit: u32,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query("DELETE FROM inventory_consumer_inbox WHERE consumed_at < ? LIMIT ?")
+        .bind(before)
+        .bind(limit)
+        .execute(pool)
+        .deadline()
+        .await?;
+    Ok(done.rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dish_keeps_its_shard_and_shards_cover_every_dish() {
+        assert_eq!(shard_of(7, 9, 16), shard_of(7, 9, 16));
+        assert!(shard_of(u64::MAX, u64::MAX, 16) < 16);
+        assert_eq!(shard_of(5, 5, 1), 0);
+        assert_eq!(shard_of(5, 5, 0), 0, "zero shards means one");
+        let mut seen = std::collections::HashSet::new();
+        for m in 0..64 {
+            for d in 0..64 {
+                seen.insert(shard_of(m, d, 16));
+            }
+        }
+        assert_eq!(seen.len(), 16);
+    }
+}
