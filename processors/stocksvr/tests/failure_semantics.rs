@@ -13,8 +13,8 @@
 
 mod common;
 
-use common::api::{get, post, shop, shop_in, wait_for_api, Shop};
-use common::server::Server;
+use common::api::{get, post, shop, shop_in, wait_for_api};
+use common::flow::{count, created, refund_one, tail, try_one, wait_count};
 use common::TestEnv;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -31,75 +31,6 @@ fn stall() -> Duration {
             .and_then(|v| v.parse().ok())
             .unwrap_or(90),
     )
-}
-
-async fn try_one(server: &Server, shop: &Shop, order_id: u64, quantity: u32) -> u64 {
-    let body = json!({"order_id": order_id, "order_item_id": order_id * 10 + 1, "merchant_id": shop.merchant_id,
-                      "dish_id": shop.dish_id, "quantity": quantity, "order_type": "INSTANT"});
-    let (status, reply) = post(server, "/v1/reservations", &body.to_string()).await;
-    assert_eq!(status, 201, "{reply}");
-    assert_eq!(reply["reservation"]["status"], "RESERVED", "{reply}");
-    reply["reservation"]["reservation_id"]
-        .as_str()
-        .expect("id")
-        .parse()
-        .expect("number")
-}
-
-async fn created(shop: &Shop, order_id: u64, reservation: u64) {
-    shop.env
-        .order_event(
-            "OrderCreated",
-            order_id,
-            json!({"order_id": order_id, "merchant_id": shop.merchant_id, "order_type": "INSTANT",
-                   "processing_time": null, "inventory_reservation_ids": [reservation]}),
-        )
-        .await;
-}
-
-async fn refund_one(shop: &Shop, order_id: u64, reservation: u64) {
-    shop.env
-        .order_event(
-            "RefundRequested",
-            order_id,
-            json!({"order_id": order_id, "merchant_id": shop.merchant_id,
-                   "refund_id": format!("r-{order_id}"), "reason": "one item missing",
-                   "items": [{"inventory_reservation_id": reservation, "quantity": 1}]}),
-        )
-        .await;
-}
-
-async fn count(pool: &sqlx::MySqlPool, sql: &str) -> i64 {
-    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(pool).await.expect(sql);
-    n
-}
-
-/// Waits until `sql` counts `want`, failing with the server log after `within`.
-async fn wait_count(
-    server: &Server,
-    pool: &sqlx::MySqlPool,
-    sql: &str,
-    want: i64,
-    within: Duration,
-) {
-    let deadline = Instant::now() + within;
-    loop {
-        let n = count(pool, sql).await;
-        if n == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{sql}: {n}, want {want} within {within:?}; log tail:\n{}",
-            tail(&server.log(), 60)
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-fn tail(log: &str, lines: usize) -> String {
-    let all: Vec<&str> = log.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Orders with one Try of 2 units each, then OrderCreated and a refund of 1 unit per order
@@ -292,12 +223,13 @@ async fn a_refund_before_its_order_created_waits_and_applies_after_it() {
     assert!(status.success(), "{}", tail(&log, 40));
 }
 
-/// Every row of every table of the service (but the worker-id leases, which belong to the
-/// running process), every column: a replay writes nothing, not even a timestamp.
+/// Every row of every table of the service (but the worker-id and reconciler-shard leases,
+/// which belong to the running processes), every column: a replay writes nothing, not even a timestamp.
 async fn dump_tables(pool: &sqlx::MySqlPool) -> BTreeMap<String, Vec<String>> {
     let tables: Vec<(String,)> = sqlx::query_as(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() \
-         AND table_name NOT IN ('_sqlx_migrations', 'snowflake_worker_lease') ORDER BY table_name",
+         AND table_name NOT IN ('_sqlx_migrations', 'snowflake_worker_lease', 'inventory_reconcile_shard') \
+         ORDER BY table_name",
     )
     .fetch_all(pool)
     .await

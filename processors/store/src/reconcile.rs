@@ -331,6 +331,60 @@ pub async fn rebuild_rows(
     .await
 }
 
+/// A reservation whose records a bucket must keep in Redis: it holds units (RESERVED,
+/// CREATED_RESERVED, or CONFIRMED with units not refunded), so its fence decides what a later
+/// Confirm, Cancel or Refund does.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct GuardedRow {
+    pub stock_bucket_id: String,
+    pub id: u64,
+    pub status: i8,
+    pub quantity: u32,
+    pub refunded_quantity: u32,
+    pub created_at: NaiveDateTime,
+}
+
+/// The guarded reservations of `buckets`.
+pub async fn guarded_rows(
+    pool: &MySqlPool,
+    buckets: &[String],
+) -> Result<Vec<GuardedRow>, sqlx::Error> {
+    if buckets.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT stock_bucket_id, id, status, quantity, refunded_quantity, created_at \
+         FROM inventory_reservation WHERE status IN (20, 25, 40) AND quantity > refunded_quantity \
+         AND stock_bucket_id IN ",
+    );
+    in_list(&mut q, buckets);
+    q.push(" ORDER BY stock_bucket_id, id");
+    q.build_query_as().fetch_all(pool).deadline().await
+}
+
+/// `rebuild_rows` of the given reservations of `bucket` (a repair restores their records).
+pub async fn rows_by_id(
+    pool: &MySqlPool,
+    bucket: &str,
+    ids: &[u64],
+) -> Result<Vec<RebuildRow>, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT id, status, quantity, refunded_quantity, current_operation_id, \
+         expected_redis_version, resume_status FROM inventory_reservation WHERE stock_bucket_id = ",
+    );
+    q.push_bind(bucket);
+    q.push(" AND id IN (");
+    let mut list = q.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    list.push_unseparated(") ORDER BY id");
+    q.build_query_as().fetch_all(pool).deadline().await
+}
+
 /// The completed refunds of `reservation_ids` (operation id, reservation, quantity), to
 /// re-create their op records.
 pub async fn completed_refunds(

@@ -86,6 +86,7 @@ const DIFFERENCES: &[&str] = &[
     "reserved_sold_mismatch",
     "snapshot_behind",
     "ledger_gap",
+    "records_missing",
 ];
 
 catalog! {

@@ -95,6 +95,53 @@ impl PrivateStack {
     }
 }
 
+impl PrivateStack {
+    /// Starts `service` again after it died (kill -9): `scripts/stack up` restarts what is
+    /// not running; Redis reloads its append-only file.
+    pub fn restart(&self, service: &str) {
+        let out = crate::output_within(
+            self.command().args(["up", service]),
+            Duration::from_secs(300),
+        );
+        assert!(
+            out.status.success(),
+            "private {service} did not restart: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Kills `service` with SIGKILL, deletes everything it stored, and starts it again empty
+    /// (a Redis that lost its data: a flush, a failover to a replica that had nothing).
+    pub fn restart_empty(&self, service: &str) {
+        self.signal(service, "-KILL");
+        let pidfile = self.dir.join("run").join(format!("{service}.pid"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        // The pid file stays behind a killed process; wait for the process itself to go.
+        while std::path::Path::new(&format!("/proc/{}", self.pid_or_zero(service))).exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{service} did not die"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = std::fs::remove_file(pidfile);
+        let data = self.dir.join("data").join(service);
+        let _ = std::fs::remove_dir_all(&data);
+        std::fs::create_dir_all(&data).expect("data dir");
+        self.restart(service);
+    }
+
+    fn pid_or_zero(&self, service: &str) -> u32 {
+        self.command()
+            .args(["pid", service])
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
 impl Drop for PrivateStack {
     fn drop(&mut self) {
         // A server left stopped would never exit on SIGTERM.

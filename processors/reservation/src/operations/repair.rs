@@ -39,6 +39,9 @@ pub struct RepairPlan {
     pub ledger_before: TargetNumbers,
     /// The differences it answers (`oversell`, `ledger_gap`, ...).
     pub kinds: Vec<String>,
+    /// Reservations whose fence and op records are re-created where missing.
+    #[serde(default)]
+    pub restore: Vec<u64>,
 }
 
 /// The plan a rebuild computed, stored in its WAL row before Redis is touched.
@@ -178,6 +181,21 @@ impl StockOps {
             return Ok(Step::Dead("unreadable repair plan".into()));
         };
         let op = row.operation_id.as_str();
+        if !plan.restore.is_empty() {
+            // Only missing records are written, so this is safe whatever ran since the plan
+            // (a record written after it is newer and stays).
+            let rows = store::rows_by_id(&self.pool, &row.stock_bucket_id, &plan.restore).await?;
+            let ids: Vec<u64> = rows.iter().map(|r| r.id).collect();
+            let refunds = store::completed_refunds(&self.pool, &ids).await?;
+            let (fences, ops) = restoration(&rows, &refunds);
+            if let Err(e) = self
+                .lua
+                .restore_fences(keys, plan.expected_version, &fences, &ops)
+                .await
+            {
+                return Ok(Step::Retry(e.to_string()));
+            }
+        }
         let mode = RepairMode::Repair {
             expected_version: plan.expected_version,
         };

@@ -21,15 +21,19 @@ pub enum DifferenceKind {
     SnapshotBehind,
     /// The ledger's sums differ from the reservation table: a booking is missing or extra.
     LedgerGap,
+    /// A reservation that holds units has lost its fence (or its Try's op record) in Redis:
+    /// a later Cancel would take it for an empty rollback and release nothing.
+    RecordsMissing,
 }
 
 impl DifferenceKind {
-    pub const ALL: [DifferenceKind; 5] = [
+    pub const ALL: [DifferenceKind; 6] = [
         DifferenceKind::Oversell,
         DifferenceKind::Undersell,
         DifferenceKind::ReservedSoldMismatch,
         DifferenceKind::SnapshotBehind,
         DifferenceKind::LedgerGap,
+        DifferenceKind::RecordsMissing,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -39,6 +43,7 @@ impl DifferenceKind {
             DifferenceKind::ReservedSoldMismatch => "reserved_sold_mismatch",
             DifferenceKind::SnapshotBehind => "snapshot_behind",
             DifferenceKind::LedgerGap => "ledger_gap",
+            DifferenceKind::RecordsMissing => "records_missing",
         }
     }
 
@@ -138,6 +143,9 @@ pub struct BucketViews {
     pub built: bool,
     /// Marked lost (Trys refused until rebuilt and found clean).
     pub marked_lost: bool,
+    /// Reservations holding units whose fence (or Try op record) Redis no longer has, or
+    /// has with other numbers.
+    pub records_missing: Vec<u64>,
 }
 
 /// What the reconciler concludes about a bucket.
@@ -216,6 +224,9 @@ pub fn classify(v: &BucketViews) -> Verdict {
     if redis_right && !snapshot_right {
         kinds.push(DifferenceKind::SnapshotBehind);
     }
+    if !v.records_missing.is_empty() {
+        kinds.push(DifferenceKind::RecordsMissing);
+    }
     if kinds.is_empty() {
         Verdict::Consistent
     } else {
@@ -259,6 +270,7 @@ mod tests {
             in_flight: Vec::new(),
             built: true,
             marked_lost: false,
+            records_missing: Vec::new(),
         }
     }
 
@@ -322,6 +334,16 @@ mod tests {
         assert_eq!(
             classify(&v),
             Verdict::Differs(vec![DifferenceKind::SnapshotBehind])
+        );
+    }
+
+    #[test]
+    fn a_reservation_without_its_fence_is_named() {
+        let mut v = views();
+        v.records_missing = vec![7];
+        assert_eq!(
+            classify(&v),
+            Verdict::Differs(vec![DifferenceKind::RecordsMissing])
         );
     }
 

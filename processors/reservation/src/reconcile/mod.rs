@@ -124,6 +124,7 @@ impl Inspection {
                 deficit: l.deficit,
             },
             kinds: self.kinds().iter().map(|k| k.name().to_string()).collect(),
+            restore: self.views.records_missing.clone(),
         })
     }
 }
@@ -231,6 +232,7 @@ impl Reconciler {
             .await
             .map_err(|e| ReconcileError::Redis(e.to_string()))?;
         let mysql = store::mysql_views(pool, &ids).await?;
+        let missing = self.missing_records(&buckets, &ids).await?;
         let mut out = Vec::with_capacity(buckets.len());
         for (bucket, redis) in buckets.into_iter().zip(redis) {
             let id = bucket.stock_bucket_id.as_str();
@@ -260,6 +262,11 @@ impl Reconciler {
                 in_flight,
                 built: mysql.built.get(id).copied().unwrap_or(false),
                 marked_lost: bucket.lost_at.is_some(),
+                records_missing: if redis.is_some() {
+                    missing.get(id).cloned().unwrap_or_default()
+                } else {
+                    Vec::new()
+                },
             };
             let verdict = classify(&views);
             out.push(Inspection {
@@ -269,6 +276,62 @@ impl Reconciler {
             });
         }
         Ok(out)
+    }
+
+    /// By bucket, the reservations holding units whose fence is missing or says otherwise,
+    /// or whose Try op record is gone while it should still live (op records expire after
+    /// the op TTL; a RESERVED fence never does).
+    async fn missing_records(
+        &self,
+        buckets: &[LiveBucket],
+        ids: &[String],
+    ) -> Result<HashMap<String, Vec<u64>>, ReconcileError> {
+        use stocksvr_core::model::FencePhase;
+        use stocksvr_core::reservation::{try_operation_id, ReservationStatus};
+        let rows = store::guarded_rows(self.service.pool(), ids).await?;
+        let keys: HashMap<&str, BucketKey> = buckets
+            .iter()
+            .map(|b| {
+                (
+                    b.stock_bucket_id.as_str(),
+                    BucketKey::new(b.merchant_id, b.dish_id, b.stock_date),
+                )
+            })
+            .collect();
+        let guards: Vec<(BucketKey, u64, String)> = rows
+            .iter()
+            .filter_map(|r| {
+                keys.get(r.stock_bucket_id.as_str())
+                    .map(|k| (k.clone(), r.id, try_operation_id(r.id)))
+            })
+            .collect();
+        let found = self
+            .service
+            .lua()
+            .read_guards(&guards)
+            .await
+            .map_err(|e| ReconcileError::Redis(e.to_string()))?;
+        let op_ttl = TimeDelta::from_std(self.service.config().op_ttl).unwrap_or(TimeDelta::MAX);
+        let op_window_start = Utc::now().naive_utc() - op_ttl;
+        let mut missing: HashMap<String, Vec<u64>> = HashMap::new();
+        for (r, (fence, op_exists)) in rows.iter().zip(found) {
+            let phase = if r.status == ReservationStatus::Confirmed.code() as i8 {
+                FencePhase::Confirmed
+            } else {
+                FencePhase::Reserved
+            };
+            let fence_right = fence.is_some_and(|f| {
+                f.phase == phase && f.quantity == r.quantity && f.refunded == r.refunded_quantity
+            });
+            let op_due = r.created_at > op_window_start;
+            if !fence_right || (op_due && !op_exists) {
+                missing
+                    .entry(r.stock_bucket_id.clone())
+                    .or_default()
+                    .push(r.id);
+            }
+        }
+        Ok(missing)
     }
 
     /// Every live bucket matching `filter`, inspected chunk by chunk; `progress` hears the

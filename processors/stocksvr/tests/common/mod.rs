@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod flow;
 pub mod server;
 
 use rdkafka::message::OwnedMessage;
@@ -54,6 +55,15 @@ pub struct TestEnv {
     /// Servers of the test's own (a private MariaDB or Redis it may stop) instead of the
     /// shared stack's: `(STOCKSVR__ variable, value)`.
     pub overrides: Vec<(&'static str, String)>,
+    /// One codec and producer for every event the test produces: the codec caches the
+    /// schema ids, so a burst of events registers each schema once.
+    producing: tokio::sync::OnceCell<Producing>,
+}
+
+struct Producing {
+    catalog: std::sync::Arc<stocksvr_pipeline::catalog::Catalog>,
+    codec: stocksvr_pipeline::codec::AvroCodec,
+    producer: rdkafka::producer::FutureProducer,
 }
 
 impl TestEnv {
@@ -72,6 +82,7 @@ impl TestEnv {
             ns,
             wheel,
             overrides: Vec::new(),
+            producing: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -177,15 +188,27 @@ impl TestEnv {
         use std::sync::Arc;
         use stocksvr_pipeline::catalog::Catalog;
         use stocksvr_pipeline::codec::AvroCodec;
-        let settings = settings();
-        let kafka = self.kafka();
-        let catalog = Arc::new(Catalog::for_deployment(&kafka).expect("catalog"));
+        let Producing {
+            catalog,
+            codec,
+            producer,
+        } = self
+            .producing
+            .get_or_init(|| async {
+                let kafka = self.kafka();
+                let catalog = Arc::new(Catalog::for_deployment(&kafka).expect("catalog"));
+                Producing {
+                    codec: AvroCodec::new(&settings().registry, catalog.clone()).expect("codec"),
+                    catalog,
+                    producer: stocksvr_pipeline::kafka::producer(&kafka, "it-producer")
+                        .expect("producer"),
+                }
+            })
+            .await;
         let entry = catalog
             .by_name(&format!("{record_ns}.{kind}"))
             .expect("declared")
             .clone();
-        let codec = AvroCodec::new(&settings.registry, catalog).expect("codec");
-        let producer = stocksvr_pipeline::kafka::producer(&kafka, "it-producer").expect("producer");
         let event = serde_json::json!({"event_id": unique(kind), "event_type": kind, "schema_version": 1,
             "occurred_at": Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true), "producer": "it-tests",
             "trace_id": null, "partition_key": key, "data": data});

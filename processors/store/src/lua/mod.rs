@@ -508,6 +508,57 @@ impl LuaExecutor {
             .collect()
     }
 
+    /// For each `(bucket, reservation id, operation id)`: the reservation's fence (phase,
+    /// quantity, refunded) if it exists, and whether the op record exists. One pipelined
+    /// round trip (the reconciler checks the records of the reservations that hold units).
+    pub async fn read_guards(
+        &self,
+        guards: &[(BucketKey, u64, String)],
+    ) -> Result<Vec<(Option<Fence>, bool)>, ExecError> {
+        if guards.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (bucket, reservation_id, op) in guards {
+            pipe.cmd("HMGET")
+                .arg(bucket.fence_key(*reservation_id))
+                .arg("phase")
+                .arg("quantity")
+                .arg("refunded");
+            pipe.cmd("EXISTS").arg(bucket.op_key(op));
+        }
+        let mut conn = self.conn.clone();
+        let replies: Vec<Value> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| ExecError::from_redis("", e))?;
+        let mut out = Vec::with_capacity(guards.len());
+        for pair in replies.chunks(2) {
+            let fence = match pair.first() {
+                Some(Value::Array(fields)) => {
+                    let text = |i: usize| match fields.get(i) {
+                        Some(Value::BulkString(b)) => String::from_utf8(b.clone()).ok(),
+                        _ => None,
+                    };
+                    match (text(0), text(1), text(2)) {
+                        (Some(phase), Some(q), refunded) => {
+                            FencePhase::from_name(&phase).map(|phase| Fence {
+                                phase,
+                                quantity: q.parse().unwrap_or(0),
+                                refunded: refunded.and_then(|r| r.parse().ok()).unwrap_or(0),
+                            })
+                        }
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            let exists = matches!(pair.get(1), Some(Value::Int(1)));
+            out.push((fence, exists));
+        }
+        Ok(out)
+    }
+
     /// The stock hash, or `None` when the bucket does not exist. Errors carry an empty
     /// operation id (a read has none).
     pub async fn read_bucket(&self, bucket: &BucketKey) -> Result<Option<StockNumbers>, ExecError> {

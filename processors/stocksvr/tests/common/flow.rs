@@ -1,0 +1,128 @@
+//! An order flow through the real service: Trys over HTTP, order events from the order
+//! service's topic, and waits on what MySQL shows (with the server log when they run out).
+
+use super::api::{post, Shop};
+use super::server::Server;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// A Try of one unit kind of `order_id` (item `order_id * 10 + 1`) that must reserve.
+pub async fn try_one(server: &Server, shop: &Shop, order_id: u64, quantity: u32) -> u64 {
+    let (status, reply) = try_item(server, shop, order_id, order_id * 10 + 1, quantity).await;
+    assert_eq!(status, 201, "{reply}");
+    assert_eq!(reply["reservation"]["status"], "RESERVED", "{reply}");
+    reservation_id(&reply)
+}
+
+/// A Try of `order_item_id` of `order_id`, whatever it answers.
+pub async fn try_item(
+    server: &Server,
+    shop: &Shop,
+    order_id: u64,
+    order_item_id: u64,
+    quantity: u32,
+) -> (u16, Value) {
+    let body = json!({"order_id": order_id, "order_item_id": order_item_id, "merchant_id": shop.merchant_id,
+                      "dish_id": shop.dish_id, "quantity": quantity, "order_type": "INSTANT"});
+    post(server, "/v1/reservations", &body.to_string()).await
+}
+
+/// The reservation id of a Try reply (ids travel as strings).
+pub fn reservation_id(reply: &Value) -> u64 {
+    reply["reservation"]["reservation_id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no reservation id in {reply}"))
+}
+
+pub async fn created(shop: &Shop, order_id: u64, reservation: u64) {
+    shop.env
+        .order_event(
+            "OrderCreated",
+            order_id,
+            json!({"order_id": order_id, "merchant_id": shop.merchant_id, "order_type": "INSTANT",
+                   "processing_time": null, "inventory_reservation_ids": [reservation]}),
+        )
+        .await;
+}
+
+/// A partial refund of one unit, refund id `r-<order>` (a repeat is the same refund).
+pub async fn refund_one(shop: &Shop, order_id: u64, reservation: u64) {
+    shop.env
+        .order_event(
+            "RefundRequested",
+            order_id,
+            json!({"order_id": order_id, "merchant_id": shop.merchant_id,
+                   "refund_id": format!("r-{order_id}"), "reason": "one item missing",
+                   "items": [{"inventory_reservation_id": reservation, "quantity": 1}]}),
+        )
+        .await;
+}
+
+pub async fn failed(shop: &Shop, order_id: u64, reservations: &[u64]) {
+    shop.env
+        .order_event(
+            "OrderCreatedFailed",
+            order_id,
+            json!({"order_id": order_id, "merchant_id": shop.merchant_id,
+                   "inventory_reservation_ids": reservations, "reason": "payment failed"}),
+        )
+        .await;
+}
+
+pub async fn canceled(shop: &Shop, order_id: u64, reservations: &[u64]) {
+    shop.env
+        .order_event(
+            "OrderCanceled",
+            order_id,
+            json!({"order_id": order_id, "merchant_id": shop.merchant_id,
+                   "inventory_reservation_ids": reservations, "reason": "customer"}),
+        )
+        .await;
+}
+
+pub async fn count(pool: &sqlx::MySqlPool, sql: &str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(pool).await.expect(sql);
+    n
+}
+
+/// Waits until `sql` counts `want`, failing with the server log after `within`.
+pub async fn wait_count(
+    server: &Server,
+    pool: &sqlx::MySqlPool,
+    sql: &str,
+    want: i64,
+    within: Duration,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let n = count(pool, sql).await;
+        if n == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{sql}: {n}, want {want} within {within:?}; log tail:\n{}",
+            tail(&server.log(), 60)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Nothing in flight: every reservation settled, every event sent and booked.
+pub async fn quiescent(server: &Server, pool: &sqlx::MySqlPool, within: Duration) {
+    for sql in [
+        "SELECT COUNT(*) FROM inventory_reservation WHERE status IN (10, 30, 50, 80)",
+        "SELECT COUNT(*) FROM inventory_outbox WHERE status <> 30",
+        "SELECT COUNT(*) FROM inventory_deferred_event WHERE status = 10",
+        "SELECT COUNT(*) FROM inventory_reservation WHERE sync_status = 10 AND expected_redis_version IS NOT NULL",
+        "SELECT COUNT(*) FROM inventory_operation_wal WHERE status IN (10, 20, 40)",
+    ] {
+        wait_count(server, pool, sql, 0, within).await;
+    }
+}
+
+pub fn tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

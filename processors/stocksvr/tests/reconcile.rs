@@ -1,0 +1,602 @@
+//! Reconciliation, versioned repair and rebuild (issue 10) against the real servers and
+//! `stocksvr all` as a process:
+//!
+//! - drift injected behind the service's back (a stray HINCRBY, a deleted fence and op
+//!   record, a deleted ledger row) is detected in its class by `stocksvr reconcile` (exit 1),
+//!   repaired once by `--repair` (one REPAIR operation, one ledger row), and the snapshot and
+//!   ledger follow; a second run finds the bucket clean (exit 0);
+//! - a repair computed before 500 concurrent Trys loses its version check and writes nothing;
+//!   computed again afterwards it applies, with no oversell and conservation;
+//! - scheduled passes with automatic repair during a burst of in-flight reservations report
+//!   and repair nothing;
+//! - Redis killed and restarted empty in the middle of an order flow: Trys fail closed with
+//!   503 bucket_lost and leave no row, the rebuild restores the bucket, and every order event
+//!   after it (including duplicates of earlier ones) applies once, ending in the numbers of
+//!   the same flow without the loss;
+//! - the command's exit codes: 0 clean, 1 differences, 2 error.
+
+mod common;
+
+use common::api::{get, shop, shop_in, wait_for_api, Shop};
+use common::flow::{
+    canceled, count, created, failed, quiescent, refund_one, tail, try_item, try_one, wait_count,
+};
+use common::server::Server;
+use common::TestEnv;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use stocksvr_core::bucket::BucketKey;
+use stocksvr_test_support::PrivateStack;
+
+fn bucket_of(shop: &Shop) -> BucketKey {
+    BucketKey::new(
+        shop.merchant_id,
+        shop.dish_id,
+        chrono::Utc::now().date_naive(),
+    )
+}
+
+async fn redis_conn(url: &str) -> redis::aio::ConnectionManager {
+    stocksvr_store::connect_redis(url, Duration::from_secs(5))
+        .await
+        .expect("redis")
+}
+
+fn shared_redis_url() -> String {
+    stocksvr_test_support::infra()
+        .redis
+        .url
+        .expose()
+        .to_string()
+}
+
+/// `stocksvr reconcile <args>` in the shop's environment: (exit code, stdout, stderr).
+fn reconcile(shop: &Shop, args: &[&str]) -> (i32, String, String) {
+    let out = common::output_within(
+        shop.env.stocksvr().arg("reconcile").args(args),
+        Duration::from_secs(120),
+    );
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Redis's numbers of the shop's bucket as the stock endpoint shows them.
+async fn stock(server: &Server, shop: &Shop) -> (i64, i64, i64, i64) {
+    let (status, s) = get(
+        server,
+        &format!("/v1/stock/{}/{}", shop.merchant_id, shop.dish_id),
+    )
+    .await;
+    assert_eq!(status, 200, "{s}");
+    let n = |k: &str| s["redis"][k].as_i64().unwrap_or(i64::MIN);
+    (n("total"), n("available"), n("reserved"), n("sold"))
+}
+
+/// The ledger's sums and the snapshot of the bucket, as (total, available, reserved, sold).
+async fn ledger_and_snapshot(
+    pool: &sqlx::MySqlPool,
+    bucket: &str,
+) -> ((i64, i64, i64, i64), (i64, i64, i64, i64)) {
+    let ledger: (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT CAST(SUM(total_delta) AS SIGNED), CAST(SUM(available_delta) AS SIGNED), \
+         CAST(SUM(reserved_delta) AS SIGNED), CAST(SUM(sold_delta) AS SIGNED) \
+         FROM inventory_ledger WHERE stock_bucket_id = ?",
+    )
+    .bind(bucket)
+    .fetch_one(pool)
+    .await
+    .expect("ledger");
+    let snapshot: (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT total_stock, available_stock, reserved_stock, sold_stock FROM dish_stock_snapshot \
+         WHERE stock_bucket_id = ?",
+    )
+    .bind(bucket)
+    .fetch_one(pool)
+    .await
+    .expect("snapshot");
+    (ledger, snapshot)
+}
+
+/// Waits until the ledger's sums and the snapshot both equal Redis.
+async fn books_agree(server: &Server, shop: &Shop, pool: &sqlx::MySqlPool) -> (i64, i64, i64, i64) {
+    let bucket = bucket_of(shop).stock_bucket_id();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let redis = stock(server, shop).await;
+        let (ledger, snapshot) = ledger_and_snapshot(pool, &bucket).await;
+        if ledger == redis && snapshot == redis {
+            return redis;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis {redis:?} ledger {ledger:?} snapshot {snapshot:?}; log:\n{}",
+            tail(&server.log(), 40)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+const REPAIR_ROWS: &str = "SELECT COUNT(*) FROM inventory_ledger WHERE action = 7";
+const REPAIR_OPS: &str = "SELECT COUNT(*) FROM inventory_operation_wal WHERE action = 3";
+
+/// Runs `stocksvr reconcile --repair` for the shop's bucket and checks it found `kind`,
+/// repaired it with one more REPAIR operation and one more ledger row, and that a second
+/// run is clean.
+async fn detect_and_repair(server: &Server, shop: &Shop, pool: &sqlx::MySqlPool, kind: &str) {
+    let bucket = bucket_of(shop).stock_bucket_id();
+    let (ops_before, rows_before) = (
+        count(pool, REPAIR_OPS).await,
+        count(pool, REPAIR_ROWS).await,
+    );
+    let (code, out, err) = reconcile(shop, &["--bucket", &bucket]);
+    assert_eq!(code, 1, "a dry run with a difference exits 1:\n{out}{err}");
+    assert!(
+        out.contains(&format!("DIFFERS: {kind}")),
+        "{kind} not named:\n{out}{err}"
+    );
+    assert_eq!(
+        count(pool, REPAIR_OPS).await,
+        ops_before,
+        "a dry run writes nothing"
+    );
+    let (code, out, err) = reconcile(shop, &["--bucket", &bucket, "--repair"]);
+    assert_eq!(code, 0, "every difference repaired:\n{out}{err}");
+    assert!(out.contains("REPAIRED"), "{out}{err}");
+    wait_count(
+        server,
+        pool,
+        REPAIR_ROWS,
+        rows_before + 1,
+        Duration::from_secs(60),
+    )
+    .await;
+    books_agree(server, shop, pool).await;
+    let (code, out, err) = reconcile(shop, &["--bucket", &bucket, "--repair"]);
+    assert_eq!(code, 0, "clean after the repair:\n{out}{err}");
+    assert!(!out.contains("REPAIRED"), "repaired twice:\n{out}");
+    assert_eq!(
+        count(pool, REPAIR_OPS).await,
+        ops_before + 1,
+        "one REPAIR operation"
+    );
+    assert_eq!(
+        count(pool, REPAIR_ROWS).await,
+        rows_before + 1,
+        "one ledger row"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_behind_the_services_back_is_found_in_its_class_and_repaired_once() {
+    let shop = shop(100).await;
+    let server = shop.server(&[("STOCKSVR__RESERVATION__WORKER_ID", "31")]);
+    wait_for_api(&server).await;
+    let pool = shop.env.pool();
+    let base = 91_000_000 + shop.merchant_id % 1_000_000 * 100;
+    let keys = bucket_of(&shop);
+    let bucket = keys.stock_bucket_id();
+    let a = try_one(&server, &shop, base + 1, 3).await;
+    created(&shop, base + 1, a).await;
+    let b = try_one(&server, &shop, base + 2, 4).await;
+    try_one(&server, &shop, base + 3, 2).await;
+    quiescent(&server, &pool, Duration::from_secs(90)).await;
+    assert_eq!(books_agree(&server, &shop, &pool).await, (100, 91, 6, 3));
+    let (code, out, err) = reconcile(&shop, &["--bucket", &bucket]);
+    assert_eq!(code, 0, "consistent at the start:\n{out}{err}");
+    assert!(out.contains("consistent"), "{out}");
+
+    // 1. A stray write on the stock hash: Redis would sell 5 units it does not have.
+    let mut redis = redis_conn(&shared_redis_url()).await;
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(keys.stock_key())
+        .arg("available")
+        .arg(5)
+        .query_async(&mut redis)
+        .await
+        .expect("hincrby");
+    detect_and_repair(&server, &shop, &pool, "oversell").await;
+    assert_eq!(stock(&server, &shop).await, (100, 91, 6, 3));
+
+    // 2. The fence and the Try's op record of a RESERVED reservation deleted: a Cancel would
+    // take it for an empty rollback and release nothing.
+    let _: i64 = redis::cmd("DEL")
+        .arg(keys.fence_key(b))
+        .arg(keys.op_key(&stocksvr_core::reservation::try_operation_id(b)))
+        .query_async(&mut redis)
+        .await
+        .expect("del");
+    detect_and_repair(&server, &shop, &pool, "records_missing").await;
+    failed(&shop, base + 2, &[b]).await;
+    wait_count(
+        &server,
+        &pool,
+        &format!("SELECT COUNT(*) FROM inventory_reservation WHERE id = {b} AND status = 60"),
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        books_agree(&server, &shop, &pool).await,
+        (100, 95, 2, 3),
+        "the cancel released the 4 units its restored fence held"
+    );
+
+    // 3. A ledger row deleted (the confirm's): the ledger no longer adds up.
+    sqlx::query("DELETE FROM inventory_ledger WHERE reservation_id = ? AND action = 3")
+        .bind(a)
+        .execute(&pool)
+        .await
+        .expect("delete");
+    detect_and_repair(&server, &shop, &pool, "ledger_gap").await;
+    assert_eq!(
+        stock(&server, &shop).await,
+        (100, 95, 2, 3),
+        "Redis was right"
+    );
+
+    // The admin endpoint gives the same verdict, read only.
+    let (status, body) = get(&server, &format!("/admin/reconcile?bucket={bucket}")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["differences"], 0, "{body}");
+    assert_eq!(
+        body["buckets"][0]["inspection"]["verdict"]["verdict"], "consistent",
+        "{body}"
+    );
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repair_racing_five_hundred_trys_loses_its_version_and_is_computed_again() {
+    let shop = shop(10_000).await;
+    let server = Arc::new(shop.server(&[("STOCKSVR__RESERVATION__WORKER_ID", "32")]));
+    wait_for_api(&server).await;
+    let pool = shop.env.pool();
+    let base = 92_000_000 + shop.merchant_id % 1_000_000 * 1_000;
+    try_one(&server, &shop, base, 1).await;
+    quiescent(&server, &pool, Duration::from_secs(90)).await;
+    let keys = bucket_of(&shop);
+    let mut redis = redis_conn(&shared_redis_url()).await;
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(keys.stock_key())
+        .arg("available")
+        .arg(7)
+        .query_async(&mut redis)
+        .await
+        .expect("hincrby");
+
+    // The plan is computed at this version, before the Trys.
+    let lua = Arc::new(stocksvr_store::lua::LuaExecutor::new(
+        redis_conn(&shared_redis_url()).await,
+        Duration::from_secs(3600),
+    ));
+    let service = Arc::new(stocksvr_reservation::ReservationService::new(
+        pool.clone(),
+        lua,
+        stocksvr_core::snowflake::SnowflakeGenerator::new(33).expect("worker id"),
+        stocksvr_reservation::ServiceConfig::default(),
+    ));
+    let reconciler = stocksvr_reservation::reconcile::Reconciler::new(
+        service.clone(),
+        stocksvr_reservation::reconcile::ReconcileConfig::default(),
+    );
+    let filter = stocksvr_store::reconcile::BucketFilter {
+        bucket: Some(keys.stock_bucket_id()),
+        ..Default::default()
+    };
+    let inspection = reconciler
+        .inspect_all(&filter, &|_| {})
+        .await
+        .expect("inspect")
+        .remove(0);
+    let plan = inspection.plan().expect("a plan");
+    assert_eq!(plan.kinds, ["oversell"], "{inspection:?}");
+
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut trys = tokio::task::JoinSet::new();
+    let shop = Arc::new(shop);
+    for i in 1..=500u64 {
+        let (server, shop, answered) = (server.clone(), shop.clone(), answered.clone());
+        trys.spawn(async move {
+            let reply = try_item(&server, &shop, base + i, (base + i) * 10 + 1, 1).await;
+            answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            reply
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while answered.load(std::sync::atomic::Ordering::SeqCst) < 20 {
+        assert!(Instant::now() < deadline, "no Try answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let view = service.ops().repair(&plan).await.expect("repair runs");
+    assert_eq!(
+        view.result.as_ref().and_then(|r| r["effect"].as_str()),
+        Some("VERSION_CHANGED"),
+        "the bucket moved since the plan: {view:?}"
+    );
+    let mut reserved_ids = 0i64;
+    while let Some(reply) = trys.join_next().await {
+        let (status, body) = reply.expect("task");
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(body["reservation"]["status"], "RESERVED", "{body}");
+        reserved_ids += 1;
+    }
+    quiescent(&server, &pool, Duration::from_secs(120)).await;
+    // The failed repair wrote nothing: the drift is still there, and nothing was oversold
+    // by the repair (Redis reserved equals what MySQL holds).
+    let (total, available, reserved, sold) = stock(&server, &shop).await;
+    assert_eq!((total, reserved, sold), (10_000, reserved_ids + 1, 0));
+    assert_eq!(available, 10_000 - reserved + 7, "the drift is still there");
+    // Computed again at the current version, the repair applies.
+    let (code, out, err) = reconcile(&shop, &["--bucket", &keys.stock_bucket_id(), "--repair"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("REPAIRED"), "{out}");
+    let (total, available, reserved, sold) = books_agree(&server, &shop, &pool).await;
+    assert_eq!(available + reserved + sold, total, "conservation");
+    assert_eq!(reserved, reserved_ids + 1);
+    let server = Arc::try_unwrap(server).unwrap_or_else(|_| panic!("server still shared"));
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn passes_during_a_burst_of_work_in_flight_report_and_repair_nothing() {
+    let shop = Arc::new(shop(5_000).await);
+    let server = Arc::new(shop.server(&[
+        ("STOCKSVR__RESERVATION__WORKER_ID", "34"),
+        ("STOCKSVR__RECONCILE__AUTO_REPAIR", "true"),
+        ("STOCKSVR__RECONCILE__SHARDS", "1"),
+        ("STOCKSVR__RECONCILE__INTERVAL_SECS", "1"),
+    ]));
+    wait_for_api(&server).await;
+    let pool = shop.env.pool();
+    let base = 93_000_000 + shop.merchant_id % 1_000_000 * 1_000;
+    let mut work = tokio::task::JoinSet::new();
+    for i in 0..300u64 {
+        let (server, shop) = (server.clone(), shop.clone());
+        work.spawn(async move {
+            let id = try_one(&server, &shop, base + i, 1 + (i % 3) as u32).await;
+            match i % 3 {
+                0 => created(&shop, base + i, id).await,
+                1 => failed(&shop, base + i, &[id]).await,
+                _ => {}
+            }
+        });
+    }
+    // On-demand checks while the burst runs, with --repair: they may hold the bucket back,
+    // never find or repair anything.
+    let mut checks = 0;
+    while !work.is_empty() {
+        let (code, out, err) = reconcile(
+            &shop,
+            &["--bucket", &bucket_of(&shop).stock_bucket_id(), "--repair"],
+        );
+        assert!(
+            !out.contains("DIFFERS") && !out.contains("REPAIRED"),
+            "{out}{err}"
+        );
+        assert_ne!(code, 2, "{err}");
+        checks += 1;
+        while let Some(done) = work.try_join_next() {
+            done.expect("task");
+        }
+    }
+    quiescent(&server, &pool, Duration::from_secs(120)).await;
+    books_agree(&server, &shop, &pool).await;
+    // Let the scheduled passes run over the quiet bucket too.
+    wait_count(
+        &server,
+        &pool,
+        "SELECT COUNT(*) FROM inventory_reconcile_shard WHERE last_pass_at > NOW(3) - INTERVAL 5 SECOND",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(checks > 0);
+    assert_eq!(count(&pool, REPAIR_OPS).await, 0, "nothing repaired");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT COUNT(*) FROM inventory_reconcile_difference WHERE status = 20"
+        )
+        .await,
+        0,
+        "nothing reported"
+    );
+    let (code, out, err) = reconcile(&shop, &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let server = Arc::try_unwrap(server).unwrap_or_else(|_| panic!("server still shared"));
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+}
+
+/// The reservations of one order flow, by role.
+struct Flow {
+    held: u64,
+    confirmed_refunded: u64,
+    to_fail: u64,
+    to_cancel: u64,
+    base: u64,
+}
+
+/// Before the (possible) loss: a RESERVED reservation whose OrderCreated comes later, a
+/// CONFIRMED one partly refunded, two RESERVED ones an OrderCreatedFailed and an
+/// OrderCanceled will release.
+async fn flow_before(server: &Server, shop: &Shop, base: u64) -> Flow {
+    let held = try_one(server, shop, base + 1, 2).await;
+    let confirmed_refunded = try_one(server, shop, base + 2, 3).await;
+    created(shop, base + 2, confirmed_refunded).await;
+    refund_one(shop, base + 2, confirmed_refunded).await;
+    let to_fail = try_one(server, shop, base + 3, 4).await;
+    let to_cancel = try_one(server, shop, base + 4, 1).await;
+    Flow {
+        held,
+        confirmed_refunded,
+        to_fail,
+        to_cancel,
+        base,
+    }
+}
+
+/// After it: the events that follow, with duplicates of earlier ones, and one new Try.
+async fn flow_after(server: &Server, shop: &Shop, f: &Flow) {
+    created(shop, f.base + 1, f.held).await;
+    created(shop, f.base + 2, f.confirmed_refunded).await; // duplicate of an applied event
+    refund_one(shop, f.base + 2, f.confirmed_refunded).await; // the same refund again
+    failed(shop, f.base + 3, &[f.to_fail]).await;
+    canceled(shop, f.base + 4, &[f.to_cancel]).await;
+    try_one(server, shop, f.base + 5, 5).await;
+}
+
+/// Final statuses (by role) and Redis numbers of a flow.
+async fn outcome(server: &Server, shop: &Shop, f: &Flow) -> (Vec<i8>, (i64, i64, i64, i64)) {
+    let pool = shop.env.pool();
+    let mut statuses = Vec::new();
+    for id in [f.held, f.confirmed_refunded, f.to_fail, f.to_cancel] {
+        let (s,): (i8,) = sqlx::query_as("SELECT status FROM inventory_reservation WHERE id = ?")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("status");
+        statuses.push(s);
+    }
+    (statuses, stock(server, shop).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_empty_fails_closed_and_the_rebuild_brings_every_order_back() {
+    // The same flow without the loss, on the shared stack: what the lost run must end in.
+    let control = shop(100).await;
+    let control_server = control.server(&[("STOCKSVR__RESERVATION__WORKER_ID", "35")]);
+    wait_for_api(&control_server).await;
+    let control_base = 94_000_000 + control.merchant_id % 1_000_000 * 100;
+    let flow = flow_before(&control_server, &control, control_base).await;
+    quiescent(
+        &control_server,
+        &control.env.pool(),
+        Duration::from_secs(90),
+    )
+    .await;
+    flow_after(&control_server, &control, &flow).await;
+    quiescent(
+        &control_server,
+        &control.env.pool(),
+        Duration::from_secs(90),
+    )
+    .await;
+    let expected = outcome(&control_server, &control, &flow).await;
+    let (status, log) = control_server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+
+    let private = PrivateStack::start(&["redis"]);
+    let mut env = TestEnv::new().await;
+    env.overrides
+        .push(("STOCKSVR__REDIS__URL", private.var("STOCKSVR__REDIS__URL")));
+    let shop = shop_in(env, 100).await;
+    let server = shop.server(&[
+        ("STOCKSVR__RESERVATION__WORKER_ID", "36"),
+        ("STOCKSVR__RECOVERY__RETRY_DELAY_MS", "200"),
+    ]);
+    wait_for_api(&server).await;
+    let pool = shop.env.pool();
+    let base = 95_000_000 + shop.merchant_id % 1_000_000 * 100;
+    let flow = flow_before(&server, &shop, base).await;
+    quiescent(&server, &pool, Duration::from_secs(90)).await;
+    books_agree(&server, &shop, &pool).await;
+
+    private.restart_empty("redis");
+    let rows = count(&pool, "SELECT COUNT(*) FROM inventory_reservation").await;
+    // Fail closed: 503 bucket_lost with Retry-After, and no row left behind (the first Try
+    // finds out after its insert, fences its id and removes its row; the others are refused
+    // before any write).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for item in 1..=3u64 {
+        loop {
+            let (status, reply) =
+                try_item(&server, &shop, base + 50, (base + 50) * 10 + item, 1).await;
+            if status == 503 && reply["error"] == "bucket_lost" {
+                break;
+            }
+            // The Redis connection may still be re-establishing.
+            assert!(
+                status == 503 && Instant::now() < deadline,
+                "{status} {reply}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM inventory_reservation").await,
+        rows
+    );
+    let (status, ready) = get(&server, "/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["degraded"], true, "{ready}");
+    assert_eq!(ready["advisories"]["buckets_lost"]["count"], 1, "{ready}");
+    // An event arriving while the bucket is lost waits for the rebuild.
+    created(&shop, base + 1, flow.held).await;
+
+    let out = common::output_within(
+        shop.env
+            .stocksvr()
+            .args(["bucket", "rebuild", "--all", "--execute"]),
+        Duration::from_secs(240),
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "{stdout}{stderr}\n{}",
+        tail(&server.log(), 60)
+    );
+    assert!(stdout.contains("rebuilt\treopened"), "{stdout}{stderr}");
+
+    flow_after(&server, &shop, &flow).await;
+    quiescent(&server, &pool, Duration::from_secs(120)).await;
+    books_agree(&server, &shop, &pool).await;
+    let got = outcome(&server, &shop, &flow).await;
+    assert_eq!(
+        got, expected,
+        "the flow with the loss ends where the flow without it does"
+    );
+    assert_eq!(
+        count(&pool, "SELECT COUNT(*) FROM inventory_refund").await,
+        2,
+        "one partial refund and one full refund, each once"
+    );
+    let (code, out, err) = reconcile(&shop, &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+}
+
+#[tokio::test]
+async fn the_command_exits_two_when_it_cannot_check() {
+    let shop = shop(10).await;
+    let out = common::output_within(
+        shop.env
+            .stocksvr()
+            .env(
+                "STOCKSVR__MYSQL__URL",
+                "mysql://nobody:secret@127.0.0.1:1/none",
+            )
+            .env("STOCKSVR__MYSQL__ACQUIRE_TIMEOUT_MS", "500")
+            .arg("reconcile"),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("127.0.0.1:1"),
+        "names what failed: {stderr}"
+    );
+    assert!(
+        !stderr.contains("secret"),
+        "no credentials in errors: {stderr}"
+    );
+}
