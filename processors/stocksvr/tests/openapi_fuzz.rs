@@ -119,7 +119,8 @@ async fn the_api_conforms_to_its_openapi_document_under_fuzzing() {
     let log = server.log();
     assert!(
         out.status.success(),
-        "schemathesis found problems (seed {seed}):\n{stdout}\n{stderr}\nserver log tail:\n{}",
+        "schemathesis found problems (seed {seed}, report in {}):\n{stdout}\n{stderr}\nserver log tail:\n{}",
+        report.display(),
         tail(&log, 40)
     );
     assert!(!log.contains("panicked"), "the server panicked:\n{log}");
@@ -140,6 +141,10 @@ async fn the_api_conforms_to_its_openapi_document_under_fuzzing() {
     );
     let (status, log) = server.terminate();
     assert!(status.success(), "{log}");
+    // A failed run keeps its JUnit report (the panic above names the directory).
+    if std::env::var("STOCKSVR_TEST_KEEP").as_deref() != Ok("1") {
+        let _ = std::fs::remove_dir_all(&report);
+    }
 }
 
 fn tail(log: &str, lines: usize) -> String {
