@@ -7,11 +7,13 @@
 
 mod admin;
 mod error;
+mod request;
 
 pub use admin::admin_router;
 pub use error::{ApiError, ErrorBody};
 
 use axum::body::Bytes;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -30,6 +32,12 @@ use stocksvr_store::deadline::Deadline;
 use stocksvr_store::reservations::Reservation;
 use tokio::sync::OnceCell;
 use utoipa::OpenApi;
+
+/// The merchant of the document's request examples (the OpenAPI fuzz test creates its
+/// bucket, so generated requests built on the examples reach the success paths).
+pub const EXAMPLE_MERCHANT_ID: u64 = 10001;
+/// The dish of the document's request examples.
+pub const EXAMPLE_DISH_ID: u64 = 20001;
 
 /// The service appears once Redis and MySQL could be reached at start-up; until then every
 /// route answers 503 (fail closed) while health endpoints keep working.
@@ -100,13 +108,25 @@ impl From<OrderTypeDto> for OrderType {
 /// One dish of one order item.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"order_id": 90000001, "order_item_id": 1, "merchant_id": EXAMPLE_MERCHANT_ID,
+    "dish_id": EXAMPLE_DISH_ID, "quantity": 1, "order_type": "INSTANT"}))]
 pub struct TryBody {
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    #[serde(deserialize_with = "request::u64_integer")]
     pub order_id: u64,
     /// Unique per order line; a repeat of (order_item_id, dish_id) returns the first outcome.
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    #[serde(deserialize_with = "request::u64_integer")]
     pub order_item_id: u64,
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    #[serde(deserialize_with = "request::u64_integer")]
     pub merchant_id: u64,
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    #[serde(deserialize_with = "request::u64_integer")]
     pub dish_id: u64,
-    /// 1 to the configured maximum (default 999).
+    /// 1 to the configured maximum (`reservation.max_quantity`, default 999).
+    #[schema(minimum = 1, maximum = 999)]
+    #[serde(deserialize_with = "request::u32_integer")]
     pub quantity: u32,
     pub order_type: OrderTypeDto,
     /// RFC 3339; required for SCHEDULED orders, whose bucket is this instant's business day.
@@ -117,19 +137,33 @@ pub struct TryBody {
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OrderItemBody {
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    #[serde(deserialize_with = "request::u64_integer")]
     pub order_item_id: u64,
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    #[serde(deserialize_with = "request::u64_integer")]
     pub dish_id: u64,
+    /// 1 to the configured maximum (`reservation.max_quantity`, default 999).
+    #[schema(minimum = 1, maximum = 999)]
+    #[serde(deserialize_with = "request::u32_integer")]
     pub quantity: u32,
 }
 
 /// All items of one order, tried concurrently.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"merchant_id": EXAMPLE_MERCHANT_ID, "order_type": "INSTANT",
+    "items": [{"order_item_id": 1, "dish_id": EXAMPLE_DISH_ID, "quantity": 2}]}))]
 pub struct OrderTryBody {
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    #[serde(deserialize_with = "request::u64_integer")]
     pub merchant_id: u64,
     pub order_type: OrderTypeDto,
+    /// RFC 3339; required for SCHEDULED orders.
     #[serde(default)]
     pub processing_time: Option<DateTime<Utc>>,
+    /// 1 to 100 items, no (order_item_id, dish_id) twice.
+    #[schema(min_items = 1, max_items = 100)]
     pub items: Vec<OrderItemBody>,
 }
 
@@ -169,8 +203,10 @@ pub struct OrderReservations {
 }
 
 #[derive(Debug, Clone, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct StockQuery {
     /// Business day `YYYY-MM-DD`; default: today in UTC.
+    #[param(format = Date)]
     pub date: Option<String>,
 }
 
@@ -227,6 +263,72 @@ pub struct StockResponse {
 )]
 pub struct ApiDoc;
 
+/// The document served at `/openapi.json`.
+///
+/// utoipa 5.5 serializes a response link's fields in snake case (`operation_id`,
+/// `operation_ref`, `request_body`), which no OpenAPI tool reads: a link without
+/// `operationId` is invalid and schemathesis refused the whole document for it. The links
+/// are renamed here until utoipa does it itself.
+pub fn openapi_json() -> serde_json::Value {
+    let mut doc = match serde_json::to_value(ApiDoc::openapi()) {
+        Ok(doc) => doc,
+        // Plain structs and maps: serializing cannot fail, but a handler must not panic.
+        Err(e) => return serde_json::json!({ "error": e.to_string() }),
+    };
+    // What the derive cannot state: a SCHEDULED Try needs its processing time, and an
+    // order lists each line once.
+    let scheduled_needs_time = serde_json::json!({
+        "if": {"properties": {"order_type": {"const": "SCHEDULED"}}, "required": ["order_type"]},
+        "then": {"required": ["processing_time"],
+                 "properties": {"processing_time": {"type": "string", "format": "date-time"}}}
+    });
+    if let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(|s| s.as_object_mut())
+    {
+        for name in ["TryBody", "OrderTryBody"] {
+            if let (Some(schema), Some(rule)) = (
+                schemas.get_mut(name).and_then(|s| s.as_object_mut()),
+                scheduled_needs_time.as_object(),
+            ) {
+                schema.extend(rule.clone());
+            }
+        }
+        if let Some(items) = schemas
+            .get_mut("OrderTryBody")
+            .and_then(|s| s.pointer_mut("/properties/items"))
+            .and_then(|s| s.as_object_mut())
+        {
+            items.insert("uniqueItems".into(), serde_json::Value::Bool(true));
+        }
+    }
+    let responses = doc["paths"]
+        .as_object_mut()
+        .into_iter()
+        .flat_map(|paths| paths.values_mut())
+        .filter_map(|path| path.as_object_mut())
+        .flat_map(|methods| methods.values_mut())
+        .filter_map(|op| op.get_mut("responses").and_then(|r| r.as_object_mut()))
+        .flat_map(|responses| responses.values_mut());
+    for response in responses {
+        let links = response.get_mut("links").and_then(|l| l.as_object_mut());
+        for link in links.into_iter().flat_map(|l| l.values_mut()) {
+            if let Some(link) = link.as_object_mut() {
+                for (snake, camel) in [
+                    ("operation_id", "operationId"),
+                    ("operation_ref", "operationRef"),
+                    ("request_body", "requestBody"),
+                ] {
+                    if let Some(v) = link.remove(snake) {
+                        link.insert(camel.to_string(), v);
+                    }
+                }
+            }
+        }
+    }
+    doc
+}
+
 pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/reservations", post(try_reservation))
@@ -236,12 +338,19 @@ pub fn router(state: ApiState) -> Router {
             post(try_order).get(list_order_reservations),
         )
         .route("/v1/stock/{merchant_id}/{dish_id}", get(get_stock))
-        .route("/openapi.json", get(|| async { Json(ApiDoc::openapi()) }))
+        .route("/openapi.json", get(|| async { Json(openapi_json()) }))
         .with_state(state)
 }
 
 fn parse_id(field: &str, raw: &str) -> Result<u64, ApiError> {
     stocksvr_core::ids::parse_id(raw).map_err(|message| ApiError::invalid(field, message))
+}
+
+/// An id path segment; a segment axum cannot even decode (bad percent-encoding) is the same
+/// JSON 400 naming the parameter, not axum's plain-text rejection.
+fn path_id(field: &str, raw: Result<Path<String>, PathRejection>) -> Result<u64, ApiError> {
+    let Path(raw) = raw.map_err(|e| ApiError::invalid(field, e.body_text()))?;
+    parse_id(field, &raw)
 }
 
 /// A Try whose order failed before it (the order fence, or an OrderCreatedFailed that won
@@ -269,11 +378,20 @@ fn order_failed(reservation: &Reservation) -> Option<ApiError> {
 /// Try one dish of one order item.
 #[utoipa::path(post, path = "/v1/reservations", request_body = TryBody,
     responses(
-        (status = 201, description = "Try ran: RESERVED or REJECTED", body = TryResponse),
-        (status = 200, description = "Repeat of an earlier Try: its first outcome", body = TryResponse),
+        (status = 201, description = "Try ran: RESERVED or REJECTED", body = TryResponse, links(
+            ("GetReservation" = (operation_id = "get_reservation",
+                parameters(("id" = "$response.body#/reservation/reservation_id")))),
+            ("OrderReservations" = (operation_id = "list_order_reservations",
+                parameters(("order_id" = "$request.body#/order_id")))),
+            ("Stock" = (operation_id = "get_stock", parameters(
+                ("merchant_id" = "$request.body#/merchant_id"),
+                ("dish_id" = "$request.body#/dish_id")))))),
+        (status = 200, description = "Repeat of an earlier Try: its first outcome", body = TryResponse, links(
+            ("GetReservation" = (operation_id = "get_reservation",
+                parameters(("id" = "$response.body#/reservation/reservation_id")))))),
         (status = 400, description = "A field is invalid", body = ErrorBody),
         (status = 404, description = "No stock bucket for this dish and day", body = ErrorBody),
-        (status = 409, description = "Stock disabled, bucket closed, or the order failed before this Try (order_failed): nothing is held", body = ErrorBody),
+        (status = 409, description = "Stock disabled or bucket closed (bucket_unavailable), the order failed before this Try (order_failed: nothing is held), or this (order_item_id, dish_id) is already reserved with another order, merchant or quantity (order_item_conflict)", body = ErrorBody),
         (status = 503, description = "Redis or MySQL unavailable; retry the same request", body = ErrorBody)))]
 async fn try_reservation(
     State(state): State<ApiState>,
@@ -281,17 +399,20 @@ async fn try_reservation(
 ) -> Result<impl IntoResponse, ApiError> {
     let body: TryBody = error::parse_json(&body)?;
     let service = state.service()?;
+    let req = TryRequest {
+        order_id: body.order_id,
+        order_item_id: body.order_item_id,
+        merchant_id: body.merchant_id,
+        dish_id: body.dish_id,
+        quantity: body.quantity,
+        order_type: body.order_type.into(),
+        processing_time: body.processing_time,
+    };
+    request::check_try(&req, service.config().max_quantity, str::to_string)?;
     let reply = service
-        .try_reserve(&TryRequest {
-            order_id: body.order_id,
-            order_item_id: body.order_item_id,
-            merchant_id: body.merchant_id,
-            dish_id: body.dish_id,
-            quantity: body.quantity,
-            order_type: body.order_type.into(),
-            processing_time: body.processing_time,
-        })
-        .await?;
+        .try_reserve(&req)
+        .await
+        .map_err(request::try_error)?;
     if let Some(refused) = order_failed(&reply.reservation) {
         return Err(refused);
     }
@@ -311,17 +432,19 @@ async fn try_reservation(
 
 /// Try every item of one order concurrently, one reservation per item.
 #[utoipa::path(post, path = "/v1/orders/{order_id}/reservations", request_body = OrderTryBody,
-    params(("order_id" = u64, Path, description = "Order id")),
+    params(("order_id" = u64, Path, description = "Order id", minimum = 1, maximum = 9223372036854775807_i64)),
     responses(
-        (status = 200, description = "Each item's outcome", body = OrderTryResponse),
+        (status = 200, description = "Each item's outcome; an item's own failure is in its `error`", body = OrderTryResponse, links(
+            ("OrderReservations" = (operation_id = "list_order_reservations",
+                parameters(("order_id" = "$request.path.order_id")))))),
         (status = 400, description = "A field is invalid", body = ErrorBody),
         (status = 503, description = "The service is not available", body = ErrorBody)))]
 async fn try_order(
     State(state): State<ApiState>,
-    Path(order_id): Path<String>,
+    order_id: Result<Path<String>, PathRejection>,
     body: Bytes,
 ) -> Result<Json<OrderTryResponse>, ApiError> {
-    let order_id = parse_id("order_id", &order_id)?;
+    let order_id = path_id("order_id", order_id)?;
     let body: OrderTryBody = error::parse_json(&body)?;
     if body.items.is_empty() || body.items.len() > 100 {
         return Err(ApiError::invalid("items", "must list 1 to 100 items"));
@@ -336,18 +459,32 @@ async fn try_order(
         }
     }
     let service = state.service()?;
-    let tries = body.items.iter().map(|item| {
-        let req = TryRequest {
-            order_id,
-            order_item_id: item.order_item_id,
-            merchant_id: body.merchant_id,
-            dish_id: item.dish_id,
-            quantity: item.quantity,
-            order_type: body.order_type.into(),
-            processing_time: body.processing_time,
-        };
-        async move { (item, service.try_reserve(&req).await) }
-    });
+    let requests: Vec<(&OrderItemBody, TryRequest)> = body
+        .items
+        .iter()
+        .map(|item| {
+            let req = TryRequest {
+                order_id,
+                order_item_id: item.order_item_id,
+                merchant_id: body.merchant_id,
+                dish_id: item.dish_id,
+                quantity: item.quantity,
+                order_type: body.order_type.into(),
+                processing_time: body.processing_time,
+            };
+            (item, req)
+        })
+        .collect();
+    // Every item is checked before any is tried: a malformed order holds nothing.
+    for (i, (_, req)) in requests.iter().enumerate() {
+        request::check_try(req, service.config().max_quantity, |field| match field {
+            "order_item_id" | "dish_id" | "quantity" => format!("items[{i}].{field}"),
+            order_level => order_level.to_string(),
+        })?;
+    }
+    let tries = requests
+        .iter()
+        .map(|(item, req)| async move { (*item, service.try_reserve(req).await) });
     let results = futures::future::join_all(tries).await;
     let items: Vec<ItemOutcome> = results
         .into_iter()
@@ -371,7 +508,7 @@ async fn try_order(
                 dish_id: item.dish_id,
                 status: None,
                 reservation: None,
-                error: Some(ApiError::from(e).body),
+                error: Some(request::try_error(e).body),
             },
         })
         .collect();
@@ -387,13 +524,18 @@ async fn try_order(
 
 /// One reservation.
 #[utoipa::path(get, path = "/v1/reservations/{id}",
-    params(("id" = String, Path, description = "Reservation id")),
-    responses((status = 200, body = ReservationView), (status = 404, body = ErrorBody)))]
+    params(("id" = u64, Path, description = "Reservation id (the string `reservation_id` of a Try's answer)",
+        minimum = 1, maximum = 9223372036854775807_i64)),
+    responses(
+        (status = 200, description = "The reservation", body = ReservationView),
+        (status = 400, description = "The id is not a valid id", body = ErrorBody),
+        (status = 404, description = "No such reservation", body = ErrorBody),
+        (status = 503, description = "MySQL unavailable; retry", body = ErrorBody)))]
 async fn get_reservation(
     State(state): State<ApiState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<ReservationView>, ApiError> {
-    let id = parse_id("id", &id)?;
+    let id = path_id("id", id)?;
     state
         .service()?
         .get(id)
@@ -409,13 +551,16 @@ async fn get_reservation(
 
 /// Every reservation of one order.
 #[utoipa::path(get, path = "/v1/orders/{order_id}/reservations",
-    params(("order_id" = u64, Path, description = "Order id")),
-    responses((status = 200, body = OrderReservations)))]
+    params(("order_id" = u64, Path, description = "Order id", minimum = 1, maximum = 9223372036854775807_i64)),
+    responses(
+        (status = 200, description = "The order's reservations (none is an empty list)", body = OrderReservations),
+        (status = 400, description = "The id is not a valid id", body = ErrorBody),
+        (status = 503, description = "MySQL unavailable; retry", body = ErrorBody)))]
 async fn list_order_reservations(
     State(state): State<ApiState>,
-    Path(order_id): Path<String>,
+    order_id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<OrderReservations>, ApiError> {
-    let order_id = parse_id("order_id", &order_id)?;
+    let order_id = path_id("order_id", order_id)?;
     Ok(Json(OrderReservations {
         order_id,
         reservations: state
@@ -430,15 +575,26 @@ async fn list_order_reservations(
 
 /// A bucket's numbers: Redis (the truth for selling) next to the MySQL snapshot.
 #[utoipa::path(get, path = "/v1/stock/{merchant_id}/{dish_id}",
-    params(("merchant_id" = u64, Path), ("dish_id" = u64, Path), StockQuery),
-    responses((status = 200, body = StockResponse), (status = 400, body = ErrorBody)))]
+    params(
+        ("merchant_id" = u64, Path, minimum = 1, maximum = 9223372036854775807_i64),
+        ("dish_id" = u64, Path, minimum = 1, maximum = 9223372036854775807_i64),
+        StockQuery),
+    responses(
+        (status = 200, description = "Redis and snapshot numbers; each absent when unknown", body = StockResponse),
+        (status = 400, description = "A parameter is invalid", body = ErrorBody),
+        (status = 503, description = "Redis or MySQL unavailable; retry", body = ErrorBody)))]
 async fn get_stock(
     State(state): State<ApiState>,
-    Path((merchant_id, dish_id)): Path<(String, String)>,
-    Query(query): Query<StockQuery>,
+    ids: Result<Path<(String, String)>, PathRejection>,
+    query: Result<Query<StockQuery>, QueryRejection>,
 ) -> Result<Json<StockResponse>, ApiError> {
+    let Path((merchant_id, dish_id)) =
+        ids.map_err(|e| ApiError::invalid("merchant_id", e.body_text()))?;
     let merchant_id = parse_id("merchant_id", &merchant_id)?;
     let dish_id = parse_id("dish_id", &dish_id)?;
+    // `?date=a&date=b` and other query strings serde refuses: the same JSON 400 as any
+    // other bad field (axum's own rejection is plain text).
+    let Query(query) = query.map_err(|e| ApiError::invalid("date", e.body_text()))?;
     let date = match query.date.as_deref() {
         Some(raw) => NaiveDate::parse_from_str(raw, "%Y-%m-%d")
             .map_err(|e| ApiError::invalid("date", format!("expected YYYY-MM-DD: {e}")))?,
@@ -483,4 +639,59 @@ async fn get_stock(
             }
         }),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn document() -> serde_json::Value {
+        openapi_json()
+    }
+
+    /// Every link names an operation of the document (schemathesis' stateful phase follows
+    /// them: a Try's reservation id into the reads).
+    #[test]
+    fn every_link_targets_an_operation_of_the_document() {
+        let doc = document();
+        let paths = doc["paths"].as_object().expect("paths");
+        let operations: BTreeSet<&str> = paths
+            .values()
+            .flat_map(|p| p.as_object().into_iter().flat_map(|m| m.values()))
+            .filter_map(|op| op["operationId"].as_str())
+            .collect();
+        let mut links = 0;
+        for op in paths
+            .values()
+            .flat_map(|p| p.as_object().expect("methods").values())
+        {
+            for response in op["responses"].as_object().expect("responses").values() {
+                for link in response["links"]
+                    .as_object()
+                    .into_iter()
+                    .flat_map(|l| l.values())
+                {
+                    let target = link["operationId"].as_str().expect("operationId");
+                    assert!(operations.contains(target), "link to unknown {target}");
+                    links += 1;
+                }
+            }
+        }
+        assert!(links >= 5, "{links} links");
+    }
+
+    /// Ids are Avro longs: the document bounds them as the handlers do.
+    #[test]
+    fn ids_are_bounded_like_an_avro_long() {
+        let doc = document();
+        let body = &doc["components"]["schemas"]["TryBody"]["properties"]["order_id"];
+        assert_eq!(body["minimum"], 1, "{body}");
+        assert_eq!(body["maximum"].as_u64(), Some(i64::MAX as u64), "{body}");
+        let id = &doc["paths"]["/v1/reservations/{id}"]["get"]["parameters"][0]["schema"];
+        assert_eq!(id["maximum"].as_u64(), Some(i64::MAX as u64), "{id}");
+        if let Ok(file) = std::env::var("STOCKSVR_DUMP_OPENAPI") {
+            std::fs::write(file, serde_json::to_string_pretty(&doc).expect("json")).expect("dump");
+        }
+    }
 }

@@ -178,6 +178,9 @@ pub fn parse_dead_letter<M: Message>(message: &M) -> NewParked {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};

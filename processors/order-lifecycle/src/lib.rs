@@ -17,6 +17,8 @@
 //! or by the re-driver with backoff. Only an event that can never apply is dead-lettered; a
 //! conflicting one (Confirm after Cancel) is reported to the order domain and not retried.
 
+#[cfg(test)]
+mod decode_fuzz;
 mod plan;
 
 pub use plan::{plan, Known, Op, OrderEvent};

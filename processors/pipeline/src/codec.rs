@@ -21,6 +21,9 @@ use std::io::Cursor;
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzz;
+
 /// Magic byte of the Confluent wire format.
 pub const MAGIC_BYTE: u8 = 0;
 const HEADER_LEN: usize = 5;
@@ -177,6 +180,26 @@ pub fn decode_body(
     }
 }
 
+/// The body of a record whose header named schema `id`, read with that writer schema: the
+/// whole of decoding once the schema is known, shared by [`AvroCodec::decode`] and the
+/// registry-free decoder of the fuzz tests, so both run exactly this code.
+pub fn decode_framed_body(
+    id: u32,
+    schema: &apache_avro::Schema,
+    body: &[u8],
+) -> Result<Decoded, DecodeError> {
+    let value = decode_body(id, schema, body)?;
+    let full_name = match schema {
+        apache_avro::Schema::Record(r) => r.name.fullname(None),
+        _ => String::new(),
+    };
+    Ok(Decoded {
+        schema_id: id,
+        full_name,
+        value,
+    })
+}
+
 /// Encoder and decoder bound to one registry.
 #[derive(Clone)]
 pub struct AvroCodec {
@@ -211,16 +234,7 @@ impl AvroCodec {
                 DecodeError::UnknownSchemaId { id, reason }
             }
         })?;
-        let value = decode_body(id, &schema.parsed, body)?;
-        let full_name = match &schema.parsed {
-            apache_avro::Schema::Record(r) => r.name.fullname(None),
-            _ => String::new(),
-        };
-        Ok(Decoded {
-            schema_id: id,
-            full_name,
-            value,
-        })
+        decode_framed_body(id, &schema.parsed, body)
     }
 
     /// Decodes and converts to `T`, which must be the record named `expected`.

@@ -369,6 +369,13 @@ fn baseline_adjusted(e: Envelope<StockBaselineAdjustedData>) -> Result<Projectio
     if d.deficit < 0 {
         return Err(c.fail("deficit", format!("is negative ({})", d.deficit)));
     }
+    // The total before the adjust is a Redis quantity too, never negative; checking it also
+    // keeps `after.total - old_total` below from overflowing (the decoder fuzz found an
+    // old_total near i64::MIN panicking here, which would have stopped the projector on
+    // every redelivery of the record).
+    if d.old_total < 0 {
+        return Err(c.fail("old_total", format!("is negative ({})", d.old_total)));
+    }
     let ledger = LedgerRow {
         ledger_id: c.id("operation_id", &d.operation_id)?,
         operation_id: c.id("operation_id", &d.operation_id)?,
@@ -482,5 +489,7 @@ fn corrected(
     })
 }
 
+#[cfg(test)]
+mod fuzz;
 #[cfg(test)]
 mod tests;

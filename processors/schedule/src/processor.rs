@@ -185,6 +185,9 @@ impl RecordHandler for ScheduleProcessor {
 }
 
 #[cfg(test)]
+mod decode_fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::event::tests::row;

@@ -3,15 +3,18 @@
 //! a test).
 
 use crate::roles::Roles;
-use crate::settings::Settings;
+use crate::settings::{admin_access, AdminAccess, Settings};
 use crate::{boot, probes};
 use anyhow::Context;
-use axum::routing::get;
+use axum::http::StatusCode;
+use axum::routing::{any, get};
 use axum::{Json, Router};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
+use stocksvr_pipeline::config::Secret;
 use stocksvr_pipeline::http::{self, HealthState, Probe};
 use stocksvr_pipeline::registry::RegistryClient;
 use stocksvr_pipeline::telemetry;
@@ -45,6 +48,43 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     {
         async {
             let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn admin_refused_message(bound: SocketAddr) -> String {
+    format!(
+        "/admin/* is not served: the listener {bound} is not a loopback address and \
+         http.admin_token is not set (STOCKSVR__HTTP__ADMIN_TOKEN); the Try API still serves"
+    )
+}
+
+/// The `/admin/*` part of the router as [`AdminAccess`] decided: as is, behind the bearer
+/// token, or replaced by a 403 `admin_disabled` for every admin path (the handlers are not
+/// even routed, so nothing behind them can be reached).
+pub fn admin_routes(
+    admin: Router,
+    access: AdminAccess,
+    token: Option<Secret>,
+    bound: SocketAddr,
+) -> Router {
+    match access {
+        AdminAccess::Open => admin,
+        AdminAccess::Token => http::protect_admin(admin, token),
+        AdminAccess::Refused => {
+            let refuse = move || async move {
+                (
+                    StatusCode::FORBIDDEN,
+                    Json(serde_json::json!({
+                        "error": "admin_disabled",
+                        "field": "http.admin_token",
+                        "message": admin_refused_message(bound),
+                    })),
+                )
+            };
+            Router::new()
+                .route("/admin", any(refuse))
+                .route("/admin/{*rest}", any(refuse))
         }
     }
 }
@@ -105,14 +145,22 @@ pub async fn run(
         .route("/admin/config", get(move || async move { Json(redacted) }))
         .merge(stocksvr_dead_letter::admin_routes(dlq))
         .merge(stocksvr_api::admin_router(api.clone()));
+    let bound = listener.local_addr()?;
+    // An empty token would let `Authorization: Bearer ` through: it counts as no token.
+    let token = settings
+        .http
+        .admin_token
+        .clone()
+        .filter(|t| !t.expose().trim().is_empty());
+    let access = admin_access(bound, token.is_some());
+    if access == AdminAccess::Refused {
+        tracing::warn!(listen = %bound, "{}", admin_refused_message(bound));
+    }
     let router = http::health_routes(health)
         .merge(stocksvr_api::router(api.clone()))
-        .merge(http::protect_admin(
-            admin,
-            settings.http.admin_token.clone(),
-        ));
+        .merge(admin_routes(admin, access, token, bound));
 
-    tracing::info!(listen = %listener.local_addr()?, ?roles, "stocksvr started");
+    tracing::info!(listen = %bound, ?roles, ?access, "stocksvr started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every long-running part is one named task; the first to end (always a failure
@@ -234,4 +282,86 @@ pub async fn run(
     }
     tracing::info!("stocksvr stopped");
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The admin part as `run` assembles it (a stand-in for the real handlers), next to a
+    /// Try API route, served on a loopback port: the decision is an input, so the refused
+    /// shape is tested without binding an address other hosts could reach.
+    async fn serve(access: AdminAccess, token: Option<&str>) -> String {
+        let admin = Router::new()
+            .route(
+                "/admin/config",
+                get(|| async { Json(serde_json::json!({"ok": true})) }),
+            )
+            .route(
+                "/admin/buckets/{id}/close",
+                axum::routing::post(|| async { "closed" }),
+            );
+        let exposed: SocketAddr = "0.0.0.0:8080".parse().expect("address");
+        let router = Router::new()
+            .route("/v1/reservations/{id}", get(|| async { "reservation" }))
+            .merge(admin_routes(admin, access, token.map(Secret::new), exposed));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        base
+    }
+
+    async fn call(method: reqwest::Method, url: String, token: Option<&str>) -> (u16, String) {
+        let mut req = reqwest::Client::new().request(method, url);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.expect("request");
+        (resp.status().as_u16(), resp.text().await.expect("body"))
+    }
+
+    #[tokio::test]
+    async fn refused_admin_answers_403_naming_the_token_and_the_api_still_serves() {
+        let base = serve(AdminAccess::Refused, None).await;
+        for (method, path) in [
+            (reqwest::Method::GET, "/admin/config"),
+            (reqwest::Method::POST, "/admin/buckets/1:2:2026-01-01/close"),
+            (reqwest::Method::GET, "/admin"),
+            (reqwest::Method::DELETE, "/admin/anything/else"),
+        ] {
+            // A token the server does not know changes nothing: there is none to match.
+            let (status, body) = call(method, format!("{base}{path}"), Some("guess")).await;
+            assert_eq!(status, 403, "{path}: {body}");
+            let body: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            assert_eq!(body["error"], "admin_disabled", "{path}");
+            assert_eq!(body["field"], "http.admin_token", "{path}");
+            let message = body["message"].as_str().expect("message");
+            assert!(message.contains("0.0.0.0:8080"), "{message}");
+        }
+        let (status, body) = call(
+            reqwest::Method::GET,
+            format!("{base}/v1/reservations/1"),
+            None,
+        )
+        .await;
+        assert_eq!((status, body.as_str()), (200, "reservation"));
+    }
+
+    #[tokio::test]
+    async fn open_and_token_guarded_admin_serve_as_before() {
+        let open = serve(AdminAccess::Open, None).await;
+        let (status, _) = call(reqwest::Method::GET, format!("{open}/admin/config"), None).await;
+        assert_eq!(status, 200);
+
+        let guarded = serve(AdminAccess::Token, Some("s3cret")).await;
+        let url = || format!("{guarded}/admin/config");
+        assert_eq!(call(reqwest::Method::GET, url(), None).await.0, 401);
+        assert_eq!(call(reqwest::Method::GET, url(), Some("nope")).await.0, 401);
+        assert_eq!(
+            call(reqwest::Method::GET, url(), Some("s3cret")).await.0,
+            200
+        );
+    }
 }

@@ -69,6 +69,38 @@ impl Settings {
     }
 }
 
+/// Who may reach `/admin/*` of a listener: the decision [`admin_access`] takes at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminAccess {
+    /// Loopback listener without `http.admin_token`: only processes on this host can
+    /// connect, which is the trust boundary of an operator running `stocksvr` locally.
+    Open,
+    /// `http.admin_token` is set: every `/admin/*` request needs `Authorization: Bearer`.
+    Token,
+    /// A listener other hosts can reach and no token: `/admin/*` answers 403
+    /// `admin_disabled` (naming `http.admin_token`); the Try API and the probes still serve.
+    Refused,
+}
+
+/// Decides [`AdminAccess`] from the address the listener is bound to (after name
+/// resolution, so `localhost:8080` counts as loopback and `0.0.0.0:8080`, every interface,
+/// does not). Admin endpoints change stock and replay dead letters: served without a token
+/// they must not be reachable from another host.
+pub fn admin_access(bound: std::net::SocketAddr, token_configured: bool) -> AdminAccess {
+    let loopback = match bound.ip() {
+        std::net::IpAddr::V4(ip) => ip.is_loopback(),
+        // `::ffff:127.0.0.1` is the IPv4 loopback seen through an IPv6 socket.
+        std::net::IpAddr::V6(ip) => {
+            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    };
+    match (token_configured, loopback) {
+        (true, _) => AdminAccess::Token,
+        (false, true) => AdminAccess::Open,
+        (false, false) => AdminAccess::Refused,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +221,46 @@ mod tests {
         let err = Settings::load_from(Some(Path::new("/nonexistent/x.toml")), Some(HashMap::new()))
             .expect_err("must fail");
         assert!(matches!(err, ConfigError::MissingFile(_)));
+    }
+
+    #[test]
+    fn admin_is_refused_only_off_loopback_without_a_token() {
+        let addr = |s: &str| s.parse::<std::net::SocketAddr>().expect("address");
+        for loopback in [
+            "127.0.0.1:8080",
+            "127.3.2.1:1",
+            "[::1]:8080",
+            "[::ffff:127.0.0.1]:80",
+        ] {
+            assert_eq!(
+                admin_access(addr(loopback), false),
+                AdminAccess::Open,
+                "{loopback}"
+            );
+            assert_eq!(
+                admin_access(addr(loopback), true),
+                AdminAccess::Token,
+                "{loopback}"
+            );
+        }
+        for exposed in [
+            "0.0.0.0:8080",
+            "[::]:8080",
+            "10.1.2.3:8080",
+            "192.168.0.7:80",
+            "[fe80::1]:8080",
+            "[::ffff:10.0.0.1]:80",
+        ] {
+            assert_eq!(
+                admin_access(addr(exposed), false),
+                AdminAccess::Refused,
+                "{exposed}"
+            );
+            assert_eq!(
+                admin_access(addr(exposed), true),
+                AdminAccess::Token,
+                "{exposed}"
+            );
+        }
     }
 }

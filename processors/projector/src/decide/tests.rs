@@ -240,6 +240,15 @@ fn values_mysql_would_refuse_are_invalid() {
     let mut json = example("StockBaselineAdjusted.deficit");
     json["data"]["deficit"] = json!(-1);
     assert!(invalid("StockBaselineAdjusted", &json).contains("deficit"));
+
+    // Found by the decoder fuzz: `after.total - old_total` overflowed (a panic in the
+    // projector on every redelivery) for an old_total near i64::MIN.
+    for old_total in [-1, i64::MIN] {
+        let mut json = example("StockBaselineAdjusted");
+        json["data"]["old_total"] = json!(old_total);
+        let reason = invalid("StockBaselineAdjusted", &json);
+        assert!(reason.contains("old_total"), "{old_total}: {reason}");
+    }
 }
 
 #[test]
