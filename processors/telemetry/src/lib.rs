@@ -237,7 +237,7 @@ catalog! {
     RECONCILE_REPAIRS = "stocksvr_reconcile_repairs_total", Counter, [known("outcome", &["repaired", "version_changed", "failed"])],
         "Versioned repairs, by outcome.";
     RECONCILE_REPAIR_SECONDS = "stocksvr_reconcile_repair_seconds", Histogram, [],
-        "Delay from a difference detected to repaired.";
+        "Time from a difference's first sighting to its repair (the on-demand check counts from its first pass).";
     RECONCILE_LAST_PASS_TIMESTAMP_SECONDS = "stocksvr_reconcile_last_pass_timestamp_seconds", Gauge, [],
         "Unix time of the last finished reconcile pass.";
 }
