@@ -8,7 +8,7 @@
 //! [`Failure::Invalid`](stocksvr_pipeline::consumer::Failure::Invalid) on its own instead
 //! of failing the database transaction of the whole batch.
 
-use chrono::NaiveDate;
+use chrono::{DateTime, NaiveDate, Utc};
 use stocksvr_core::events::{
     Envelope, EventData, EventError, EventKind, StockAction, StockAfter, StockBaselineAdjustedData,
     StockBucketInitializedData, StockChangeData,
@@ -66,6 +66,14 @@ pub struct Projection {
     pub snapshot: Option<SnapshotRow>,
     /// Only reservation steps have a reservation; init and adjust come from the WAL.
     pub sync: Option<ReservationSync>,
+    /// The envelope's `occurred_at`, the start of the projection delay. Only a metric needs
+    /// it, so an unreadable one (`None`) does not make the event invalid.
+    pub occurred_at: Option<DateTime<Utc>>,
+}
+
+/// `occurred_at` (RFC 3339 with an offset) as UTC.
+pub fn occurred_at(raw: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(raw).ok().map(|t| t.to_utc())
 }
 
 /// One `inventory_ledger` row; unique on `operation_id`, so an operation is booked once.
@@ -251,6 +259,7 @@ fn stock_change(e: Envelope<StockChangeData>) -> Result<Projection, InvalidEvent
             reservation_id,
             redis_version: version,
         }),
+        occurred_at: occurred_at(&e.occurred_at),
     })
 }
 
@@ -297,6 +306,7 @@ fn bucket_initialized(e: Envelope<StockBucketInitializedData>) -> Result<Project
         ledger,
         snapshot: (version > 0).then_some(snapshot),
         sync: None,
+        occurred_at: occurred_at(&e.occurred_at),
     })
 }
 
@@ -347,6 +357,7 @@ fn baseline_adjusted(e: Envelope<StockBaselineAdjustedData>) -> Result<Projectio
         ledger,
         snapshot: (version > 0).then_some(snapshot),
         sync: None,
+        occurred_at: occurred_at(&e.occurred_at),
     })
 }
 
