@@ -491,6 +491,9 @@ pub fn metrics_markdown() -> String {
 }
 
 #[cfg(test)]
+mod emitted;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashSet;
