@@ -430,7 +430,14 @@ fn baseline_adjusted(e: Envelope<StockBaselineAdjustedData>) -> Result<Projectio
 
 /// The deficit `after` implies: `available + reserved + sold - total` (never negative).
 fn implied_deficit(after: &StockAfter) -> i64 {
-    (after.available + after.reserved + after.sold - after.total).max(0)
+    // Saturating: the numbers come off the wire, and a fuzzed or corrupt event must be
+    // refused downstream, not overflow here.
+    after
+        .available
+        .saturating_add(after.reserved)
+        .saturating_add(after.sold)
+        .saturating_sub(after.total)
+        .max(0)
 }
 
 /// The fields a repair and a rebuild share: both book the deltas that make the ledger add
