@@ -30,8 +30,9 @@ expected. Checks (DESIGN: seed 000 sections 5, 12, 13; issues 9-11):
   dead_letter.missing   an intended invalid record that was not parked
   http_5xx              an API answer 5xx other than 503 (the contract says 503 for outages)
   api_error             an item error inside a 200 order answer other than unavailable, bucket not
-                        found/unavailable or invalid (e.g. reservation_not_found for a reservation
-                        that exists), with what became of the reservation
+                        found/unavailable/lost, invalid, or order_failed after the order's
+                        OrderCreatedFailed was acknowledged (e.g. reservation_not_found for a
+                        reservation that exists), with what became of the reservation
   quiescence            the system did not settle before the deadline (what was pending)
   replay                (replay.py) a table row or Redis key changed by a replay from earliest
 """
@@ -282,6 +283,11 @@ class Checker:
                         f"recorded {redis_now} (deficit {rec.get('deficit')})")
         return ""
 
+    def failed_before(self, order_id, mono):
+        """Whether an OrderCreatedFailed of the order was acknowledged by Kafka before `mono`."""
+        return any(a.get("event_type") == "OrderCreatedFailed" and a.get("order_id") == order_id
+                   and a["mono"] <= mono for a in self.acked.values())
+
     def check_tries(self):
         answered = {}  # reservation_id -> (status answered, op)
         for resp in self.responses:
@@ -291,8 +297,11 @@ class Checker:
             body = resp.get("body") or {}
             for it in body.get("items", []) if kind == "try_order" else []:
                 err = it.get("error") or {}
+                if err.get("error") == "order_failed" and self.failed_before(body.get("order_id"), resp["mono"]):
+                    continue  # the order fence refused a late Try (issue 9.1): the contract
                 if err and err.get("error") not in ("unavailable", "mysql_unavailable", "redis_unavailable",
-                                                    "bucket_not_found", "bucket_unavailable", "invalid_request"):
+                                                    "bucket_not_found", "bucket_unavailable", "bucket_lost",
+                                                    "invalid_request"):
                     # Name what became of a reservation the error message mentions.
                     fate = ""
                     m = re.search(r"reservation (\d+)", err.get("message", ""))

@@ -22,6 +22,7 @@ EXCLUDED_COLUMNS = {
 EXCLUDED_TABLES = {
     "snowflake_worker_lease",  # each process start leases a worker id: processes, not data
     "_sqlx_migrations",        # installed_on / execution_time of the migrations
+    "inventory_reconcile_shard",  # reconciler shard leases: which process checks what, until when
 }
 EXCLUDED_HASH_FIELDS = {"updated_at", "operated_at"}  # Redis: stock hash and fence / op record
 

@@ -16,7 +16,7 @@
 #    through the API, OrderCreated / OrderCreatedFailed / OrderCanceled / RefundRequested
 #    through Kafka with the Confluent producer, and once each a scheduled order, a conflict, a
 #    deferred refund, a dead letter (replayed by the operator API), a foreign dead letter and
-#    bad requests; then every dashboard query must parse and return at least one series
+#    bad requests, and one unit of drift written into Redis that the reconciler repairs; then every dashboard query must parse and return at least one series
 #    (check_queries.py, retrying empty ones for up to QUERY_WAIT seconds, default 60; report
 #    in $OBS_LIVE_DIR/queries.json);
 # 2. outage (only with --render): `stocksvr all` is killed (SIGKILL) while the held-back
@@ -125,6 +125,10 @@ export STOCKSVR__HTTP__LISTEN="127.0.0.1:$svc_port"
 # Lag every 2 s (the scrape interval); the stale watcher every 5 s.
 export STOCKSVR__LAG_EXPORTER__INTERVAL_SECS=2
 export STOCKSVR__RECOVERY__STALE_INTERVAL_SECS=5
+# The reconciler checks every bucket every 2 s and repairs what two passes confirm, so the
+# drift injected below is repaired within the run (the repair panels get their data).
+export STOCKSVR__RECONCILE__INTERVAL_SECS=2
+export STOCKSVR__RECONCILE__AUTO_REPAIR=true
 # A killed member leaves the group after 6 s instead of 45 s.
 export STOCKSVR__KAFKA__PROPERTIES__SESSION_TIMEOUT_MS=6000
 export STOCKSVR__KAFKA__PROPERTIES__HEARTBEAT_INTERVAL_MS=1000
@@ -148,6 +152,13 @@ for day in "$(date -u +%F)" "$(date -u -d tomorrow +%F)"; do
         >>"$work/setup.log" 2>&1
 done
 "$bin" bucket init --merchant-id "$merchant" --dish-id "$small_dish" --total 1 >>"$work/setup.log" 2>&1
+# Drift behind the service's back, as an operator's stray write would make it: one unit more
+# available in Redis than MySQL accounts for. The reconciler finds it (oversell direction) and
+# repairs it once through a REPAIR WAL row and its event.
+drift_dish=$(( dish + 2 ))
+"$bin" bucket init --merchant-id "$merchant" --dish-id "$drift_dish" --total 10 >>"$work/setup.log" 2>&1
+redis-cli -u "$STOCKSVR__REDIS__URL" HINCRBY "inv:{$merchant:$drift_dish:$(date -u +%F)}:stock" available 1 \
+    >>"$work/setup.log"
 
 workload() { # phase seconds
     "$PYK" "$here/workload.py" "$1" --seconds "$2" --api "http://127.0.0.1:$svc_port" \
