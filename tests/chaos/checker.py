@@ -458,9 +458,20 @@ class Checker:
         self.stats["orders not checked (an event unacknowledged)"] = skipped
 
     def check_redis_ops(self):
+        # A bucket rebuilt after Redis lost it (fault redis-empty) starts again from MySQL: the
+        # op records of what came before are gone, except those the rebuild restores (the
+        # steps of reservations still holding units) at the rebuild's version.
+        rebuilt = collections.defaultdict(set)
+        for row in self.ledger:
+            if LEDGER_ACTION.get(row["action"]) == "REBUILD" and row["redis_version"] is not None:
+                rebuilt[row["stock_bucket_id"]].add(int(row["redis_version"]))
         for op, rows in self.ledger_by_op.items():
             rec = self.ops.get(op)
             row = rows[0]
+            before_rebuild = row["redis_version"] is not None and any(
+                int(row["redis_version"]) < v for v in rebuilt.get(row["stock_bucket_id"], ()))
+            if before_rebuild and (rec is None or int(rec.get("version", -1)) in rebuilt[row["stock_bucket_id"]]):
+                continue
             if rec is None:
                 self.add("redis_ops", {"operation_id": op, "bucket": row["stock_bucket_id"],
                                        "reservation_id": num(row["reservation_id"])},

@@ -13,8 +13,8 @@ Kinds (`--faults` takes a comma list of kinds or groups; default: every kind in 
   blackhole-<proxy>    toxiproxy timeout toxic with timeout 0: data is dropped and connections hang
                        until the toxic is removed (a stalled network, no error)
   redis-empty          kill -9 Redis, delete its data, restart it empty, then
-                       `stocksvr bucket rebuild --all --execute`. OFF unless named, and refused
-                       when `stocksvr bucket --help` has no rebuild (issue 10)
+                       `stocksvr bucket rebuild --all --execute` (Trys fail closed with 503
+                       bucket_lost until each bucket is rebuilt and reopened)
 
 Groups: kill-role, stop, toxic, all (= DEFAULT). Durations of stop/toxic faults are drawn from
 [2 s, --stop-cap]; a fault in progress is cut short when the workload ends.
@@ -32,8 +32,8 @@ from system import ROLES
 ROLE_KINDS = [f"kill-{r}" for r in ROLES]
 STOP_KINDS = ["stop-mariadb", "stop-redis", "stop-kafka", "stop-registry"]
 TOXIC_KINDS = [f"{t}-{p}" for t in ("latency", "reset", "blackhole") for p in ("mysql", "redis", "kafka")]
-DEFAULT = ROLE_KINDS + STOP_KINDS + ["kill-kafka", "kill-redis"] + TOXIC_KINDS
-ALL_KINDS = DEFAULT + ["redis-empty"]
+DEFAULT = ROLE_KINDS + STOP_KINDS + ["kill-kafka", "kill-redis", "redis-empty"] + TOXIC_KINDS
+ALL_KINDS = DEFAULT
 GROUPS = {"kill-role": ROLE_KINDS, "stop": STOP_KINDS, "toxic": TOXIC_KINDS, "all": DEFAULT}
 
 

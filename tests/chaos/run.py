@@ -40,8 +40,8 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=5.0, help="workload duration (default 5)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--faults", default="", help="comma list of fault kinds/groups (default: all but "
-                    "redis-empty); 'none' for a run without faults. Kinds: " + ", ".join(faults_mod.ALL_KINDS))
+    ap.add_argument("--faults", default="", help="comma list of fault kinds/groups (default: all); "
+                    "'none' for a run without faults. Kinds: " + ", ".join(faults_mod.ALL_KINDS))
     ap.add_argument("--ci", action="store_true", help="short caps: stop/toxic faults <= 10 s, 3-8 s between "
                     "faults, quiescence deadline 180 s, hold TTL 30 s, 4 workers")
     ap.add_argument("--bin", required=True, help="the stocksvr binary to test")
