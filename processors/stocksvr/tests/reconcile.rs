@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::api::{get, shop, shop_in, wait_for_api, Shop};
+use common::api::{admin_post, get, shop, shop_in, wait_for_api, Shop};
 use common::flow::{
     canceled, count, created, failed, quiescent, refund_one, tail, try_item, try_one, wait_count,
 };
@@ -470,11 +470,20 @@ async fn outcome(server: &Server, shop: &Shop, f: &Flow) -> (Vec<i8>, (i64, i64,
 async fn redis_restarted_empty_fails_closed_and_the_rebuild_brings_every_order_back() {
     // The same flow without the loss, on the shared stack: what the lost run must end in.
     let control = shop(100).await;
-    let control_server = control.server(&[("STOCKSVR__RESERVATION__WORKER_ID", "35")]);
+    let control_server = control.server(&[
+        ("STOCKSVR__RESERVATION__WORKER_ID", "35"),
+        ("STOCKSVR__HTTP__ADMIN_TOKEN", ADMIN_TOKEN),
+    ]);
     wait_for_api(&control_server).await;
     let control_base = 94_000_000 + control.merchant_id % 1_000_000 * 100;
     let flow = flow_before(&control_server, &control, control_base).await;
     quiescent(&control_server, &control, Duration::from_secs(90)).await;
+    let (status, adjusted) = adjust(&control_server, &control, 120).await;
+    assert_eq!(
+        (status, adjusted["status"].as_str()),
+        (200, Some("SUCCEEDED")),
+        "{adjusted}"
+    );
     flow_after(&control_server, &control, &flow).await;
     quiescent(&control_server, &control, Duration::from_secs(90)).await;
     let expected = outcome(&control_server, &control, &flow).await;
@@ -489,6 +498,7 @@ async fn redis_restarted_empty_fails_closed_and_the_rebuild_brings_every_order_b
     let server = shop.server(&[
         ("STOCKSVR__RESERVATION__WORKER_ID", "36"),
         ("STOCKSVR__RECOVERY__RETRY_DELAY_MS", "200"),
+        ("STOCKSVR__HTTP__ADMIN_TOKEN", ADMIN_TOKEN),
     ]);
     wait_for_api(&server).await;
     let pool = shop.env.pool();
@@ -528,6 +538,13 @@ async fn redis_restarted_empty_fails_closed_and_the_rebuild_brings_every_order_b
     assert_eq!(ready["advisories"]["buckets_lost"]["count"], 1, "{ready}");
     // An event arriving while the bucket is lost waits for the rebuild.
     created(&shop, base + 1, flow.held).await;
+    // So does a merchant's adjust: applied to the baseline alone it would reach the rebuilt
+    // bucket without a ledger row (or miss it).
+    let (status, adjusted) = adjust(&server, &shop, 120).await;
+    assert!(
+        status < 300 && adjusted["status"] != "SUCCEEDED",
+        "{status} {adjusted}"
+    );
 
     let out = common::output_within(
         shop.env
@@ -559,10 +576,33 @@ async fn redis_restarted_empty_fails_closed_and_the_rebuild_brings_every_order_b
         2,
         "one partial refund and one full refund, each once"
     );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT COUNT(*) FROM inventory_ledger WHERE action = 5 AND total_delta = 20"
+        )
+        .await,
+        1,
+        "the adjust booked once, after the rebuild"
+    );
     let (code, out, err) = reconcile(&shop, &[]);
     assert_eq!(code, 0, "{out}{err}");
     let (status, log) = server.terminate();
     assert!(status.success(), "{}", tail(&log, 40));
+}
+
+const ADMIN_TOKEN: &str = "reconcile-admin";
+
+/// A merchant's new total through the admin API: the WAL row as it stands after one attempt.
+async fn adjust(server: &Server, shop: &Shop, total: i64) -> (u16, serde_json::Value) {
+    let bucket = bucket_of(shop).stock_bucket_id();
+    admin_post(
+        server,
+        ADMIN_TOKEN,
+        &format!("/admin/buckets/{bucket}/adjust"),
+        serde_json::json!({ "total": total }),
+    )
+    .await
 }
 
 #[tokio::test]

@@ -240,6 +240,31 @@ impl StockOps {
                 return Ok(Step::Wait(format!("the bucket's init {init} goes first")));
             }
         }
+        // An adjust of a bucket built before and missing now: Redis lost it. Applied to the
+        // baseline alone ("not built yet"), the new total would reach the rebuilt bucket with
+        // no ledger row, or miss it if the rebuild read the baseline first (a 30-minute chaos
+        // run found the ledger 14 units off that way). It waits for the rebuild instead,
+        // which starts from a baseline and ledger that hold still.
+        if result.code == OpCode::BucketMissing && action == WalAction::Adjust {
+            if let Some(init) = wal::succeeded_init(&self.pool, &row.stock_bucket_id).await? {
+                // The script ran before MySQL was read: a bucket built in between is no loss.
+                let present = match self.lua.read_bucket(&keys).await {
+                    Ok(bucket) => bucket.is_some(),
+                    Err(e) => return Ok(Step::Retry(format!("reading the bucket back: {e}"))),
+                };
+                if present {
+                    return Ok(Step::Wait(
+                        "the bucket was built while the adjust ran".into(),
+                    ));
+                }
+                if stocksvr_store::baselines::mark_lost(&self.pool, &row.stock_bucket_id).await? {
+                    tracing::error!(bucket = %row.stock_bucket_id, init = %init, operation_id = %row.operation_id, "bucket initialised before is missing from Redis: marked lost; rebuild it (stocksvr bucket rebuild)");
+                }
+                return Ok(Step::Wait(
+                    "the bucket is lost in Redis; the adjust applies after its rebuild".into(),
+                ));
+            }
+        }
         Ok(self.conclude(row, action, &baseline, &request, &result))
     }
 
