@@ -64,7 +64,7 @@ pub async fn park_batch<M: Message + Sync>(
     own_groups: &str,
 ) -> Result<Vec<Applied>, sqlx::Error> {
     let now = Utc::now().naive_utc();
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = stocksvr_store::deadline::begin(pool).await?;
     let mut outcomes = Vec::new();
     let mut parked = Vec::new();
     for &message in messages {

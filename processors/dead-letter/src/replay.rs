@@ -61,7 +61,7 @@ pub async fn replay(
     id: u64,
     force: bool,
 ) -> Result<ReplayOutcome, DlqError> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = stocksvr_store::deadline::begin(pool).await?;
     let row: Option<FullRow> = sqlx::query_as(&format!("{} FOR UPDATE", full_select()))
         .bind(id)
         .fetch_optional(&mut *tx)

@@ -207,7 +207,7 @@ pub async fn mark(
     if sent.is_empty() && failed.is_empty() {
         return Ok(marked);
     }
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = stocksvr_store::deadline::begin(pool).await?;
     if !sent.is_empty() {
         let mut update = QueryBuilder::<MySql>::new("UPDATE inventory_outbox SET status = ");
         update

@@ -88,10 +88,7 @@ impl Projector {
         let decided: Vec<Result<Projection, InvalidEvent>> =
             batch.iter().map(|r| decide::decide(&r.event)).collect();
         let now = Utc::now().naive_utc();
-        let mut tx = self
-            .pool
-            .begin()
-            .deadline()
+        let mut tx = stocksvr_store::deadline::begin(&self.pool)
             .await
             .map_err(|e| classify(&e))?;
         let mut buckets: Vec<&str> = decided

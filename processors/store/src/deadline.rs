@@ -8,7 +8,8 @@
 //! unavailable dependency and retries. (The pool's `acquire_timeout` bounds waiting for a
 //! connection; this bounds the statement on it.) A statement cut off mid-flight leaves its
 //! connection to sqlx, which discards the rest of the reply before reusing it, and an open
-//! transaction dropped here is rolled back.
+//! transaction dropped here is rolled back. Transactions open with [`begin`], which is
+//! cancel-safe where sqlx's own `begin` is not.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,16 +36,43 @@ pub trait Deadline<T>: Future<Output = Result<T, sqlx::Error>> + Sized {
         async move {
             match tokio::time::timeout(limit, self).await {
                 Ok(result) => result,
-                Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("mysql statement took longer than its {limit:?} deadline"),
-                ))),
+                Err(_) => Err(timed_out(limit)),
             }
         }
     }
 }
 
 impl<T, F: Future<Output = Result<T, sqlx::Error>>> Deadline<T> for F {}
+
+fn timed_out(limit: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("mysql statement took longer than its {limit:?} deadline"),
+    ))
+}
+
+/// Opens a transaction within the statement deadline, without the hole a plain
+/// `pool.begin().deadline()` has: sqlx counts the transaction only once the server has
+/// answered `BEGIN`, so a future dropped in between leaves the session inside a transaction
+/// that nothing rolls back, and the pool hands that connection on (its next users read an
+/// old snapshot, and their writes wait for someone's COMMIT; sqlx issues #2054, #4393). The
+/// `BEGIN` runs in a task of its own instead: past the deadline the caller gets the usual
+/// timeout while the task finishes the round trip and drops the transaction it got, which
+/// rolls it back before the connection returns to the pool.
+pub async fn begin(
+    pool: &sqlx::MySqlPool,
+) -> Result<sqlx::Transaction<'static, sqlx::MySql>, sqlx::Error> {
+    let limit = statement_deadline();
+    let pool = pool.clone();
+    let task = tokio::spawn(async move { pool.begin().await });
+    match tokio::time::timeout(limit, task).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(join)) => Err(sqlx::Error::Io(std::io::Error::other(format!(
+            "the task opening a transaction ended without an answer: {join}"
+        )))),
+        Err(_) => Err(timed_out(limit)),
+    }
+}
 
 #[cfg(test)]
 mod tests {

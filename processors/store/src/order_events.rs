@@ -66,7 +66,7 @@ pub async fn insert_rejected(
     reason: &str,
     event: &NewOutbox,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let now = now();
     let inserted = sqlx::query(
         "INSERT IGNORE INTO inventory_reservation (id, order_id, order_item_id, merchant_id, \

@@ -469,7 +469,7 @@ pub async fn claim_shard(
 ) -> Result<Option<u32>, sqlx::Error> {
     ensure_shards(pool, shards).await?;
     let now = now();
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let shard: Option<(u32,)> = sqlx::query_as(
         "SELECT shard FROM inventory_reconcile_shard WHERE shard < ? AND lease_expire_at < ? \
          AND (last_pass_at IS NULL OR last_pass_at < ?) \

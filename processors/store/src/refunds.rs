@@ -51,7 +51,7 @@ pub async fn begin_refund(
     refund_key: &str,
     step: &Step<'_>,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let now = now();
     let inserted = sqlx::query(
         "INSERT IGNORE INTO inventory_refund (reservation_id, refund_key, operation_id, quantity, status, \
@@ -83,7 +83,7 @@ pub async fn complete_refund(
     reservation: &Reservation,
     completion: &Completion,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let now = now();
     let done = sqlx::query(
         "UPDATE inventory_reservation SET status = ?, \

@@ -327,7 +327,7 @@ pub async fn complete_step(
     version: u32,
     completion: &Completion,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let now = now();
     let done = sqlx::query(
         "UPDATE inventory_reservation SET status = ?, \
@@ -439,7 +439,7 @@ pub async fn claim_due(
     limit: u32,
     lease: chrono::TimeDelta,
 ) -> Result<Vec<u64>, sqlx::Error> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let now = now();
     let ids: Vec<(u64,)> = sqlx::query_as(
         "SELECT id FROM inventory_reservation WHERE status IN (?, ?, ?, ?) AND dead = 0 AND next_retry_at <= ? \
@@ -484,7 +484,7 @@ async fn mark_and_alert(
     mark: sqlx::query::Query<'_, MySql, sqlx::mysql::MySqlArguments>,
     alert: &NewOutbox,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     if mark.execute(&mut *tx).deadline().await?.rows_affected() != 1 {
         tx.rollback().deadline().await?;
         return Ok(false);

@@ -223,7 +223,7 @@ pub async fn begin_init<F>(
 where
     F: FnOnce(&Baseline) -> NewWal,
 {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     insert_baseline(&mut *tx, b).await?;
     // A plain read, not FOR UPDATE: twenty concurrent lazy inits each hold a shared lock
     // from the INSERT IGNORE above, and upgrading them would deadlock. A concurrent adjust
@@ -249,7 +249,7 @@ pub async fn begin_adjust<F>(
 where
     F: FnOnce(&Baseline) -> NewWal,
 {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let before = baseline_for_update(&mut tx, bucket)
         .await?
         .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
@@ -279,7 +279,7 @@ where
 /// path reads the baseline status); the CLOSE WAL row then carries the state to Redis, where
 /// a Try already past the baseline check is refused by the script.
 pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<WalRow, Refusal> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let b = baseline_for_update(&mut tx, bucket)
         .await?
         .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
@@ -309,7 +309,7 @@ pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<
 /// is CLOSED, so no new reservation can appear in it (a Try racing the close is refused by
 /// the script, never left open).
 pub async fn begin_archive(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<WalRow, Refusal> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let b = baseline_for_update(&mut tx, bucket)
         .await?
         .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
@@ -337,7 +337,7 @@ pub async fn begin_archive(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Resul
 /// A repair or rebuild row: written as it is (idempotent on its operation id, which the
 /// caller derives from what it repairs), no baseline change. Returns the stored row.
 pub async fn begin_operation(pool: &MySqlPool, wal: NewWal) -> Result<WalRow, Refusal> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     if read_baseline(&mut *tx, &wal.stock_bucket_id, false)
         .await?
         .is_none()
@@ -411,7 +411,7 @@ pub async fn claim_due(
     lease: TimeDelta,
     limit: u32,
 ) -> Result<Vec<WalRow>, sqlx::Error> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let now = now();
     let rows: Vec<WalRow> = sqlx::query_as(&format!(
         "SELECT {COLUMNS} FROM inventory_operation_wal WHERE status IN (?, ?, ?) \
@@ -463,7 +463,7 @@ pub async fn complete(
     owner: &str,
     c: &WalCompletion,
 ) -> Result<bool, sqlx::Error> {
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let now = now();
     let done = sqlx::query(
         "UPDATE inventory_operation_wal SET status = ?, result_payload = ?, lease_owner = NULL, \
@@ -512,7 +512,7 @@ pub async fn fail(
     dead: Option<&NewOutbox>,
 ) -> Result<bool, sqlx::Error> {
     let error: String = error.chars().take(1000).collect();
-    let mut tx = pool.begin().deadline().await?;
+    let mut tx = crate::deadline::begin(pool).await?;
     let now = now();
     let status = if dead.is_some() {
         WalStatus::Dead

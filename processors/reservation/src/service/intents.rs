@@ -67,7 +67,7 @@ impl ReservationService {
     ) -> Result<Vec<stocksvr_store::reservations::Reservation>, sqlx::Error> {
         use stocksvr_store::deadline::Deadline;
         use stocksvr_store::order_events;
-        let mut tx = self.pool.begin().deadline().await?;
+        let mut tx = stocksvr_store::deadline::begin(&self.pool).await?;
         order_events::fence_order(&mut tx, order_id, event_id, reason).await?;
         let rows = order_events::lock_order(&mut tx, order_id).await?;
         for row in &rows {
