@@ -20,7 +20,7 @@ venv="${API_VENV:-$stack_dir/venv-api}"
 req="$here/requirements.txt"
 python="${PYTHON:-python3}"
 stamp="$venv/.requirements.sha256"
-wheels="$stack_dir/cache/api-wheels"
+wheels="${STACK_CACHE:-$stack_dir/cache}/api-wheels"
 
 log() { printf 'api-venv: %s\n' "$*" >&2; }
 

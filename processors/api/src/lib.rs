@@ -7,6 +7,7 @@
 
 mod admin;
 mod error;
+pub mod http_metrics;
 mod request;
 
 pub use admin::admin_router;
@@ -339,6 +340,7 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/stock/{merchant_id}/{dish_id}", get(get_stock))
         .route("/openapi.json", get(|| async { Json(openapi_json()) }))
+        .layer(axum::middleware::from_fn(http_metrics::track))
         .with_state(state)
 }
 

@@ -20,6 +20,7 @@
 
 mod admin;
 mod cli;
+mod gauge;
 mod origin;
 mod park;
 mod preview;
@@ -28,6 +29,7 @@ mod store;
 
 pub use admin::{admin_routes, AdminState};
 pub use cli::{run_cli, DlqAction, StatusArg};
+pub use gauge::{refresh_parked, run_gauge, GAUGE_INTERVAL};
 pub use origin::{parse_dead_letter, NewParked, KEY_MAX_BYTES, NOT_STORED_MARKER, VALUE_MAX_BYTES};
 pub use park::{park_batch, Parker};
 pub use preview::hex_preview;

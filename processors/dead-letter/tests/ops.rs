@@ -157,3 +157,74 @@ async fn list_filters_and_pages_show_and_discard() {
         (Status::Discarded, parked[0].original_partition)
     );
 }
+
+/// `stocksvr_dead_letters_parked` counts what waits for an operator: parked rows, not the
+/// replayed or discarded ones, whichever process resolved them; the gauge task keeps it
+/// current until stopped. A recorder of this test's own (one thread).
+#[tokio::test]
+async fn the_parked_gauge_counts_dead_letters_until_resolved() {
+    use stocksvr_dead_letter::{park_batch, refresh_parked, run_gauge};
+    use stocksvr_pipeline::consumer::Applied;
+    use stocksvr_telemetry::names;
+    let capture = stocksvr_telemetry::testing::Capture::default();
+    let _recorder = metrics::set_default_local_recorder(&capture);
+    let pool = fresh_database().await;
+    assert_eq!(refresh_parked(&pool).await.expect("count"), 0);
+    assert_eq!(capture.gauge(names::DEAD_LETTERS_PARKED, &[]), Some(0.0));
+
+    // Three dead letters of three different origin records (one is parked per origin).
+    let letters: Vec<_> = (1..=3)
+        .map(|offset| {
+            let origin = offset.to_string();
+            let headers = rdkafka::message::OwnedHeaders::new()
+                .insert(rdkafka::message::Header {
+                    key: stocksvr_pipeline::deadletter::headers::ORIGINAL_TOPIC,
+                    value: Some("gauge-test"),
+                })
+                .insert(rdkafka::message::Header {
+                    key: stocksvr_pipeline::deadletter::headers::ORIGINAL_OFFSET,
+                    value: Some(origin.as_str()),
+                });
+            rdkafka::message::OwnedMessage::new(
+                Some(b"x".to_vec()),
+                None,
+                "gauge-test.dlt".to_string(),
+                rdkafka::message::Timestamp::NotAvailable,
+                0,
+                offset,
+                Some(headers),
+            )
+        })
+        .collect();
+    let refs: Vec<_> = letters.iter().collect();
+    let parked = park_batch(&pool, &refs, "any.").await.expect("parked");
+    assert_eq!(parked, [Applied::Applied; 3]);
+    assert_eq!(refresh_parked(&pool).await.expect("count"), 3);
+    assert_eq!(capture.gauge(names::DEAD_LETTERS_PARKED, &[]), Some(3.0));
+
+    let first = list(&pool, &Filter::default()).await.expect("list")[0].id;
+    discard(&pool, first, "test").await.expect("discarded");
+    // The periodic task picks the change up by itself and stops on the signal.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let gauge = run_gauge(
+        (*pool).clone(),
+        std::time::Duration::from_millis(20),
+        stop_rx,
+    );
+    let watch = async {
+        let seen =
+            stocksvr_test_support::eventually(std::time::Duration::from_secs(10), || async {
+                capture.gauge(names::DEAD_LETTERS_PARKED, &[]) == Some(2.0)
+            })
+            .await;
+        stop_tx.send(true).expect("gauge task listening");
+        seen
+    };
+    let (ran, seen) = tokio::join!(gauge, watch);
+    ran.expect("the gauge task ends cleanly");
+    assert!(
+        seen,
+        "gauge {:?}",
+        capture.gauge(names::DEAD_LETTERS_PARKED, &[])
+    );
+}

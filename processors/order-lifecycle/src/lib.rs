@@ -87,7 +87,9 @@ impl OrderLifecycle {
         self
     }
 
-    fn decode(record: &Record) -> Result<OrderEvent, Failure> {
+    /// The processor's decode step: the typed order event of `record`, or why it is invalid
+    /// (a dead letter). Pure; public so one test can run every example through it.
+    pub fn decode(record: &Record) -> Result<OrderEvent, Failure> {
         let name = record.event.full_name.as_str();
         let event = match EventKind::from_full_name(name) {
             Some(EventKind::OrderCreated) => OrderEvent::Created(record.typed()?),

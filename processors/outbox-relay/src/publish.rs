@@ -2,6 +2,7 @@
 //! encode in the Confluent wire format, send, and wait for the broker's acknowledgement.
 
 use crate::store::ClaimedRow;
+use chrono::{DateTime, NaiveDateTime, Utc};
 use futures::future::join_all;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -15,6 +16,22 @@ use tokio::time::Instant;
 /// Kafka header carrying the event id, so consumers and operators can deduplicate or trace
 /// a record without decoding it.
 pub const EVENT_ID_HEADER: &str = "stocksvr.event-id";
+
+/// A record the broker acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acked {
+    /// When this relay saw the acknowledgement (UTC).
+    pub at: DateTime<Utc>,
+}
+
+/// Delay from a row written at `created_at` (UTC, the service's clock) to its
+/// acknowledgement: what `stocksvr_outbox_publish_delay_seconds` records. Zero when the
+/// writer's clock was ahead of this relay's.
+pub fn publish_delay(created_at: NaiveDateTime, acked: Acked) -> Duration {
+    (acked.at.naive_utc() - created_at)
+        .to_std()
+        .unwrap_or(Duration::ZERO)
+}
 
 /// Why one row was not published; the label is the `reason` of the failure metric.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +47,9 @@ pub enum RowFailure {
 }
 
 impl RowFailure {
+    /// Every value of [`RowFailure::label`].
+    pub const LABELS: [&'static str; 3] = ["encode", "delivery", "timeout"];
+
     pub fn label(&self) -> &'static str {
         match self {
             RowFailure::Encode(_) => "encode",
@@ -97,8 +117,9 @@ pub async fn encode(
         .map_err(|e| RowFailure::Encode(e.to_string()))
 }
 
-/// Publishes a batch and returns each row's outcome, in the rows' order. A row's topic is
-/// the declared name; `namespace` turns it into the deployment's.
+/// Publishes a batch and returns each row's outcome, in the rows' order: when the broker
+/// acknowledged it, or why not. A row's topic is the declared name; `namespace` turns it
+/// into the deployment's.
 ///
 /// All rows are encoded concurrently (the registry is asked at most once per subject, then
 /// cached), then enqueued in id order, so records with the same key reach their partition in
@@ -111,7 +132,7 @@ pub async fn publish_batch(
     namespace: &Namespace,
     rows: &[ClaimedRow],
     timeout: Duration,
-) -> Vec<Result<(), RowFailure>> {
+) -> Vec<Result<Acked, RowFailure>> {
     let deadline = Instant::now() + timeout;
     let topics: Vec<String> = rows.iter().map(|row| namespace.topic(&row.topic)).collect();
     let encoded = join_all(
@@ -153,7 +174,7 @@ pub async fn publish_batch(
     join_all(deliveries.into_iter().map(|delivery| async move {
         let future = delivery?;
         match tokio::time::timeout_at(deadline, future).await {
-            Ok(Ok(Ok(_delivered))) => Ok(()),
+            Ok(Ok(Ok(_delivered))) => Ok(Acked { at: Utc::now() }),
             Ok(Ok(Err((e, _message)))) => Err(RowFailure::Delivery(e.to_string())),
             Ok(Err(_canceled)) => Err(RowFailure::Delivery("producer was shut down".into())),
             Err(_elapsed) => Err(RowFailure::Timeout(timeout)),
@@ -198,9 +219,35 @@ mod tests {
     }
 
     #[test]
+    fn the_publish_delay_runs_from_the_row_to_the_acknowledgement() {
+        let created = DateTime::parse_from_rfc3339("2026-01-01T10:00:00.250Z")
+            .expect("time")
+            .naive_utc();
+        let at = |s: &str| Acked {
+            at: DateTime::parse_from_rfc3339(s).expect("time").to_utc(),
+        };
+        assert_eq!(
+            publish_delay(created, at("2026-01-01T10:00:02.000Z")),
+            Duration::from_millis(1750)
+        );
+        // A writer whose clock runs ahead: no negative delay.
+        assert_eq!(
+            publish_delay(created, at("2026-01-01T10:00:00.000Z")),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
     fn failures_carry_their_class() {
         let f = RowFailure::Timeout(Duration::from_secs(2));
         assert_eq!(f.label(), "timeout");
+        for f in [
+            RowFailure::Encode(String::new()),
+            RowFailure::Delivery(String::new()),
+            f.clone(),
+        ] {
+            assert!(RowFailure::LABELS.contains(&f.label()));
+        }
         assert!(f.reason().contains("2s"));
         assert_eq!(RowFailure::Encode("x".into()).reason(), "encode: x");
     }

@@ -2,12 +2,13 @@
 
 use crate::config::RelayConfig;
 use crate::error::{sqlx_is_retryable, RelayError};
-use crate::publish::{publish_batch, RowFailure};
+use crate::publish::{publish_batch, publish_delay, RowFailure};
 use crate::store::{self, Backlog, Failure};
 use backon::{ExponentialBuilder, Retryable};
 use rdkafka::producer::FutureProducer;
 use sqlx::MySqlPool;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use stocksvr_core::backoff;
 use stocksvr_pipeline::codec::AvroCodec;
@@ -36,6 +37,8 @@ pub struct OutboxRelay {
     config: RelayConfig,
     namespace: Namespace,
     wake: Arc<Notify>,
+    /// (topic, event type) pairs whose counters exist already (see `zero_series`).
+    seen: Mutex<HashSet<(String, String)>>,
 }
 
 impl OutboxRelay {
@@ -55,6 +58,7 @@ impl OutboxRelay {
             config,
             namespace: Namespace::default(),
             wake: Arc::new(Notify::new()),
+            seen: Mutex::new(HashSet::new()),
         })
     }
 
@@ -89,6 +93,7 @@ impl OutboxRelay {
         if claim.rows.is_empty() {
             return Ok(RelayReport::default());
         }
+        self.zero_series(&claim.rows);
         // Seed §10.2 window 5 in tests: claimed (SENDING under a lease), nothing published.
         crash_point("relay.before_publish")?;
         let outcomes = publish_batch(
@@ -100,12 +105,17 @@ impl OutboxRelay {
         )
         .await;
         let mut sent = Vec::with_capacity(claim.rows.len());
+        let mut delays = Vec::with_capacity(claim.rows.len());
         let mut failed = Vec::new();
         for (row, outcome) in claim.rows.iter().zip(outcomes) {
             match outcome {
-                Ok(()) => {
+                Ok(acked) => {
                     sent.push(row.id);
+                    delays.push(publish_delay(row.created_at, acked));
                     metrics::counter!(names::OUTBOX_PUBLISHED, "topic" => row.topic.clone(), "event_type" => row.event_type.clone())
+                        .increment(1);
+                    // The topic as written, as the lag exporter sees it on the broker.
+                    metrics::counter!(names::EVENTS_PRODUCED, "topic" => self.namespace.topic(&row.topic))
                         .increment(1);
                 }
                 Err(failure) => {
@@ -164,6 +174,11 @@ impl OutboxRelay {
                 "lease lost on outbox rows before their outcome was written; they may be published twice"
             );
         }
+        // Recorded once the rows are SENT: a row acknowledged but not marked (this round
+        // failed) is published again, and its delay then runs to that acknowledgement.
+        for delay in delays {
+            metrics::histogram!(names::OUTBOX_PUBLISH_DELAY_SECONDS).record(delay.as_secs_f64());
+        }
         metrics::histogram!(names::OUTBOX_BATCH_PUBLISH_SECONDS)
             .record(started.elapsed().as_secs_f64());
         Ok(RelayReport {
@@ -171,6 +186,38 @@ impl OutboxRelay {
             sent: marked.sent as usize,
             failed: marked.retried as usize,
         })
+    }
+
+    /// The first time this relay sees a (topic, event type), its published, failure (every
+    /// reason) and produced counters are created at 0: an alert on `increase()` of a failure
+    /// then sees 0, not "no data", until the first one. The topics are only known from the
+    /// rows, so they cannot be created at start-up.
+    fn zero_series(&self, rows: &[crate::store::ClaimedRow]) {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        for row in rows {
+            if !seen.insert((row.topic.clone(), row.event_type.clone())) {
+                continue;
+            }
+            let (topic, event_type) = (row.topic.clone(), row.event_type.clone());
+            stocksvr_telemetry::zero_counter(
+                names::OUTBOX_PUBLISHED,
+                &[("topic", topic.clone()), ("event_type", event_type.clone())],
+            );
+            for reason in RowFailure::LABELS {
+                stocksvr_telemetry::zero_counter(
+                    names::OUTBOX_PUBLISH_FAILURES,
+                    &[
+                        ("topic", topic.clone()),
+                        ("event_type", event_type.clone()),
+                        ("reason", reason.to_string()),
+                    ],
+                );
+            }
+            stocksvr_telemetry::zero_counter(
+                names::EVENTS_PRODUCED,
+                &[("topic", self.namespace.topic(&topic))],
+            );
+        }
     }
 
     /// Deletes SENT rows older than the retention, in batches of `purge_batch`, until a

@@ -32,6 +32,9 @@ pub struct ClaimedRow {
     pub partition_key: String,
     pub payload: Result<serde_json::Value, String>,
     pub retry_count: u32,
+    /// When the service's transaction wrote the row (its clock, UTC): the start of the
+    /// publish delay.
+    pub created_at: NaiveDateTime,
 }
 
 /// A claimed batch and the lease it holds. `lease_until` is also the fencing token: the
@@ -135,7 +138,7 @@ async fn claim_on(
         rows.extend(
             sqlx::query(
                 "SELECT id, event_id, event_type, topic, partition_key, payload, retry_count, \
-                 NOW(3) AS db_now FROM inventory_outbox FORCE INDEX (idx_publish) \
+                 created_at, NOW(3) AS db_now FROM inventory_outbox FORCE INDEX (idx_publish) \
                  WHERE status = ? AND next_retry_at <= NOW(3) \
                  ORDER BY next_retry_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
             )
@@ -168,6 +171,7 @@ async fn claim_on(
                 .try_get::<serde_json::Value, _>("payload")
                 .map_err(|e| format!("payload is not readable JSON: {e}")),
             retry_count: row.try_get("retry_count")?,
+            created_at: row.try_get("created_at")?,
         });
     }
     // Publishing in id order keeps one key's events in the order they were written.

@@ -248,6 +248,66 @@ async fn a_row_that_does_not_fit_its_schema_is_retried_and_does_not_block_others
     Ok(())
 }
 
+/// The delay runs from the row's creation to its acknowledgement, one sample per row SENT
+/// (none for a row that failed), and every acknowledged record counts as produced to the
+/// topic written. A recorder of this test's own (the test runs on one thread) keeps the
+/// other tests' rows out of the figures.
+#[tokio::test]
+async fn publish_delay_and_produced_records_are_measured_per_acknowledged_row() -> Result<()> {
+    use stocksvr_telemetry::names;
+    let capture = stocksvr_telemetry::testing::Capture::default();
+    let _recorder = metrics::set_default_local_recorder(&capture);
+    let stack = Stack::new().await?;
+    let old = stack.row("InventoryReserved")?;
+    let fresh = stack.row("InventoryRedisReserved")?;
+    let mut bad = stack.row("InventoryReserved")?;
+    bad.payload["data"]["quantity"] = serde_json::json!("two");
+    let inserted = std::time::Instant::now();
+    stack
+        .insert(&[old.clone(), fresh.clone(), bad.clone()])
+        .await?;
+    // Written 3 s ago, as if the relay had been away.
+    stack
+        .exec(
+            "UPDATE inventory_outbox SET created_at = created_at - INTERVAL 3 SECOND \
+             WHERE event_id = ?",
+            &old.event_id,
+        )
+        .await?;
+    let relay = stack.relay(fast_config())?;
+
+    let report = relay.relay_once().await?;
+    let since_insert = inserted.elapsed().as_secs_f64();
+    assert_eq!((report.sent, report.failed), (2, 1));
+    let mut delays = capture.histogram(names::OUTBOX_PUBLISH_DELAY_SECONDS, &[]);
+    delays.sort_by(f64::total_cmp);
+    assert_eq!(delays.len(), 2, "one sample per SENT row: {delays:?}");
+    // Millisecond columns: allow their rounding on either side.
+    assert!(
+        delays[0] >= 0.0 && delays[0] <= since_insert + 0.002,
+        "fresh row: {delays:?}, {since_insert} s since the insert"
+    );
+    assert!(
+        delays[1] >= 3.0 - 0.002 && delays[1] <= 3.0 + since_insert + 0.002,
+        "row written 3 s earlier: {delays:?}, {since_insert} s since the insert"
+    );
+    assert_eq!(
+        capture.counter(names::EVENTS_PRODUCED, &[("topic", stack.topic.as_str())]),
+        Some(2)
+    );
+    assert_eq!(capture.label_sets(names::EVENTS_PRODUCED).len(), 1);
+
+    // Nothing new: no sample, nothing produced.
+    assert_eq!(relay.relay_once().await?.claimed, 0);
+    assert_eq!(
+        capture
+            .histogram(names::OUTBOX_PUBLISH_DELAY_SECONDS, &[])
+            .len(),
+        2
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_sending_row_with_an_expired_lease_is_published_by_the_next_relay() -> Result<()> {
     let stack = Stack::new().await?;

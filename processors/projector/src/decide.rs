@@ -8,7 +8,7 @@
 //! [`Failure::Invalid`](stocksvr_pipeline::consumer::Failure::Invalid) on its own instead
 //! of failing the database transaction of the whole batch.
 
-use chrono::NaiveDate;
+use chrono::{DateTime, NaiveDate, Utc};
 use stocksvr_core::events::{
     Envelope, EventData, EventError, EventKind, StockAction, StockAfter, StockBaselineAdjustedData,
     StockBucketInitializedData, StockBucketRebuiltData, StockBucketRepairedData, StockChangeData,
@@ -72,6 +72,14 @@ pub struct Projection {
     pub snapshot: Option<SnapshotRow>,
     /// Only reservation steps have a reservation; init and adjust come from the WAL.
     pub sync: Option<ReservationSync>,
+    /// The envelope's `occurred_at`, the start of the projection delay. Only a metric needs
+    /// it, so an unreadable one (`None`) does not make the event invalid.
+    pub occurred_at: Option<DateTime<Utc>>,
+}
+
+/// `occurred_at` (RFC 3339 with an offset) as UTC.
+pub fn occurred_at(raw: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(raw).ok().map(|t| t.to_utc())
 }
 
 /// One `inventory_ledger` row; unique on `operation_id`, so an operation is booked once.
@@ -151,6 +159,7 @@ pub fn decide(event: &Decoded) -> Result<Projection, InvalidEvent> {
             let d = &e.data;
             corrected(
                 &e.event_id,
+                &e.occurred_at,
                 EventKind::StockBucketRepaired,
                 LedgerAction::Repair,
                 Corrected {
@@ -176,6 +185,7 @@ pub fn decide(event: &Decoded) -> Result<Projection, InvalidEvent> {
             let d = &e.data;
             corrected(
                 &e.event_id,
+                &e.occurred_at,
                 EventKind::StockBucketRebuilt,
                 LedgerAction::Rebuild,
                 Corrected {
@@ -309,6 +319,7 @@ fn stock_change(e: Envelope<StockChangeData>) -> Result<Projection, InvalidEvent
             reservation_id,
             redis_version: version,
         }),
+        occurred_at: occurred_at(&e.occurred_at),
     })
 }
 
@@ -355,6 +366,7 @@ fn bucket_initialized(e: Envelope<StockBucketInitializedData>) -> Result<Project
         ledger,
         snapshot: (version > 0).then_some(snapshot),
         sync: None,
+        occurred_at: occurred_at(&e.occurred_at),
     })
 }
 
@@ -412,12 +424,20 @@ fn baseline_adjusted(e: Envelope<StockBaselineAdjustedData>) -> Result<Projectio
         ledger,
         snapshot: (version > 0).then_some(snapshot),
         sync: None,
+        occurred_at: occurred_at(&e.occurred_at),
     })
 }
 
 /// The deficit `after` implies: `available + reserved + sold - total` (never negative).
 fn implied_deficit(after: &StockAfter) -> i64 {
-    (after.available + after.reserved + after.sold - after.total).max(0)
+    // Saturating: the numbers come off the wire, and a fuzzed or corrupt event must be
+    // refused downstream, not overflow here.
+    after
+        .available
+        .saturating_add(after.reserved)
+        .saturating_add(after.sold)
+        .saturating_sub(after.total)
+        .max(0)
 }
 
 /// The fields a repair and a rebuild share: both book the deltas that make the ledger add
@@ -437,6 +457,7 @@ struct Corrected<'a> {
 
 fn corrected(
     event_id: &str,
+    occurred: &str,
     kind: EventKind,
     action: LedgerAction,
     d: Corrected<'_>,
@@ -486,6 +507,7 @@ fn corrected(
         ledger,
         snapshot: Some(snapshot),
         sync: None,
+        occurred_at: occurred_at(occurred),
     })
 }
 

@@ -128,7 +128,7 @@ impl Projector {
         // Dropping the transaction on any error above rolls back the whole batch, so no
         // part of it is durable when the loop retries it.
         tx.commit().deadline().await.map_err(|e| classify(&e))?;
-        tally.emit(batch.len());
+        tally.emit(batch.len(), Utc::now());
         Ok(results)
     }
 
@@ -169,7 +169,7 @@ impl Projector {
                 );
             }
         }
-        tally.projected(p.kind);
+        tally.projected(p.kind, p.occurred_at);
         Ok(Applied::Applied)
     }
 }

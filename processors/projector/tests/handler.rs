@@ -606,3 +606,63 @@ async fn a_group_the_inbox_cannot_hold_is_refused() -> Result<()> {
     assert_eq!(Projector::new(pool, "g".repeat(64))?.group().len(), 64);
     Ok(())
 }
+
+/// `stocksvr_projection_delay_seconds`: one sample per event booked, from its occurred_at to
+/// the commit of its batch; a redelivery books nothing and adds no sample. A recorder of this
+/// test's own (one thread) keeps the other tests' batches out.
+#[tokio::test]
+async fn the_projection_delay_runs_from_occurred_at_to_the_commit_once_per_event() -> Result<()> {
+    use stocksvr_telemetry::names;
+    let capture = stocksvr_telemetry::testing::Capture::default();
+    let _recorder = metrics::set_default_local_recorder(&capture);
+    let h = Harness::new().await?;
+    let mut late = change(
+        "InventoryRedisReserved",
+        "evt_delay_late",
+        "op_delay_late",
+        10,
+        [100, 99, 1, 0],
+    );
+    // Written 4 s ago in another offset: the delay is about 4 s whatever the zone.
+    let four_ago = chrono::Utc::now() - chrono::TimeDelta::seconds(4);
+    late["occurred_at"] = json!(four_ago
+        .with_timezone(&chrono::FixedOffset::east_opt(8 * 3600).expect("offset"))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, false));
+    let mut now = change(
+        "InventoryRedisConfirmed",
+        "evt_delay_now",
+        "op_delay_now",
+        11,
+        [100, 99, 0, 1],
+    );
+    now["occurred_at"] = json!(chrono::Utc::now().to_rfc3339());
+    let started = std::time::Instant::now();
+    let batch = [
+        h.record("InventoryRedisReserved", &late).await?,
+        h.record("InventoryRedisConfirmed", &now).await?,
+    ];
+    assert_eq!(
+        h.apply(&batch).await,
+        vec![Ok(Applied::Applied), Ok(Applied::Applied)]
+    );
+    let took = started.elapsed().as_secs_f64();
+    let mut delays = capture.histogram(names::PROJECTION_DELAY_SECONDS, &[]);
+    delays.sort_by(f64::total_cmp);
+    assert_eq!(delays.len(), 2, "{delays:?}");
+    assert!(delays[0] <= took + 0.01, "{delays:?}, batch took {took} s");
+    assert!(
+        delays[1] >= 4.0 - 0.01 && delays[1] <= 4.0 + took + 0.01,
+        "{delays:?}, batch took {took} s"
+    );
+
+    let redelivered = h.record("InventoryRedisReserved", &late).await?;
+    assert_eq!(h.apply(&[redelivered]).await, vec![Ok(Applied::Duplicate)]);
+    assert_eq!(
+        capture
+            .histogram(names::PROJECTION_DELAY_SECONDS, &[])
+            .len(),
+        2,
+        "a duplicate is not booked again"
+    );
+    Ok(())
+}

@@ -10,6 +10,7 @@
 
 mod error;
 mod failpoint;
+pub mod gauges;
 pub mod operations;
 mod outbox;
 pub mod reconcile;

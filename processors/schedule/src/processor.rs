@@ -95,7 +95,9 @@ impl ScheduleProcessor {
         Self { service }
     }
 
-    fn decode(record: &Record) -> Result<InventoryConfirmDueData, Failure> {
+    /// The processor's decode step: the due confirm of `record`, or why it is invalid.
+    /// Pure; public so one test can run every example through it.
+    pub fn decode(record: &Record) -> Result<InventoryConfirmDueData, Failure> {
         let name = record.event.full_name.as_str();
         let invalid = |e: String| Failure::Invalid(format!("{name}: {e}"));
         if EventKind::from_full_name(name) != Some(EventKind::InventoryConfirmDue) {

@@ -1,9 +1,9 @@
 //! Brings the reservation service up inside `stocksvr all`: connects Redis, obtains a
 //! snowflake worker id (configured, or leased from MySQL and renewed), then installs the
 //! service into the API and runs the processors that need it (order-lifecycle and the
-//! reservation recovery worker, the stale-reservation watcher, the operation WAL worker, the
-//! daily bucket job and scheduled confirms, whose time wheel order-lifecycle arms). Until then
-//! the API answers 503 (fail closed) and `/readyz` says
+//! reservation recovery worker, the stale-reservation watcher, the gauges read from MySQL,
+//! the operation WAL worker, the daily bucket job and scheduled confirms, whose time wheel
+//! order-lifecycle arms). Until then the API answers 503 (fail closed) and `/readyz` says
 //! which dependency is missing. A lost worker-id lease stops the process: minting ids
 //! another instance may also mint would break reservation-id uniqueness.
 
@@ -162,6 +162,36 @@ pub async fn run(
         .await
         .context("stale-reservation watcher")
     };
+    // Gauges read from MySQL (seed §15): reservations per intermediate status and parked
+    // dead letters. The facts are the database's, so any instance may report them (the
+    // dashboards take the max across instances).
+    let gauges = async {
+        let reservations = async {
+            if !roles.reservations {
+                return Ok(());
+            }
+            stocksvr_reservation::gauges::run(
+                service.clone(),
+                stocksvr_reservation::gauges::INTERVAL,
+                stop.clone(),
+            )
+            .await
+            .context("reservation gauges")
+        };
+        let dead_letters = async {
+            if !(roles.reservations || roles.dead_letter) {
+                return Ok(());
+            }
+            stocksvr_dead_letter::run_gauge(
+                pool.clone(),
+                stocksvr_dead_letter::GAUGE_INTERVAL,
+                stop.clone(),
+            )
+            .await
+            .context("dead-letter gauge")
+        };
+        tokio::try_join!(reservations, dead_letters).map(|_| ())
+    };
     let wal_worker = async {
         stocksvr_reservation::operations::run_worker(
             service.clone(),
@@ -211,7 +241,7 @@ pub async fn run(
     };
     let renewals = renew(lease, &pool, stop.clone());
     tokio::try_join!(
-        lifecycle, recovery, stale, wal_worker, daily, scheduled, reconciler, renewals
+        lifecycle, recovery, stale, gauges, wal_worker, daily, scheduled, reconciler, renewals
     )?;
     Ok(())
 }

@@ -72,6 +72,7 @@ async fn the_api_conforms_to_its_openapi_document_under_fuzzing() {
             baseline_version: 1,
             stock_status: 1,
             bucket_status: 10,
+            lost_at: None,
         },
     )
     .await

@@ -182,7 +182,7 @@ async fn drift_behind_the_services_back_is_found_in_its_class_and_repaired_once(
     created(&shop, base + 1, a).await;
     let b = try_one(&server, &shop, base + 2, 4).await;
     try_one(&server, &shop, base + 3, 2).await;
-    quiescent(&server, &pool, Duration::from_secs(90)).await;
+    quiescent(&server, &shop, Duration::from_secs(90)).await;
     assert_eq!(books_agree(&server, &shop, &pool).await, (100, 91, 6, 3));
     let (code, out, err) = reconcile(&shop, &["--bucket", &bucket]);
     assert_eq!(code, 0, "consistent at the start:\n{out}{err}");
@@ -257,7 +257,7 @@ async fn a_repair_racing_five_hundred_trys_loses_its_version_and_is_computed_aga
     let pool = shop.env.pool();
     let base = 92_000_000 + shop.merchant_id % 1_000_000 * 1_000;
     try_one(&server, &shop, base, 1).await;
-    quiescent(&server, &pool, Duration::from_secs(90)).await;
+    quiescent(&server, &shop, Duration::from_secs(90)).await;
     let keys = bucket_of(&shop);
     let mut redis = redis_conn(&shared_redis_url()).await;
     let _: i64 = redis::cmd("HINCRBY")
@@ -324,7 +324,7 @@ async fn a_repair_racing_five_hundred_trys_loses_its_version_and_is_computed_aga
         assert_eq!(body["reservation"]["status"], "RESERVED", "{body}");
         reserved_ids += 1;
     }
-    quiescent(&server, &pool, Duration::from_secs(120)).await;
+    quiescent(&server, &shop, Duration::from_secs(120)).await;
     // The failed repair wrote nothing: the drift is still there, and nothing was oversold
     // by the repair (Redis reserved equals what MySQL holds).
     let (total, available, reserved, sold) = stock(&server, &shop).await;
@@ -384,7 +384,7 @@ async fn passes_during_a_burst_of_work_in_flight_report_and_repair_nothing() {
             done.expect("task");
         }
     }
-    quiescent(&server, &pool, Duration::from_secs(120)).await;
+    quiescent(&server, &shop, Duration::from_secs(120)).await;
     books_agree(&server, &shop, &pool).await;
     // Let the scheduled passes run over the quiet bucket too.
     wait_count(
@@ -474,19 +474,9 @@ async fn redis_restarted_empty_fails_closed_and_the_rebuild_brings_every_order_b
     wait_for_api(&control_server).await;
     let control_base = 94_000_000 + control.merchant_id % 1_000_000 * 100;
     let flow = flow_before(&control_server, &control, control_base).await;
-    quiescent(
-        &control_server,
-        &control.env.pool(),
-        Duration::from_secs(90),
-    )
-    .await;
+    quiescent(&control_server, &control, Duration::from_secs(90)).await;
     flow_after(&control_server, &control, &flow).await;
-    quiescent(
-        &control_server,
-        &control.env.pool(),
-        Duration::from_secs(90),
-    )
-    .await;
+    quiescent(&control_server, &control, Duration::from_secs(90)).await;
     let expected = outcome(&control_server, &control, &flow).await;
     let (status, log) = control_server.terminate();
     assert!(status.success(), "{}", tail(&log, 40));
@@ -504,7 +494,7 @@ async fn redis_restarted_empty_fails_closed_and_the_rebuild_brings_every_order_b
     let pool = shop.env.pool();
     let base = 95_000_000 + shop.merchant_id % 1_000_000 * 100;
     let flow = flow_before(&server, &shop, base).await;
-    quiescent(&server, &pool, Duration::from_secs(90)).await;
+    quiescent(&server, &shop, Duration::from_secs(90)).await;
     books_agree(&server, &shop, &pool).await;
 
     private.restart_empty("redis");
@@ -557,7 +547,7 @@ async fn redis_restarted_empty_fails_closed_and_the_rebuild_brings_every_order_b
     assert!(stdout.contains("rebuilt\treopened"), "{stdout}{stderr}");
 
     flow_after(&server, &shop, &flow).await;
-    quiescent(&server, &pool, Duration::from_secs(120)).await;
+    quiescent(&server, &shop, Duration::from_secs(120)).await;
     books_agree(&server, &shop, &pool).await;
     let got = outcome(&server, &shop, &flow).await;
     assert_eq!(

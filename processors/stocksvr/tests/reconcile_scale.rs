@@ -104,8 +104,7 @@ async fn reconcile_and_rebuild_ten_thousand_buckets() {
         "scale: {n} Trys in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let pool = shop.env.pool();
-    quiescent(&server, &pool, Duration::from_secs(900)).await;
+    quiescent(&server, &shop, Duration::from_secs(900)).await;
 
     // The reconciler over every bucket: one pass (no differences, so no second pass).
     let (took, code, out, err) = timed(&shop, &["reconcile"]);

@@ -86,6 +86,23 @@ pub async fn live_buckets(
     q.build_query_as().fetch_all(pool).deadline().await
 }
 
+/// The live buckets among `ids` (one chunk), in id order.
+pub async fn live_buckets_by_id(
+    pool: &MySqlPool,
+    ids: &[String],
+) -> Result<Vec<LiveBucket>, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, total_stock, baseline_version, \
+         bucket_status, lost_at FROM dish_stock_baseline WHERE bucket_status <> 30 AND stock_bucket_id IN ",
+    );
+    in_list(&mut q, ids);
+    q.push(" ORDER BY stock_bucket_id");
+    q.build_query_as().fetch_all(pool).deadline().await
+}
+
 /// The reservation table's view of one bucket.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReservationView {

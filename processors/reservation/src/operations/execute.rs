@@ -367,20 +367,9 @@ impl StockOps {
                 }
             }
         }
-        if let Ok(counts) = wal::count_by_status(&self.pool).await {
-            for status in [
-                WalStatus::Init,
-                WalStatus::Executing,
-                WalStatus::Retry,
-                WalStatus::Dead,
-            ] {
-                let n = counts
-                    .iter()
-                    .find(|(s, _)| *s == status as i8)
-                    .map(|(_, n)| *n)
-                    .unwrap_or(0);
-                metrics::gauge!(names::WAL_BACKLOG, "status" => status.name()).set(n as f64);
-            }
+        // Best effort: a failed read keeps the last values of the backlog gauges.
+        if let Err(e) = crate::gauges::refresh_wal(&self.pool).await {
+            tracing::warn!(error = %e, "reading the WAL backlog failed");
         }
         Ok(report)
     }

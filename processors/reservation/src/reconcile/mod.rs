@@ -232,6 +232,34 @@ impl Reconciler {
             .await
             .map_err(|e| ReconcileError::Redis(e.to_string()))?;
         let mysql = store::mysql_views(pool, &ids).await?;
+        // Redis was read before MySQL, so a bucket built in between looks lost (no key, an
+        // init that succeeded): read those keys again before anyone calls them lost.
+        let mut redis = redis;
+        let suspects: Vec<usize> = (0..buckets.len())
+            .filter(|&i| {
+                redis[i].is_none()
+                    && mysql
+                        .built
+                        .get(&buckets[i].stock_bucket_id)
+                        .copied()
+                        .unwrap_or(false)
+            })
+            .collect();
+        let mut just_built = std::collections::HashSet::new();
+        if !suspects.is_empty() {
+            let again = self
+                .service
+                .lua()
+                .read_buckets(&suspects.iter().map(|&i| keys[i]).collect::<Vec<_>>())
+                .await
+                .map_err(|e| ReconcileError::Redis(e.to_string()))?;
+            for (&i, now) in suspects.iter().zip(again) {
+                if now.is_some() {
+                    just_built.insert(buckets[i].stock_bucket_id.clone());
+                    redis[i] = now;
+                }
+            }
+        }
         let missing = self.missing_records(&buckets, &ids).await?;
         let mut out = Vec::with_capacity(buckets.len());
         for (bucket, redis) in buckets.into_iter().zip(redis) {
@@ -239,6 +267,9 @@ impl Reconciler {
             let r = mysql.reservations.get(id).copied().unwrap_or_default();
             let count = |m: &HashMap<String, i64>| m.get(id).copied().unwrap_or(0);
             let mut in_flight = Vec::new();
+            if just_built.contains(id) {
+                in_flight.push(InFlight::StockOperations(1));
+            }
             for (n, what) in [
                 (r.in_flight, InFlight::Reservations as fn(i64) -> InFlight),
                 (count(&mysql.wal_unfinished), InFlight::StockOperations),
@@ -302,7 +333,7 @@ impl Reconciler {
             .iter()
             .filter_map(|r| {
                 keys.get(r.stock_bucket_id.as_str())
-                    .map(|k| (k.clone(), r.id, try_operation_id(r.id)))
+                    .map(|k| (*k, r.id, try_operation_id(r.id)))
             })
             .collect();
         let found = self
@@ -372,6 +403,7 @@ impl Reconciler {
         repair: bool,
         progress: &(dyn Fn(usize) + Sync),
     ) -> Result<Vec<Checked>, ReconcileError> {
+        let first_pass = Instant::now();
         let first = self.inspect_all(filter, progress).await?;
         let suspects: Vec<LiveBucket> = first
             .iter()
@@ -402,7 +434,7 @@ impl Reconciler {
             };
             let inspection = again.unwrap_or(i);
             let repair = if repair && !confirmed.is_empty() {
-                Some(self.repair(&inspection).await)
+                Some(self.repair(&inspection, first_pass.elapsed()).await)
             } else {
                 None
             };
@@ -419,8 +451,10 @@ impl Reconciler {
     }
 
     /// Repairs a bucket from `inspection`; when the version moved meanwhile it looks again
-    /// (up to `repair_attempts`) and repairs what it finds then, if anything.
-    pub async fn repair(&self, inspection: &Inspection) -> RepairOutcome {
+    /// (up to `repair_attempts`) and repairs what it finds then, if anything. `seen_for` is
+    /// how long ago the difference was first seen: the repair-duration histogram measures
+    /// from there to the repair.
+    pub async fn repair(&self, inspection: &Inspection, seen_for: Duration) -> RepairOutcome {
         let started = Instant::now();
         let mut current = inspection.clone();
         let mut attempts = 0;
@@ -478,10 +512,15 @@ impl Reconciler {
         metrics::counter!(names::RECONCILE_REPAIRS, "outcome" => outcome.label()).increment(1);
         if matches!(outcome, RepairOutcome::Repaired { .. }) {
             metrics::histogram!(names::RECONCILE_REPAIR_SECONDS)
-                .record(started.elapsed().as_secs_f64());
+                .record((seen_for + started.elapsed()).as_secs_f64());
         }
         tracing::warn!(bucket = %inspection.bucket.stock_bucket_id, outcome = ?outcome, "reconcile repair");
         outcome
+    }
+
+    /// Rebuilds a lost bucket without waiting to reopen it.
+    pub async fn rebuild_only(&self, bucket: &str) -> Result<WalView, ReconcileError> {
+        Ok(self.service.ops().rebuild(bucket).await?)
     }
 
     /// Rebuilds a lost bucket, waits until a pass finds it clean, then reopens it for Trys.
@@ -493,6 +532,46 @@ impl Reconciler {
         }
         let reopened = self.reopen(bucket, self.config.reopen_timeout).await?;
         Ok((view, reopened))
+    }
+
+    /// Reopens many rebuilt buckets together: passes over the ones still marked lost, a
+    /// chunk at a time, clearing each that is consistent, until all are or `within` runs
+    /// out. Returns the buckets reopened (a rebuild of thousands of buckets then waits for
+    /// their events once, not once per bucket).
+    pub async fn reopen_many(
+        &self,
+        buckets: &[String],
+        within: Duration,
+        progress: &(dyn Fn(usize) + Sync),
+    ) -> Result<Vec<String>, ReconcileError> {
+        let pool = self.service.pool();
+        let deadline = Instant::now() + within;
+        let mut waiting: Vec<String> = buckets.to_vec();
+        let mut reopened = Vec::new();
+        while !waiting.is_empty() {
+            let mut still = Vec::new();
+            for chunk in waiting.chunks(self.config.chunk.max(1) as usize) {
+                let live = store::live_buckets_by_id(pool, chunk).await?;
+                for i in self.inspect(live).await? {
+                    let id = i.bucket.stock_bucket_id.clone();
+                    if i.bucket.lost_at.is_none() {
+                        reopened.push(id);
+                    } else if i.verdict == Verdict::Consistent {
+                        stocksvr_store::baselines::clear_lost(pool, &id).await?;
+                        reopened.push(id);
+                    } else {
+                        still.push(id);
+                    }
+                }
+            }
+            progress(reopened.len());
+            waiting = still;
+            if waiting.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Ok(reopened)
     }
 
     /// Clears a rebuilt bucket's lost mark once a pass finds it consistent (the rebuild's
@@ -666,7 +745,15 @@ impl Reconciler {
                         report.confirmed += newly_confirmed.len() as u64;
                         if self.config.auto_repair && budget > 0 && !newly_confirmed.is_empty() {
                             budget -= 1;
-                            let outcome = self.repair(&i).await;
+                            let first_seen = mine
+                                .iter()
+                                .map(|d| d.first_seen_at)
+                                .min()
+                                .unwrap_or_else(|| Utc::now().naive_utc());
+                            let seen_for = (Utc::now().naive_utc() - first_seen)
+                                .to_std()
+                                .unwrap_or_default();
+                            let outcome = self.repair(&i, seen_for).await;
                             if let RepairOutcome::Repaired { operation_id } = &outcome {
                                 report.repaired += 1;
                                 for (_, diff) in &newly_confirmed {

@@ -70,7 +70,21 @@ impl ReservationService {
             let built = stocksvr_store::wal::succeeded_init(&self.pool, &row.stock_bucket_id)
                 .await?
                 .is_some();
-            if status == ReservationStatus::Canceling && !built {
+            // The script ran before MySQL was read: a bucket initialised in between is no
+            // loss. Only a key still missing now, of a bucket built before, is one.
+            let present = match self.lua.read_bucket(&keys).await {
+                Ok(bucket) => bucket.is_some(),
+                Err(e) => {
+                    return Err(ServiceError::OutcomeUnknown {
+                        reservation_id: row.id,
+                        status,
+                        reason: format!("reading the bucket back: {e}"),
+                    })
+                }
+            };
+            if present {
+                result = self.call_step(status, &keys, &row, false).await;
+            } else if status == ReservationStatus::Canceling && !built {
                 result = self.call_step(status, &keys, &row, true).await;
             } else {
                 return Err(self.bucket_lost(&row, status).await?);

@@ -109,8 +109,19 @@ pub async fn wait_count(
     }
 }
 
-/// Nothing in flight: every reservation settled, every event sent and booked.
-pub async fn quiescent(server: &Server, pool: &sqlx::MySqlPool, within: Duration) {
+/// Nothing in flight: every order event produced so far read by the order-lifecycle
+/// group (an event still in Kafka leaves no trace in MySQL), every reservation settled,
+/// every event sent and booked.
+pub async fn quiescent(server: &Server, shop: &Shop, within: Duration) {
+    super::wait_until_caught_up(
+        &shop.env.group("order-lifecycle"),
+        &shop
+            .env
+            .topic(stocksvr_core::events::topics::ORDER_LIFECYCLE),
+        within,
+    )
+    .await;
+    let pool = &shop.env.pool();
     for sql in [
         "SELECT COUNT(*) FROM inventory_reservation WHERE status IN (10, 30, 50, 80)",
         "SELECT COUNT(*) FROM inventory_outbox WHERE status <> 30",
