@@ -9,6 +9,7 @@ import json
 import os
 import re
 import resource
+import signal
 import subprocess
 import time
 
@@ -23,22 +24,46 @@ class Result(dict):
     load generator's own CPU (% of one core) over its run."""
 
 
-def _run(cmd, log, timeout, env=None):
-    """(output, wall seconds, CPU % of one core the tool used) of one load generator run."""
+def _run(cmd, log, timeout, env=None, stop_when=None):
+    """(output, wall seconds, CPU % of one core the tool used) of one load generator run.
+    stop_when: polled every 0.5 s; once it returns true the tool gets SIGINT (wrk then stops,
+    prints its summary and runs done(), as at the end of its duration)."""
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
     t0 = time.time()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=timeout, env=env)
+    with open(log + ".part", "w+") as out:
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            while True:
+                try:
+                    p.wait(0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if time.time() - t0 > timeout:
+                    p.kill()
+                    p.wait()
+                    raise BenchError(f"{cmd[0]} still running after {timeout}s; log {log}")
+                if stop_when is not None and stop_when():
+                    p.send_signal(signal.SIGINT)
+                    stop_when = None
+        except BaseException:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            raise
+        out.seek(0)
+        text = out.read()
+    os.unlink(log + ".part")
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.time() - t0
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     with open(log, "a") as f:
-        f.write(p.stdout)
+        f.write(text)
     if p.returncode != 0:
         raise BenchError(f"{cmd[0]} exited {p.returncode}; log {log}:\n{tail(log)}")
-    return p.stdout, wall, 100.0 * cpu / wall if wall else 0.0
+    return text, wall, 100.0 * cpu / wall if wall else 0.0
 
 
 # ---- redis-benchmark --------------------------------------------------------------------
@@ -108,15 +133,17 @@ def _hist_pct(hist, pct):
 # ---- wrk --------------------------------------------------------------------------------
 
 def wrk(url, conns, seconds, logdir, mode, prefix, merchant, dish_base, dishes, log,
-        quota=0, timeout_s=10):
+        quota=0, timeout_s=10, stop_when=None):
     """Trys through HTTP (tests/bench/lua/wrk_try.lua). Returns the wrk summary plus every
-    response's (status, id, outcome) from the per-thread logs."""
+    response's (status, id, outcome) from the per-thread logs. wrk's main thread sleeps the
+    whole duration even when every thread stopped at its quota, so a quota run passes
+    stop_when (e.g. "the Trys are in the database") to end it early with SIGINT."""
     os.makedirs(logdir, exist_ok=True)
     threads = max(1, min(2, conns))
     cmd = ["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s", "--timeout",
            f"{timeout_s}s", "-s", os.path.join(LUA, "wrk_try.lua"), url, "--", mode, str(prefix),
            str(merchant), str(dish_base), str(dishes), logdir, str(quota)]
-    out, wall, cpu = _run(cmd, log, timeout=seconds + 600)
+    out, wall, cpu = _run(cmd, log, timeout=seconds + 600, stop_when=stop_when)
     line = [x for x in out.splitlines() if x.startswith("WRKJSON ")]
     if not line:
         raise BenchError(f"wrk printed no summary; log {log}")

@@ -131,12 +131,13 @@ def part_bare(b):
     side.close()
 
 
-def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0):
+def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=None):
     prefix = next(_prefix)
     m0 = r.metrics()
     with b.phase(name) as rec:
         res = loads.wrk(r.url(""), conns, secs, os.path.join(b.out, "wrk", name), mode, prefix,
-                        b.merchant, dish_base, dishes, os.path.join(b.logs, "wrk.log"), quota=quota)
+                        b.merchant, dish_base, dishes, os.path.join(b.logs, "wrk.log"), quota=quota,
+                        stop_when=stop_when)
         rec["gen_cpu_pct"] = res["gen_cpu_pct"]
     m1 = r.metrics()
     b.runs.append((mode, res["responses"]))

@@ -15,6 +15,7 @@ from system import BenchError
 
 
 def _count_pending(b, topic=None):
+    """Outbox rows not sent yet (of one topic: its logical name, as the rows keep it)."""
     sql = "SELECT COUNT(*) FROM inventory_outbox WHERE status <> %s"
     args = [pipeline.SENT]
     if topic:
@@ -37,16 +38,27 @@ def part_pipeline(b):
     b.log(f"backlog: {trys:,} Trys on {P['cold_dishes']} cold dishes through stocksvr order-lifecycle "
           "alone (no relay)")
     api = b.role("order-lifecycle", 88)
-    # Each of wrk's two threads stops after its half; the duration only bounds a stuck run
-    # (at least 50 Trys a second).
+    # Each of wrk's two threads stops sending after its half; wrk itself is stopped once every
+    # Try is in the database (or nothing has moved for 10 s). The duration only bounds a stuck
+    # run (at least 50 Trys a second).
+    count_sql = "SELECT COUNT(*) FROM inventory_reservation WHERE merchant_id = %s"
+    target = b.db.one(count_sql, (b.merchant,)) + 2 * ((trys + 1) // 2)
+    seen = {"n": -1, "t": time.time()}
+
+    def all_in():
+        n = b.db.one(count_sql, (b.merchant,))
+        if n != seen["n"]:
+            seen.update(n=n, t=time.time())
+        return n >= target or time.time() - seen["t"] > 10
+
     res = _wrk(b, api, "backlog-trys", "single", 64, max(120, trys // 50), COLD_BASE, P["cold_dishes"],
-               quota=(trys + 1) // 2)
+               quota=(trys + 1) // 2, stop_when=all_in)
     b.fig.add("try_http_api_alone", "Try through HTTP, cold dishes, 64 conn, API process alone", res["rate"],
               p50_ms=res["p50_ms"], p99_ms=res["p99_ms"], concurrency=64,
               note="stocksvr order-lifecycle; " + res["note"])
     b.stop_role(api)
     n_relay = _count_pending(b)
-    n_proj = _count_pending(b, stock_topic)
+    n_proj = _count_pending(b, "inventory.stock-change.v1")
     b.log(f"outbox backlog: {n_relay:,} events ({n_proj:,} for {stock_topic})")
 
     with b.phase("relay-drain") as rec:

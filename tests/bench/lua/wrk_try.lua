@@ -10,7 +10,8 @@
 -- items append one digit. QUOTA > 0: each thread stops after that many responses.
 -- Each thread writes "HTTP_STATUS ID OUTCOME" per response to LOGDIR/tNNN.log (ID is the
 -- order_item_id, or the order id in order mode; OUTCOME is the reservation status, the error
--- code of an error body, or the number of RESERVED items of an order). stdio buffers are
+-- code of an error body; for an order, ALL<n> when all_reserved, else the number of RESERVED
+-- items or the first item error). stdio buffers are
 -- flushed when wrk exits normally. done() prints one JSON line starting with "WRKJSON ".
 
 local threads = {}
@@ -65,9 +66,15 @@ function response(status, headers, body)
     outcome = string.match(body, '"status":%s*"(%u+)"') or string.match(body, '"error":%s*"([%w_]+)"')
   else
     id = string.match(body, '"order_id":%s*(%d+)')
+    -- An item's answer names RESERVED twice (its status and its reservation's), so the
+    -- count of RESERVED items is read from the items' own "status" next to "dish_id".
     local n = 0
-    for _ in string.gmatch(body, '"status":%s*"RESERVED"') do n = n + 1 end
-    outcome = string.match(body, '"error":%s*"([%w_]+)"') or tostring(n)
+    for _ in string.gmatch(body, '"dish_id":%s*%d+,%s*"status":%s*"RESERVED"') do n = n + 1 end
+    if string.match(body, '"all_reserved":%s*true') then
+      outcome = "ALL" .. n
+    else
+      outcome = string.match(body, '"error":%s*"([%w_]+)"') or tostring(n)
+    end
   end
   log:write(status, " ", id or "-", " ", outcome or "-", "\n")
   if quota > 0 and answered >= quota then
