@@ -143,6 +143,37 @@ pub enum InvalidEvent {
     },
 }
 
+/// A repair and a rebuild carry the same fields under two record names (their schemas evolve
+/// apart): one expansion reads either into [`Corrected`].
+macro_rules! corrected_from {
+    ($e:expr, $kind:expr, $action:expr) => {{
+        let e = $e;
+        let d = &e.data;
+        corrected(
+            &e.event_id,
+            &e.occurred_at,
+            $kind,
+            $action,
+            Corrected {
+                operation_id: &d.operation_id,
+                stock_bucket_id: &d.stock_bucket_id,
+                merchant_id: d.merchant_id,
+                dish_id: d.dish_id,
+                stock_date: &d.stock_date,
+                deltas: [
+                    d.total_delta,
+                    d.available_delta,
+                    d.reserved_delta,
+                    d.sold_delta,
+                ],
+                deficit: d.deficit,
+                redis_version: d.redis_version,
+                after: d.after,
+            },
+        )
+    }};
+}
+
 /// Decodes `event` by its writer full name and turns it into the rows it projects.
 pub fn decide(event: &Decoded) -> Result<Projection, InvalidEvent> {
     let kind = EventKind::from_full_name(&event.full_name)
@@ -156,55 +187,11 @@ pub fn decide(event: &Decoded) -> Result<Projection, InvalidEvent> {
         EventKind::StockBaselineAdjusted => baseline_adjusted(typed(event)?),
         EventKind::StockBucketRepaired => {
             let e: Envelope<StockBucketRepairedData> = typed(event)?;
-            let d = &e.data;
-            corrected(
-                &e.event_id,
-                &e.occurred_at,
-                EventKind::StockBucketRepaired,
-                LedgerAction::Repair,
-                Corrected {
-                    operation_id: &d.operation_id,
-                    stock_bucket_id: &d.stock_bucket_id,
-                    merchant_id: d.merchant_id,
-                    dish_id: d.dish_id,
-                    stock_date: &d.stock_date,
-                    deltas: [
-                        d.total_delta,
-                        d.available_delta,
-                        d.reserved_delta,
-                        d.sold_delta,
-                    ],
-                    deficit: d.deficit,
-                    redis_version: d.redis_version,
-                    after: d.after,
-                },
-            )
+            corrected_from!(e, EventKind::StockBucketRepaired, LedgerAction::Repair)
         }
         EventKind::StockBucketRebuilt => {
             let e: Envelope<StockBucketRebuiltData> = typed(event)?;
-            let d = &e.data;
-            corrected(
-                &e.event_id,
-                &e.occurred_at,
-                EventKind::StockBucketRebuilt,
-                LedgerAction::Rebuild,
-                Corrected {
-                    operation_id: &d.operation_id,
-                    stock_bucket_id: &d.stock_bucket_id,
-                    merchant_id: d.merchant_id,
-                    dish_id: d.dish_id,
-                    stock_date: &d.stock_date,
-                    deltas: [
-                        d.total_delta,
-                        d.available_delta,
-                        d.reserved_delta,
-                        d.sold_delta,
-                    ],
-                    deficit: d.deficit,
-                    redis_version: d.redis_version,
-                    after: d.after,
-                },
-            )
+            corrected_from!(e, EventKind::StockBucketRebuilt, LedgerAction::Rebuild)
         }
         _ => Err(InvalidEvent::NotAStockChange(event.full_name.clone())),
     }

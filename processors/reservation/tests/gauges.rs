@@ -157,6 +157,7 @@ async fn the_wal_backlog_counts_unfinished_rows_per_action_aged_from_creation() 
         ("REPAIR", 0, 0),
         ("CLOSE", 1, 30),
         ("ARCHIVE", 0, 0),
+        ("REBUILD", 0, 0),
     ];
     assert_eq!(gauges.len(), expect.len(), "{gauges:?}");
     for (label, rows, age) in expect {

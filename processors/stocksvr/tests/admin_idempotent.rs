@@ -188,7 +188,7 @@ async fn schemas_register_twice_without_change() {
     assert!(ok, "{err}");
     let (ok, out, err) = run(stocksvr().args(["schemas", "register"]));
     assert!(ok, "{err}");
-    assert!(out.contains("17 subjects, 0 new versions"), "{out}");
+    assert!(out.contains("19 subjects, 0 new versions"), "{out}");
     assert!(!out.contains("compatibility set"), "{out}");
     let (ok, out, err) = run(stocksvr().args(["schemas", "check"]));
     assert!(ok, "{out}{err}");
