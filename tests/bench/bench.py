@@ -13,15 +13,17 @@ import redis
 
 import pipeline
 import report
-from system import BenchError, Db, PrivateStack, Role, Sampler, metric_sum, run
+from system import BenchError, Db, PrivateStack, Role, Sampler, metric_sum, run, tail
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 # Per mode: how long or how much of each part. --quick: seconds each, a smoke run of minutes.
 PARAMS = {
-    "full": dict(lua_requests=600_000, sql_secs=20, try_secs=20, sweep_secs=15,
-                 sweep=[1, 8, 64, 256, 1024], backlog_trys=100_000, order_rate=500,
-                 order_secs=60, idle_secs=60, cold_dishes=1000, warm_secs=3),
+    # backlog_trys 50,000: 100,000 outbox events for the relay (a Try writes a stock change
+    # and a lifecycle event), 50,000 stock changes for the projector.
+    "full": dict(lua_requests=200_000, sql_secs=20, try_secs=20, sweep_secs=15,
+                 sweep=[1, 8, 64, 256, 1024], backlog_trys=50_000, order_rate=500,
+                 order_secs=20, idle_secs=60, cold_dishes=1000, warm_secs=3),
     "quick": dict(lua_requests=20_000, sql_secs=3, try_secs=4, sweep_secs=3,
                   sweep=[1, 8, 64, 256, 1024], backlog_trys=3_000, order_rate=500,
                   order_secs=4, idle_secs=10, cold_dishes=1000, warm_secs=1),
@@ -29,7 +31,14 @@ PARAMS = {
 
 MYSQL_KEYS = ["Questions", "Com_select", "Com_insert", "Com_update", "Com_delete", "Com_begin",
               "Com_commit", "Com_rollback", "Com_stmt_execute", "Innodb_os_log_fsyncs",
-              "Innodb_data_fsyncs", "Innodb_row_lock_waits", "Innodb_row_lock_time"]
+              "Innodb_log_writes", "Innodb_data_fsyncs", "Innodb_row_lock_waits", "Innodb_row_lock_time"]
+
+
+def log_flushes(delta):
+    """Redo log flushes in a status delta: Innodb_os_log_fsyncs where the server has it (MySQL,
+    MariaDB before 10.8); MariaDB 10.8+ dropped it, and there every Innodb_log_writes is a
+    write and flush of the log (innodb_flush_log_at_trx_commit=1, the stack's setting)."""
+    return delta.get("Innodb_os_log_fsyncs") or delta.get("Innodb_log_writes", 0)
 
 HOT_DISH, ORDER_DISH, COLD_BASE = 1, 11, 1001
 BIG = 1_000_000_000  # units of a bench bucket: far more than any run can reserve
@@ -60,6 +69,7 @@ class Bench:
         self.notes = []
         self.durability = []
         self.durable = None
+        self.revived = False       # a stocksvr all exited by itself and was restarted (parts.quiet)
         self.raw = {}
         self.sampler = Sampler()
         self.watch = None
@@ -145,11 +155,36 @@ class Bench:
     def role(self, sub, port_offset, **env):
         r = Role(self.a.bin, sub, dict(self.env, **env), f"127.0.0.1:{self.base_port + port_offset}",
                  os.path.join(self.logs, f"stocksvr-{sub}.log"), REPO)
+        r.port_offset, r.extra_env = port_offset, env
         r.start()
         self.roles.append(r)
         self.sampler.track(f"stocksvr {sub}", r.pid)
         r.wait_ready()
         return r
+
+    def revive(self, r, when):
+        """If role r has exited by itself: notes it (exit code and its last error line), starts
+        the same role again (it recovers like after any crash) and returns the new process
+        (its .note says what happened), which replaces r as self.all and in the metrics watch.
+        None while r runs."""
+        if r.proc.poll() is None:
+            return None
+        last = [x for x in tail(r.log, 80).splitlines() if "ERROR" in x or "failed" in x]
+        msg = (f"stocksvr {r.sub} exited {r.proc.returncode} {when}"
+               + (f": {last[-1].strip()[:300]}" if last else "") + "; restarted")
+        self.notes.append(msg)
+        self.log(msg)
+        self.sampler.untrack(f"stocksvr {r.sub}")
+        if r in self.roles:
+            self.roles.remove(r)
+        new = self.role(r.sub, r.port_offset, **r.extra_env)
+        if self.all is r:
+            self.all = new
+        if self.watch is not None and self.watch.role is r:
+            self.watch.role = new
+        new.note = msg
+        self.revived = True
+        return new
 
     def stop_role(self, r):
         code = r.stop()
@@ -185,6 +220,7 @@ class Bench:
         own = self.db.count + self.admin.count - own0
         rec["mysql"] = {k: s1.get(k, 0) - s0.get(k, 0) for k in MYSQL_KEYS}
         rec["mysql"]["Questions"] -= own
+        rec["mysql"]["log_flushes"] = log_flushes(rec["mysql"])
         rec["redis"] = {k: r1[k] - r0[k] for k in r0}
         rec["usage"] = self.sampler.window(rec["t0"], rec["t1"])
         self.phases.append(rec)
@@ -207,7 +243,7 @@ class Bench:
                 + (f" | machine user {m['user']:.0f}% system {m['system']:.0f}% softirq "
                    f"{m['softirq']:.0f}% idle {m['idle']:.0f}%" if m else "")
                 + f" | MariaDB {q['Questions'] / secs:,.0f} stmt/s, {q['Com_commit'] / secs:,.0f} "
-                  f"commits/s, {q['Innodb_os_log_fsyncs'] / secs:,.0f} log fsyncs/s"
+                  f"commits/s, {q['log_flushes'] / secs:,.0f} log flushes/s"
                 + f" | Redis {rec['redis']['evalsha'] / secs:,.0f} Lua/s, CPU "
                   f"{rec['redis']['cpu_s'] / secs * 100:.0f}%")
 

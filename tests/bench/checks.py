@@ -67,8 +67,8 @@ def check(db, r, merchant, runs, extra_items, settle_timeout=90):
     missing = [i for i in acked if i not in status]
     wrong = [i for i in acked if i in status and status[i] not in (RESERVED, CONFIRMED)]
     ok = not left and not missing and not wrong
-    lines.append(f"{len(acked):,} Trys answered 2xx RESERVED ({answered:,} 2xx answers, "
-                 f"{len(status):,} reservation rows): {len(missing)} without a row, "
+    lines.append(f"{len(acked):,} order items answered 2xx RESERVED ({answered:,} 2xx answers, an order-level "
+                 f"one for 3 items; {len(status):,} reservation rows): {len(missing)} without a row, "
                  f"{len(wrong)} in another status")
     if missing:
         lines.append(f"FAIL without a row, e.g. {sorted(missing)[:5]}")

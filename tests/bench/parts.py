@@ -66,11 +66,22 @@ def part_capture(b):
     per_try = (q["Questions"] - idle_rate * secs) / seq
     b.fig.add("stmts_per_try_seq", "MariaDB statements per Try, sequential, API process alone", per_try,
               "stmt/Try", note=f"{seq} Trys; {q['Com_commit'] / seq:.1f} COMMIT, "
-              f"{q['Innodb_os_log_fsyncs'] / seq:.1f} log fsyncs per Try; idle {idle_rate:.1f} stmt/s subtracted")
+              f"{q['log_flushes'] / seq:.1f} log flushes per Try; idle {idle_rate:.1f} stmt/s subtracted")
     b.fig.add("try_latency_seq", "Try through HTTP, one at a time (c=1, API process alone)", seq / secs,
               note="python client, sequential")
-    template, counts, captured, warm = trysql.capture(
-        b.admin, r.url(""), b.merchant, HOT_DISH, bucket, os.path.join(b.logs, "general.log"), 720_000_000)
+    b.stop_role(r)
+    # MariaDB writes a prepared statement's values into the general log only when the log was
+    # on at its PREPARE (it decides then whether to expand the parameters), and stocksvr
+    # prepares once per connection: so the log goes on first, then a fresh process.
+    log_path = os.path.join(b.logs, "general.log")
+    trysql.general_log(b.admin, log_path, True)
+    try:
+        r = b.role("order-lifecycle", 88)
+        template, counts, captured, warm = trysql.capture(
+            r.url(""), b.merchant, HOT_DISH, bucket, log_path, 720_000_000,
+            lambda text: b.admin.q("SELECT %s", (text,)), lambda: trysql.general_log(b.admin, log_path, False))
+    finally:
+        trysql.general_log(b.admin, log_path, False)
     for oid, iid, _ in captured + warm:
         b.extra_items.add(iid)
     path = os.path.join(b.out, "try-sql.txt")
@@ -131,15 +142,36 @@ def part_bare(b):
     side.close()
 
 
+def _metrics(b, r, when):
+    """(role, its /metrics) of r, or of the process that replaced r if r has exited (see
+    Bench.revive); a failed scrape is retried once after a moment, in case r is exiting."""
+    for attempt in range(3):
+        r = b.revive(r, when) or r
+        try:
+            return r, r.metrics()
+        except OSError:
+            if attempt == 2:
+                raise
+            time.sleep(1)
+
+
 def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=None):
     prefix = next(_prefix)
-    m0 = r.metrics()
+    r, m0 = _metrics(b, r, f"before the load {name}")
     with b.phase(name) as rec:
         res = loads.wrk(r.url(""), conns, secs, os.path.join(b.out, "wrk", name), mode, prefix,
                         b.merchant, dish_base, dishes, os.path.join(b.logs, "wrk.log"), quota=quota,
                         stop_when=stop_when)
         rec["gen_cpu_pct"] = res["gen_cpu_pct"]
-    m1 = r.metrics()
+    time.sleep(0.5)  # an exit caused by the load's end shows by now
+    new = b.revive(r, f"at the end of the load {name}")
+    died = new.note if new else None
+    m1 = None
+    if not new:
+        try:
+            m1 = r.metrics()
+        except OSError:  # exiting after all: the next _metrics or quiet restarts it
+            pass
     b.runs.append((mode, res["responses"]))
     items = res["ok2xx"] * (3 if mode == "order" else 1)
     q = rec["mysql"]
@@ -147,13 +179,14 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
     res["stmts_per_try"] = q["Questions"] / items if items else None
     res["mix"] = ", ".join(f"{q[k] / items:.1f} {k[4:].upper()}" for k in
                            ("Com_select", "Com_insert", "Com_update", "Com_commit") if items)
-    res["fsyncs_per_try"] = q["Innodb_os_log_fsyncs"] / items if items else None
+    res["fsyncs_per_try"] = q["log_flushes"] / items if items else None
     res["lua_per_try"] = rec["redis"]["evalsha"] / items if items else None
-    res["delay_p99"], res["delay_n"] = pipeline.histogram_quantile(m0, m1, "stocksvr_projection_delay_seconds", 0.99)
+    res["delay_p99"], res["delay_n"] = (pipeline.histogram_quantile(m0, m1, "stocksvr_projection_delay_seconds", 0.99)
+                                        if m1 else (None, 0))
     if b.watch:
         res["backlog_max"], res["oldest_max"] = b.watch.max_between(rec["t0"], rec["t1"])
     bad = res["requests"] - res["ok2xx"]
-    res["note"] = (f"{res['stmts_per_try']:.1f} stmt/Try ({res['mix']}), {res['fsyncs_per_try']:.2f} fsync/Try"
+    res["note"] = (f"{res['stmts_per_try']:.1f} stmt/Try ({res['mix']}), {res['fsyncs_per_try']:.2f} log flushes/Try"
                    if items else "no 2xx")
     if bad or res["timeouts"] or res["socket_errors"]:
         codes = {}
@@ -161,6 +194,8 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
             if not 200 <= st < 300:
                 codes[f"{st} {outcome}"] = codes.get(f"{st} {outcome}", 0) + 1
         res["note"] += f"; non-2xx {bad} {codes}, timeouts {res['timeouts']}, socket errors {res['socket_errors']}"
+    if died:
+        res["note"] += f"; {died}"
     b.raw[name] = {k: v for k, v in res.items() if k != "responses"}
     return res
 
@@ -168,15 +203,20 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
 def part_http(b):
     """Trys through HTTP against `stocksvr all`: hot dish, cold dishes, order-level, and the
     concurrency sweep on the hot dish."""
-    r = b.role("all", 88)
-    b.all = r
-    b.watch = MetricsWatch(r)
+    b.all = b.role("all", 88)
+    b.watch = MetricsWatch(b.all)
     b.watch.start()
     P = b.P
+    # Every measured load starts with the outbox sent and the projector caught up: otherwise
+    # it would pay for the relay and the projector working off the load before it (the
+    # capture's events wait in the outbox until this process starts), and the projection
+    # delay would be that backlog's age.
+    quiet(b)
     b.log(f"warm-up: hot dish, 64 connections, {P['warm_secs']} s")
-    _wrk(b, r, "warm-up", "single", 64, P["warm_secs"], HOT_DISH, 1)
+    _wrk(b, b.all, "warm-up", "single", 64, P["warm_secs"], HOT_DISH, 1)
+    quiet(b)
     b.log(f"Try through HTTP, hot dish, 64 connections, {P['try_secs']} s")
-    hot = _wrk(b, r, "try-hot-64", "single", 64, P["try_secs"], HOT_DISH, 1)
+    hot = _wrk(b, b.all, "try-hot-64", "single", 64, P["try_secs"], HOT_DISH, 1)
     b.fig.add("try_http_hot", "Try through HTTP, hot dish, 64 conn (stocksvr all)", hot["rate"],
               p50_ms=hot["p50_ms"], p99_ms=hot["p99_ms"], concurrency=64, note=hot["note"])
     b.fig.add("stmts_per_try", "MariaDB statements per Try (hot, 64 conn, stocksvr all)",
@@ -186,12 +226,14 @@ def part_http(b):
     b.fig.add("projection_delay_try", "projection delay p99 during the hot Try load",
               None if hot["delay_p99"] is None else hot["delay_p99"] * 1000, "ms",
               note=f"stocksvr_projection_delay_seconds, {hot['delay_n']:.0f} events, bucket interpolation")
+    quiet(b)
     b.log(f"Try through HTTP, {P['cold_dishes']} cold dishes, 64 connections, {P['try_secs']} s")
-    cold = _wrk(b, r, "try-cold-64", "single", 64, P["try_secs"], COLD_BASE, P["cold_dishes"])
+    cold = _wrk(b, b.all, "try-cold-64", "single", 64, P["try_secs"], COLD_BASE, P["cold_dishes"])
     b.fig.add("try_http_cold", f"Try through HTTP, {P['cold_dishes']:,} cold dishes, 64 conn", cold["rate"],
               p50_ms=cold["p50_ms"], p99_ms=cold["p99_ms"], concurrency=64, note=cold["note"])
+    quiet(b)
     b.log(f"order-level Try of 3 dishes, 64 connections, {P['try_secs']} s")
-    order = _wrk(b, r, "try-order-64", "order", 64, P["try_secs"], ORDER_DISH, 3)
+    order = _wrk(b, b.all, "try-order-64", "order", 64, P["try_secs"], ORDER_DISH, 3)
     b.fig.add("try_http_order", "order-level Try of 3 dishes, 64 conn (orders)", order["rate"],
               p50_ms=order["p50_ms"], p99_ms=order["p99_ms"], concurrency=64,
               note=f"{order['rate'] * 3:,.0f} items/s; " + order["note"])
@@ -200,8 +242,9 @@ def part_http(b):
         if c == 64:
             res = hot
         else:
+            quiet(b)
             b.log(f"sweep: hot dish, {c} connections, {P['sweep_secs']} s")
-            res = _wrk(b, r, f"try-hot-c{c}", "single", c, P["sweep_secs"], HOT_DISH, 1)
+            res = _wrk(b, b.all, f"try-hot-c{c}", "single", c, P["sweep_secs"], HOT_DISH, 1)
         b.fig.add(f"try_http_hot_c{c}", f"Try through HTTP, hot dish, {c} conn", res["rate"],
                   p50_ms=res["p50_ms"], p99_ms=res["p99_ms"], concurrency=c,
                   note="" if c == 64 else res["note"])
@@ -209,15 +252,34 @@ def part_http(b):
     b.raw["sweep"] = sweep
 
 
-def wait_quiet(b, timeout=300):
+def quiet(b):
+    """wait_quiet before a measured load; a stocksvr all that exited meanwhile is restarted
+    and warmed up again, so the load does not measure a cold process."""
+    for _ in range(3):
+        took = wait_quiet(b)
+        if took >= 1:
+            b.log(f"  (waited {took:.0f} s for the outbox and the projector to catch up)")
+        if not b.revived:
+            return
+        b.revived = False
+        _wrk(b, b.all, "warm-up", "single", 64, b.P["warm_secs"], HOT_DISH, 1)
+
+
+def wait_quiet(b, timeout=300, orders=False):
     """Waits until the outbox is empty and the projector group has booked every stock-change
-    event (so the next part starts from a clean state). Returns the seconds it took."""
+    event (so the next part starts from a clean state); with orders, also until the
+    order-lifecycle group has handled every order event. Returns the seconds it took."""
     t0 = time.time()
     topic = f"{b.ns}.inventory.stock-change.v1"
     group = f"{b.group_prefix}.projector"
+    pending = lag = None
     while time.time() - t0 < timeout:
+        if b.all is not None:
+            b.revive(b.all, "while the bench waited for the outbox and the projector")
         pending = b.db.one("SELECT COUNT(*) FROM inventory_outbox WHERE status <> %s", (pipeline.SENT,))
         lag = pipeline.group_lag(b.a.brokers, group, topic) if pending == 0 else None
+        if orders and lag == 0:
+            lag = pipeline.group_lag(b.a.brokers, f"{b.group_prefix}.order-lifecycle", f"{b.ns}.order.lifecycle.v1")
         if pending == 0 and lag == 0:
             return time.time() - t0
         time.sleep(1)

@@ -151,23 +151,31 @@ def part_orders(b):
     m0 = r.metrics()
     with b.phase("orders") as rec:
         sent, took = producer.run(orders, b.merchant, rate)
-        lat, proj, confirmed = pipeline.confirm_latencies(b.db, sent, {o: i for o, i in orders}, secs + 180)
+        # The wait is bounded: when stocksvr confirms slower than the orders come, the rest
+        # is confirmed in the background (part_idle waits for it) and the latencies are
+        # those of the orders confirmed in time (the slowest are missing).
+        lat, proj, confirmed, confirm_rate = pipeline.confirm_latencies(
+            b.db, sent, {o: i for o, i in orders}, secs + 240)
     m1 = r.metrics()
     if confirmed < n:
-        b.notes.append(f"only {confirmed} of {n} orders CONFIRMED within the deadline")
+        b.notes.append(f"only {confirmed:,} of {n:,} orders CONFIRMED within {secs + 240} s of the first; "
+                       "their latencies exclude the slowest")
     hq, hn = pipeline.histogram_quantile(m0, m1, "stocksvr_projection_delay_seconds", 0.99)
-    b.fig.add("order_confirm", f"OrderCreated -> CONFIRMED at {rate}/s ({n:,} orders)", n / took,
+    b.fig.add("order_confirm", f"OrderCreated -> CONFIRMED at {rate}/s ({n:,} orders)", confirm_rate,
               p50_ms=_ms(pipeline.pct(lat, 50)), p99_ms=_ms(pipeline.pct(lat, 99)),
-              note=f"produce -> CONFIRMED updated_at; {confirmed:,} confirmed")
+              note=f"produce -> CONFIRMED updated_at; {confirmed:,} confirmed, "
+                   f"{confirm_rate or 0:,.0f} confirms/s from the first produce to the last confirm; "
+                   f"produced at {n / took:,.0f}/s")
     backlog, oldest = b.watch.max_between(rec["t0"], rec["t1"])
     b.fig.add("projection_delay", f"projection delay under {rate} orders/s", _ms(pipeline.pct(proj, 99)), "ms",
               p50_ms=_ms(pipeline.pct(proj, 50)), p99_ms=_ms(pipeline.pct(proj, 99)),
               note=f"CONFIRMED -> its ledger row; histogram p99 {_ms(hq) or 0:.0f} ms over {hn:.0f} events; "
                    f"outbox backlog max {backlog}")
-    rss = [p["usage"]["procs"].get("stocksvr all", {}).get("rss_max_mb", 0) for p in b.phases]
-    b.fig.add("rss_max", "RSS of stocksvr all, highest sample of the run", max(rss), "MB",
-              note=f"during these orders {rec['usage']['procs'].get('stocksvr all', {}).get('rss_max_mb', 0):.0f} MB; "
-                   "VmRSS every second")
+    rss = [(p["usage"]["procs"].get("stocksvr all", {}).get("rss_max_mb", 0), p["name"]) for p in b.phases]
+    top, where = max(rss)
+    b.fig.add("rss_max", "RSS of stocksvr all, highest sample of the run", top, "MB",
+              note=f"in phase {where}; during these orders "
+                   f"{rec['usage']['procs'].get('stocksvr all', {}).get('rss_max_mb', 0):.0f} MB; VmRSS every second")
 
 
 def _ms(s):
@@ -175,8 +183,8 @@ def _ms(s):
 
 
 def part_idle(b):
-    b.log("waiting for the pipeline to go quiet, then measuring idle")
-    wait_quiet(b)
+    b.log("waiting for the pipeline to go quiet (orders confirmed too), then measuring idle")
+    wait_quiet(b, timeout=900, orders=True)
     secs = b.P["idle_secs"]
     with b.phase("idle") as rec:
         time.sleep(secs)

@@ -177,8 +177,9 @@ class OrderProducer:
 
 
 def confirm_latencies(db, sent, rids, timeout):
-    """Waits until every reservation of sent is CONFIRMED; returns (latencies produce ->
-    CONFIRMED updated_at, projection delays CONFIRMED -> its ledger row, confirmed count)."""
+    """Waits until every reservation of sent is CONFIRMED (at most timeout seconds); returns
+    (latencies produce -> CONFIRMED updated_at, projection delays CONFIRMED -> its ledger row,
+    confirmed count, confirms per second from the first produce to the last confirm)."""
     ids = list(rids.values())
     deadline = time.time() + timeout
     confirmed = 0
@@ -191,7 +192,7 @@ def confirm_latencies(db, sent, rids, timeout):
         if confirmed == len(ids):
             break
         time.sleep(0.5)
-    lat, proj = [], []
+    lat, proj, last = [], [], None
     for i in range(0, len(ids), 5000):
         chunk = ids[i:i + 5000]
         rows = db.q(
@@ -200,9 +201,12 @@ def confirm_latencies(db, sent, rids, timeout):
             f" WHERE r.status = 40 AND r.id IN ({','.join(map(str, chunk))})")
         for order_id, updated, booked in rows:
             lat.append(_epoch(updated) - sent[int(order_id)])
+            last = max(last or 0.0, _epoch(updated))
             if booked is not None:
                 proj.append(_epoch(booked) - _epoch(updated))
-    return lat, proj, confirmed
+    # Confirms per second from the first produce to the last CONFIRMED row.
+    rate = confirmed / (last - min(sent.values())) if last and sent and last > min(sent.values()) else None
+    return lat, proj, confirmed, rate
 
 
 def histogram_quantile(before, after, name, q):

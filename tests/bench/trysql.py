@@ -40,9 +40,21 @@ def parse_log(text):
     return [tuple(e) for e in entries]
 
 
+def window(entries, begin, end):
+    """The entries between the log lines that carry the strings begin and end (the marker
+    queries capture() sends around each Try), or [] when either is missing."""
+    lo = next((i for i, e in enumerate(entries) if begin in e[2]), None)
+    hi = next((i for i, e in enumerate(entries) if end in e[2]), None)
+    if lo is None or hi is None:
+        return []
+    return entries[lo + 1:hi]
+
+
 def try_statements(entries, marks):
     """The statements (in order) of the Try identified by marks (strings its statements may
-    contain), with the transaction statements around them on the same connection."""
+    contain), with the transaction statements around them on the same connection. entries is
+    the window of one Try (its bucket and merchant are named by every Try's statements, and
+    pollers' statements come in between)."""
     stmts = [(i, c, s) for i, (c, cmd, s) in enumerate(entries) if cmd in ("Query", "Execute")]
     mine = set()
     for i, conn, s in stmts:
@@ -83,8 +95,20 @@ def shape(statements):
     return [re.sub(r"'[^']*'|\b\d+\b", "?", s) for s in statements]
 
 
-def capture(db, api, merchant, dish, bucket_id, log_path, id_base, count=5, warm=20):
-    """Runs warm + count sequential Trys, the last count with the general log on. Returns
+def general_log(db, path, on):
+    """Turns MariaDB's general log (to path) on or off."""
+    if on:
+        db.q("SET GLOBAL log_output = 'FILE'")
+        db.q("SET GLOBAL general_log_file = %s", (path,))
+        db.q("SET GLOBAL general_log = 1")
+    else:
+        db.q("SET GLOBAL general_log = 0")
+
+
+def capture(api, merchant, dish, bucket_id, log_path, id_base, mark, log_off, count=5, warm=20):
+    """Runs warm + count sequential Trys against api, whose process started with the general
+    log on (see general_log), each captured one between two marker queries (mark(text) sends
+    SELECT 'text' on another connection), then calls log_off and reads the log. Returns
     (template lines, statements per Try, the captured Trys' (order, item, reservation) ids,
     the warm-up Trys' ids)."""
     def one(oid, iid):
@@ -96,27 +120,27 @@ def capture(db, api, merchant, dish, bucket_id, log_path, id_base, count=5, warm
             raise BenchError(f"capture Try answered {st}: {text[:300]}")
         return reservation["reservation_id"]
 
+    # The warm-up Trys make the process prepare its statements on every pool connection.
     done = []
     for k in range(warm):
         oid, iid = id_base + k, id_base + 500_000 + k
         done.append((oid, iid, one(oid, iid)))
-    db.q("SET GLOBAL log_output = 'FILE'")
-    db.q("SET GLOBAL general_log_file = %s", (log_path,))
-    db.q("SET GLOBAL general_log = 1")
     captured = []
-    try:
-        for k in range(count):
-            oid, iid = id_base + 1000 + k, id_base + 501_000 + k
-            captured.append((oid, iid, one(oid, iid)))
-            time.sleep(0.2)
-    finally:
-        db.q("SET GLOBAL general_log = 0")
+    for k in range(count):
+        oid, iid = id_base + 1000 + k, id_base + 501_000 + k
+        mark(f"bench-capture-begin-{k}")
+        captured.append((oid, iid, one(oid, iid)))
+        # The last statements (COMMIT) reach the log before the answer does.
+        mark(f"bench-capture-end-{k}")
+        time.sleep(0.2)
+    log_off()
     with open(log_path, encoding="utf-8", errors="replace") as f:
         entries = parse_log(f.read())
     per_try = []
-    for oid, iid, rid in captured:
+    for k, (oid, iid, rid) in enumerate(captured):
         marks = [str(rid), str(oid), str(iid), bucket_id, f"merchant_id = {merchant}"]
-        per_try.append(try_statements(entries, marks))
+        per_try.append(try_statements(window(entries, f"bench-capture-begin-{k}'", f"bench-capture-end-{k}'"),
+                                      marks))
     shapes = [tuple(shape(s)) for s in per_try]
     # The most common shape is the Try's; another one means a Try took an unusual path (a
     # lost CAS, a retry) and is not a template.
