@@ -219,7 +219,8 @@ class Bench:
         r1 = self.redis_counts()
         own = self.db.count + self.admin.count - own0
         rec["mysql"] = {k: s1.get(k, 0) - s0.get(k, 0) for k in MYSQL_KEYS}
-        rec["mysql"]["Questions"] -= own
+        # own counts both SHOW GLOBAL STATUS; the delta holds the second one only.
+        rec["mysql"]["Questions"] = max(0, rec["mysql"]["Questions"] - (own - 1))
         rec["mysql"]["log_flushes"] = log_flushes(rec["mysql"])
         rec["redis"] = {k: r1[k] - r0[k] for k in r0}
         rec["usage"] = self.sampler.window(rec["t0"], rec["t1"])
