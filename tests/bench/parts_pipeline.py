@@ -1,0 +1,208 @@
+"""The pipeline parts of a bench run: a backlog made by Trys while no relay runs, drained by
+`stocksvr outbox-relay` alone and booked by `stocksvr projector` alone, next to Kafka's own
+tools; a fresh group catching up (resident memory after a large backlog); OrderCreated ->
+CONFIRMED at a steady rate; the idle cost; the durability check."""
+
+import os
+import time
+
+import checks
+import loads
+import pipeline
+from bench import COLD_BASE, REPO, MetricsWatch
+from parts import _wrk, wait_quiet
+from system import BenchError
+
+
+def _count_pending(b, topic=None):
+    """Outbox rows not sent yet (of one topic: its logical name, as the rows keep it)."""
+    sql = "SELECT COUNT(*) FROM inventory_outbox WHERE status <> %s"
+    args = [pipeline.SENT]
+    if topic:
+        sql += " AND topic = %s"
+        args.append(topic)
+    return b.db.one(sql, args)
+
+
+def part_pipeline(b):
+    P = b.P
+    stock_topic = f"{b.ns}.inventory.stock-change.v1"
+    b.log("waiting for stocksvr all to publish and book everything")
+    wait_quiet(b)
+    b.watch.stop()
+    b.watch = None
+    b.stop_role(b.all)
+    b.all = None
+
+    trys = P["backlog_trys"]
+    b.log(f"backlog: {trys:,} Trys on {P['cold_dishes']} cold dishes through stocksvr order-lifecycle "
+          "alone (no relay)")
+    api = b.role("order-lifecycle", 88)
+    # Each of wrk's two threads stops sending after its half; wrk itself is stopped once every
+    # Try is in the database (or nothing has moved for 10 s). The duration only bounds a stuck
+    # run (at least 50 Trys a second).
+    count_sql = "SELECT COUNT(*) FROM inventory_reservation WHERE merchant_id = %s"
+    target = b.db.one(count_sql, (b.merchant,)) + 2 * ((trys + 1) // 2)
+    seen = {"n": -1, "t": time.time()}
+
+    def all_in():
+        n = b.db.one(count_sql, (b.merchant,))
+        if n != seen["n"]:
+            seen.update(n=n, t=time.time())
+        return n >= target or time.time() - seen["t"] > 10
+
+    res = _wrk(b, api, "backlog-trys", "single", 64, max(120, trys // 50), COLD_BASE, P["cold_dishes"],
+               quota=(trys + 1) // 2, stop_when=all_in)
+    b.fig.add("try_http_api_alone", "Try through HTTP, cold dishes, 64 conn, API process alone", res["rate"],
+              p50_ms=res["p50_ms"], p99_ms=res["p99_ms"], concurrency=64,
+              note="stocksvr order-lifecycle; " + res["note"])
+    b.stop_role(api)
+    n_relay = _count_pending(b)
+    n_proj = _count_pending(b, "inventory.stock-change.v1")
+    b.log(f"outbox backlog: {n_relay:,} events ({n_proj:,} for {stock_topic})")
+
+    with b.phase("relay-drain") as rec:
+        t_start = time.time()
+        relay = b.role("outbox-relay", 89)
+        ft, fv, lt, lv = pipeline.wait_counter(relay, "stocksvr_outbox_published_total", n_relay, 1800)
+        rec["rss_after_mb"] = b.sampler.sample()[1].get("stocksvr outbox-relay", (0, 0))[1] / 1024
+    left = _count_pending(b)
+    relay_rate = pipeline.drain_rate(ft, fv, lt, lv)
+    b.fig.add("relay", f"outbox relay alone, draining {n_relay:,} events", relay_rate,
+              note=f"{lt - t_start:.1f} s from process start; pending left {left}; RSS {rec['rss_after_mb']:.0f} MB")
+    b.stop_role(relay)
+    if left:
+        b.notes.append(f"{left} outbox rows still not SENT after the relay's published counter reached the backlog")
+
+    sizes = {}
+    for logical in ("inventory.stock-change.v1", "inventory.lifecycle.v1"):
+        topic = f"{b.ns}.{logical}"
+        sizes[topic] = pipeline.topic_sizes(b.a.brokers, topic, 2000, f"{b.ns}.sizes")
+    size = round(sum(c * s for c, s in sizes.values()) / max(1, sum(c for c, _ in sizes.values())))
+    perf_topic = f"{b.ns}.perf-producer"
+    pipeline.create_topic(b.a.brokers, perf_topic, 6)
+    klog = os.path.join(b.logs, "kafka-tools.log")
+    b.log(f"Kafka's producer tool: {n_relay:,} records of {size} bytes, acks=all, idempotent")
+    with b.phase("kafka-producer-tool") as rec:
+        kp = loads.kafka_producer_perf(b.a.kafka_home, b.a.log4j, b.a.brokers, perf_topic, n_relay, size, klog)
+        rec["gen_cpu_pct"] = kp["gen_cpu_pct"]
+    b.fig.add("kafka_producer", f"Kafka producer perf tool, {n_relay:,} records of {size} B", kp["rate"],
+              p50_ms=kp["p50_ms"], p99_ms=kp["p99_ms"], note="kafka-producer-perf-test (ProducerPerformance)")
+
+    ledger0 = b.db.one("SELECT COUNT(*) FROM inventory_ledger")
+    b.log(f"projector alone booking {n_proj:,} events")
+    with b.phase("projector-book") as rec:
+        t_start = time.time()
+        proj = b.role("projector", 90)
+        ft, fv, lt, lv = pipeline.wait_counter(proj, "stocksvr_projector_events_projected_total", n_proj, 1800)
+        rec["rss_after_mb"] = b.sampler.sample()[1].get("stocksvr projector", (0, 0))[1] / 1024
+    booked = b.db.one("SELECT COUNT(*) FROM inventory_ledger") - ledger0
+    b.fig.add("projector", f"projector alone, booking {n_proj:,} events", pipeline.drain_rate(ft, fv, lt, lv),
+              note=f"{lt - t_start:.1f} s from process start; {booked:,} ledger rows; RSS {rec['rss_after_mb']:.0f} MB")
+    b.stop_role(proj)
+    b.log(f"Kafka's consumer tool on {stock_topic}: {n_proj:,} records")
+    with b.phase("kafka-consumer-tool") as rec:
+        kc = loads.kafka_consumer_perf(b.a.kafka_home, b.a.log4j, b.a.brokers, stock_topic, n_proj,
+                                       f"{b.ns}.perf-consumer", klog)
+        rec["gen_cpu_pct"] = kc["gen_cpu_pct"]
+    b.fig.add("kafka_consumer", f"Kafka consumer perf tool, {kc['records']:,} records of the same topic",
+              kc["rate"], note=f"fetch rate; {kc['overall_rate']:,.0f}/s with the group join")
+    b.raw.update(relay_sizes=sizes, kafka_producer=kp, kafka_consumer=kc)
+
+    # A fresh group on every topic: the case where RSS used to stay at 200 MB.
+    records, _ = pipeline.topic_sizes(b.a.brokers, stock_topic, 0, f"{b.ns}.sizes")
+    b.group_prefix = f"{b.ns}.fresh"
+    b.log(f"stocksvr all with a fresh group prefix catching up on {records:,} stock-change events")
+    with b.phase("fresh-group-catch-up") as rec:
+        t_start = time.time()
+        r = b.role("all", 88, STOCKSVR__KAFKA__GROUP_PREFIX=b.group_prefix)
+        b.all = r
+        deadline = time.time() + 1800
+        while True:
+            lag = pipeline.group_lag(b.a.brokers, f"{b.group_prefix}.projector", stock_topic)
+            if lag == 0:
+                break
+            if time.time() > deadline or r.proc.poll() is not None:
+                raise BenchError(f"the fresh group did not catch up (lag {lag}; log {r.log})")
+            time.sleep(0.5)
+    took = rec["t1"] - t_start
+    rss = b.sampler.window(rec["t0"], rec["t1"])["procs"].get("stocksvr all", {})
+    b.fig.add("catch_up", f"stocksvr all, fresh group catching up on {records:,} events", records / took,
+              note=f"{took:.1f} s from process start")
+    b.fig.add("rss_after_backlog", "RSS of stocksvr all right after catching up", rss.get("rss_last_mb"), "MB",
+              note=f"max during the catch-up {rss.get('rss_max_mb', 0):.0f} MB")
+    b.watch = MetricsWatch(r)
+    b.watch.start()
+
+
+def part_orders(b):
+    """OrderCreated -> CONFIRMED at a steady rate from the Python Confluent producer."""
+    r = b.all
+    rate, secs = b.P["order_rate"], b.P["order_secs"]
+    n = rate * secs
+    rows = b.db.q("SELECT id, order_id FROM inventory_reservation WHERE merchant_id = %s AND status = 20 "
+                  "AND dish_id >= %s ORDER BY id LIMIT %s", (b.merchant, COLD_BASE, n))
+    if len(rows) < n:
+        raise BenchError(f"only {len(rows)} RESERVED cold-dish reservations for {n} orders")
+    orders = [(int(o), int(i)) for i, o in rows]
+    producer = pipeline.OrderProducer(b.a.brokers, b.a.registry, os.path.join(REPO, "schemas"),
+                                      f"{b.ns}.order.lifecycle.v1")
+    b.log(f"OrderCreated at {rate}/s for {secs} s ({n:,} orders) from the Python Confluent producer")
+    m0 = r.metrics()
+    with b.phase("orders") as rec:
+        sent, took = producer.run(orders, b.merchant, rate)
+        # The wait is bounded: when stocksvr confirms slower than the orders come, the rest
+        # is confirmed in the background (part_idle waits for it) and the latencies are
+        # those of the orders confirmed in time (the slowest are missing).
+        lat, proj, confirmed, confirm_rate = pipeline.confirm_latencies(
+            b.db, sent, {o: i for o, i in orders}, secs + 240)
+    m1 = r.metrics()
+    if confirmed < n:
+        b.notes.append(f"only {confirmed:,} of {n:,} orders CONFIRMED within {secs + 240} s of the first; "
+                       "their latencies exclude the slowest")
+    hq, hn = pipeline.histogram_quantile(m0, m1, "stocksvr_projection_delay_seconds", 0.99)
+    b.fig.add("order_confirm", f"OrderCreated -> CONFIRMED at {rate}/s ({n:,} orders)", confirm_rate,
+              p50_ms=_ms(pipeline.pct(lat, 50)), p99_ms=_ms(pipeline.pct(lat, 99)),
+              note=f"produce -> CONFIRMED updated_at; {confirmed:,} confirmed, "
+                   f"{confirm_rate or 0:,.0f} confirms/s from the first produce to the last confirm; "
+                   f"produced at {n / took:,.0f}/s")
+    backlog, oldest = b.watch.max_between(rec["t0"], rec["t1"])
+    b.fig.add("projection_delay", f"projection delay under {rate} orders/s", _ms(pipeline.pct(proj, 99)), "ms",
+              p50_ms=_ms(pipeline.pct(proj, 50)), p99_ms=_ms(pipeline.pct(proj, 99)),
+              note=f"CONFIRMED -> its ledger row; histogram p99 {_ms(hq) or 0:.0f} ms over {hn:.0f} events; "
+                   f"outbox backlog max {backlog}")
+    rss = [(p["usage"]["procs"].get("stocksvr all", {}).get("rss_max_mb", 0), p["name"]) for p in b.phases]
+    top, where = max(rss)
+    b.fig.add("rss_max", "RSS of stocksvr all, highest sample of the run", top, "MB",
+              note=f"in phase {where}; during these orders "
+                   f"{rec['usage']['procs'].get('stocksvr all', {}).get('rss_max_mb', 0):.0f} MB; VmRSS every second")
+
+
+def _ms(s):
+    return None if s is None else s * 1000.0
+
+
+def part_idle(b):
+    b.log("waiting for the pipeline to go quiet (orders confirmed too), then measuring idle")
+    wait_quiet(b, timeout=900, orders=True)
+    secs = b.P["idle_secs"]
+    with b.phase("idle") as rec:
+        time.sleep(secs)
+    u = rec["usage"]["procs"].get("stocksvr all", {})
+    took = rec["t1"] - rec["t0"]
+    b.fig.add("idle_cpu", f"idle CPU of stocksvr all over {secs} s", u.get("cpu_pct"), "% core",
+              note=f"RSS {u.get('rss_last_mb', 0):.0f} MB")
+    b.fig.add("idle_sql", "idle MariaDB statements", rec["mysql"]["Questions"] / took, "stmt/s",
+              note=f"{rec['mysql']['Com_commit'] / took:.1f} commits/s")
+
+
+def part_durability(b):
+    b.log("durability check")
+    deadline = time.time() + 120
+    while True:
+        ok, lines, projected = checks.check(b.db, b.redis, b.merchant, b.runs, b.extra_items)
+        if projected or not ok or time.time() > deadline:
+            break
+        time.sleep(2)
+    b.durable = ok
+    b.durability = (["PASS"] if ok else ["FAIL"]) + lines

@@ -1,0 +1,253 @@
+"""Part 4 and 5 of the bench: the outbox relay and the projector draining a backlog, next to
+Kafka's own producer and consumer tools on records of the same count and size, and
+OrderCreated -> CONFIRMED at a steady rate from an independent producer."""
+
+import calendar
+import os
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import SchemaRegistryClient, topic_record_subject_name_strategy
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from system import BenchError, metric_sum
+
+SENT = 30  # inventory_outbox.status (processors/outbox-relay/src/store.rs)
+PENDING = 10
+
+
+def wait_counter(role, name, target, timeout, poll=0.1):
+    """Polls a counter of role's /metrics until it reaches target. Returns (t_first, v_first,
+    t_last, v_last): the first poll that saw it move off its start and the poll that reached
+    the target, so the rate leaves out the process start and the group join."""
+    deadline = time.time() + timeout
+    start = None
+    first = None
+    last = None
+    while time.time() < deadline:
+        try:
+            v = metric_sum(role.metrics(), name)
+        except OSError:
+            v = None
+        now = time.time()
+        if v is not None:
+            if start is None:
+                start = v
+            if first is None and v > start:
+                first = (now, v)
+            last = (now, v)
+            if v >= target:
+                break
+        if role.proc.poll() is not None:
+            raise BenchError(f"stocksvr {role.sub} exited with {role.proc.returncode} (log {role.log})")
+        time.sleep(poll)
+    if last is None or last[1] < target:
+        raise BenchError(f"{name} of stocksvr {role.sub} at {last and last[1]} after {timeout}s, "
+                         f"expected {target}")
+    if first is None:
+        first = last
+    return first[0], first[1], last[0], last[1]
+
+
+def drain_rate(first_t, first_v, last_t, last_v):
+    return (last_v - first_v) / (last_t - first_t) if last_t > first_t else None
+
+
+def topic_sizes(brokers, topic, sample, group):
+    """(record count from the watermarks, mean value bytes of up to sample records)."""
+    c = Consumer({"bootstrap.servers": brokers, "group.id": group, "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest"})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        parts = [TopicPartition(topic, p, 0) for p in md.partitions]
+        count = 0
+        for tp in parts:
+            lo, hi = c.get_watermark_offsets(tp, timeout=10)
+            count += hi - lo
+        c.assign(parts)
+        sizes = []
+        deadline = time.time() + 30
+        while len(sizes) < min(sample, count) and time.time() < deadline:
+            for m in c.consume(500, 1.0):
+                if m.error() is None and m.value() is not None:
+                    sizes.append(len(m.value()))
+        return count, (sum(sizes) / len(sizes) if sizes else 0.0)
+    finally:
+        c.close()
+
+
+def create_topic(brokers, name, partitions):
+    admin = AdminClient({"bootstrap.servers": brokers})
+    for f in admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30).values():
+        f.result(60)
+
+
+def delete_topics(brokers, prefix):
+    """Deletes every topic whose name starts with prefix (the bench's namespace)."""
+    admin = AdminClient({"bootstrap.servers": brokers})
+    names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+    if names:
+        for f in admin.delete_topics(names, operation_timeout=30).values():
+            try:
+                f.result(60)
+            except Exception:  # a topic already gone is fine
+                pass
+    return names
+
+
+def delete_groups(brokers, prefix):
+    admin = AdminClient({"bootstrap.servers": brokers})
+    groups = [g.group_id for g in admin.list_consumer_groups().result(30).valid
+              if g.group_id.startswith(prefix)]
+    if groups:
+        for f in admin.delete_consumer_groups(groups, request_timeout=30).values():
+            try:
+                f.result(60)
+            except Exception:
+                pass
+    return groups
+
+
+def _epoch(naive_utc):
+    return calendar.timegm(naive_utc.timetuple()) + naive_utc.microsecond / 1e6
+
+
+def pct(values, p):
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, int(round(p / 100.0 * len(v) + 0.5)) - 1))]
+
+
+class OrderProducer:
+    """The order service: OrderCreated through the stock Confluent client and its Avro
+    serializer (TopicRecordNameStrategy, as tests/interop/produce.py), linger.ms 0 so the
+    producer's own batching does not sit in the latency."""
+
+    def __init__(self, brokers, registry, schemas_dir, topic):
+        self.topic = topic
+        self.producer = Producer({"bootstrap.servers": brokers, "enable.idempotence": True,
+                                  "acks": "all", "linger.ms": 0, "client.id": "bench-order-service"})
+        with open(os.path.join(schemas_dir, "OrderCreated.avsc"), encoding="utf-8") as f:
+            schema = f.read()
+        self.serializer = AvroSerializer(SchemaRegistryClient({"url": registry}), schema, conf={
+            "auto.register.schemas": True,
+            "subject.name.strategy": topic_record_subject_name_strategy,
+        })
+        self.ctx = SerializationContext(topic, MessageField.VALUE)
+        self.failed = 0
+
+    def _delivered(self, err, _msg):
+        if err is not None:
+            self.failed += 1
+
+    def run(self, orders, merchant, rate):
+        """Produces OrderCreated for each (order_id, reservation_id) at rate per second (paced
+        by the clock, not by acks). Returns {order_id: produce time}."""
+        sent = {}
+        t0 = time.time() + 0.2
+        for k, (order_id, rid) in enumerate(orders):
+            due = t0 + k / rate
+            delay = due - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            now = time.time()
+            value = self.serializer({
+                "event_id": f"bench-oc-{order_id}",
+                "event_type": "OrderCreated",
+                "schema_version": 1,
+                "occurred_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+                + f".{int(now * 1000) % 1000:03d}+00:00",
+                "producer": "bench-order-service",
+                "trace_id": None,
+                "partition_key": str(order_id),
+                "data": {"order_id": order_id, "merchant_id": merchant, "order_type": "INSTANT",
+                         "processing_time": None, "inventory_reservation_ids": [rid]},
+            }, self.ctx)
+            sent[order_id] = now
+            self.producer.produce(self.topic, key=str(order_id).encode(), value=value,
+                                  on_delivery=self._delivered)
+            self.producer.poll(0)
+        left = self.producer.flush(60)
+        if left or self.failed:
+            raise BenchError(f"the order producer lost {left + self.failed} OrderCreated")
+        return sent, time.time() - t0
+
+
+def confirm_latencies(db, sent, rids, timeout):
+    """Waits until every reservation of sent is CONFIRMED (at most timeout seconds); returns
+    (latencies produce -> CONFIRMED updated_at, projection delays CONFIRMED -> its ledger row,
+    confirmed count, confirms per second from the first produce to the last confirm)."""
+    ids = list(rids.values())
+    deadline = time.time() + timeout
+    confirmed = 0
+    while time.time() < deadline:
+        confirmed = 0
+        for i in range(0, len(ids), 5000):
+            chunk = ids[i:i + 5000]
+            confirmed += db.one(
+                f"SELECT COUNT(*) FROM inventory_reservation WHERE status = 40 AND id IN ({','.join(map(str, chunk))})")
+        if confirmed == len(ids):
+            break
+        time.sleep(0.5)
+    lat, proj, last = [], [], None
+    for i in range(0, len(ids), 5000):
+        chunk = ids[i:i + 5000]
+        rows = db.q(
+            "SELECT r.order_id, r.updated_at, l.created_at FROM inventory_reservation r"
+            " LEFT JOIN inventory_ledger l ON l.operation_id = CONCAT('op_confirm_', r.id)"
+            f" WHERE r.status = 40 AND r.id IN ({','.join(map(str, chunk))})")
+        for order_id, updated, booked in rows:
+            lat.append(_epoch(updated) - sent[int(order_id)])
+            last = max(last or 0.0, _epoch(updated))
+            if booked is not None:
+                proj.append(_epoch(booked) - _epoch(updated))
+    # Confirms per second from the first produce to the last CONFIRMED row.
+    rate = confirmed / (last - min(sent.values())) if last and sent and last > min(sent.values()) else None
+    return lat, proj, confirmed, rate
+
+
+def histogram_quantile(before, after, name, q):
+    """histogram_quantile over the increase of a Prometheus histogram between two scrapes
+    (linear inside the bucket, as Prometheus does). Returns (value in seconds, count)."""
+    def buckets(m):
+        out = {}
+        for (n, labels), v in m.items():
+            if n == name + "_bucket":
+                le = dict(labels).get("le")
+                key = float("inf") if le == "+Inf" else float(le)
+                out[key] = out.get(key, 0.0) + v
+        return out
+    b0, b1 = buckets(before), buckets(after)
+    inc = sorted((le, b1[le] - b0.get(le, 0.0)) for le in b1)
+    if not inc or inc[-1][1] <= 0:
+        return None, 0
+    total = inc[-1][1]
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in inc:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le, total
+            return prev_le + (le - prev_le) * (rank - prev_c) / max(c - prev_c, 1e-9), total
+        prev_le, prev_c = le, c
+    return inc[-1][0], total
+
+
+def group_lag(brokers, group, topic):
+    """Records of topic the consumer group has not committed yet (None: unknown)."""
+    c = Consumer({"bootstrap.servers": brokers, "group.id": group, "enable.auto.commit": False})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        parts = [TopicPartition(topic, p) for p in md.partitions]
+        lag = 0
+        for tp in c.committed(parts, timeout=10):
+            _lo, hi = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
+            lag += hi - (tp.offset if tp.offset >= 0 else 0)
+        return lag
+    except Exception:
+        return None
+    finally:
+        c.close()

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""scripts/bench's orchestrator (scripts/bench installs the tools and the venv, builds or takes
+the binary, starts the shared Kafka and registry, then runs this). See tests/bench/README.md.
+
+Parts, in this order, all in one run:
+  1. the SQL of a Try (stocksvr order-lifecycle alone; MariaDB general log), statements per Try;
+  2. baselines without stocksvr: try.lua via redis-benchmark, a hot-row UPDATE and the Try's
+     own statements replayed via sysbench;
+  3. Trys through HTTP with wrk against stocksvr all: hot dish, cold dishes, order-level, and
+     the concurrency sweep on the hot dish;
+  4. a backlog of Trys made with no relay running, drained by the relay alone and booked by the
+     projector alone, next to Kafka's producer and consumer tools; a fresh group catching up;
+  5. OrderCreated -> CONFIRMED at a steady rate; 6. idle cost; then the durability check.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import parts
+import parts_pipeline
+import report
+from bench import REPO, Bench, dump_json
+from system import BenchError
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="every part briefly (a smoke run of a few minutes)")
+    ap.add_argument("--bin", required=True, help="stocksvr binary (a release build)")
+    ap.add_argument("--results", default=os.path.join(REPO, "bench-results"))
+    ap.add_argument("--port-base", type=int, default=int(os.environ.get("BENCH_PORT_BASE", "25000")),
+                    help="private MariaDB on B+7, Redis on B+80, stocksvr on B+88..B+90 (default 25000)")
+    ap.add_argument("--private-stack-dir", default=os.path.join(REPO, "bench-results", ".stack"))
+    ap.add_argument("--stack-cache", default=os.environ.get("STACK_CACHE", ""))
+    ap.add_argument("--brokers", default=os.environ.get("STOCKSVR__KAFKA__BROKERS", "127.0.0.1:9092"))
+    ap.add_argument("--registry", default=os.environ.get("STOCKSVR__REGISTRY__URL",
+                                                         "http://127.0.0.1:8081/apis/ccompat/v7"))
+    ap.add_argument("--kafka-home", required=True, help="Kafka's jars (lib/) for its perf tools")
+    ap.add_argument("--kafka-pid", type=int, default=0, help="the broker's pid, to show its CPU")
+    ap.add_argument("--keep", action="store_true", help="keep the database, topics and private stack")
+    a = ap.parse_args()
+    a.log4j = os.path.join(REPO, "stack", "kafka", "tools-log4j2.properties")
+    a.bin = os.path.abspath(a.bin)
+    b = Bench(a)
+    b.all = None
+    b.group_prefix = b.ns
+    b.log(f"{b.mode} run; results in {b.out}")
+    error = None
+    try:
+        b.setup()
+        parts.part_capture(b)
+        parts.part_bare(b)
+        parts.part_http(b)
+        parts_pipeline.part_pipeline(b)
+        parts_pipeline.part_orders(b)
+        parts_pipeline.part_idle(b)
+        parts_pipeline.part_durability(b)
+    except (BenchError, subprocess.SubprocessError, OSError) as e:
+        error = e
+        traceback.print_exc()
+    except KeyboardInterrupt as e:
+        error = e
+    finally:
+        b.cleanup()
+    write(b, error)
+    return 0 if error is None and b.durable else 1
+
+
+def git_rev():
+    try:
+        rev = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        return rev or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def write(b, error):
+    fig = b.fig
+    fig.ratio("ratio_try_update", "Try (hot, HTTP, 64) / bare hot-row UPDATE (64)", "try_http_hot", "bare_update",
+              "target >= 1, aim 2")
+    fig.ratio("ratio_try_lua", "Try (hot, HTTP, 64) / bare try.lua (64)", "try_http_hot", "bare_lua")
+    fig.ratio("ratio_try_sql", "Try (hot, HTTP, 64) / the Try's SQL replayed (64)", "try_http_hot", "try_sql_64")
+    fig.ratio("ratio_relay_kafka", "relay / Kafka producer tool", "relay", "kafka_producer", "aim ~0.5")
+    fig.ratio("ratio_projector_kafka", "projector / Kafka consumer tool", "projector", "kafka_consumer")
+    fig.ratio("ratio_cold_hot", "cold dishes / hot dish", "try_http_cold", "try_http_hot", "target >= 1")
+    took = time.time() - b.t_start
+    load = os.getloadavg()
+    header = (f"stocksvr bench, {b.mode} run {b.stamp} UTC, git {git_rev()}, binary {b.a.bin}\n"
+              f"{os.cpu_count()} cores, load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
+              f"'others' below = CPU of processes the bench did not start (other builds and tests)")
+    phase_lines = [b.phase_line(p) for p in b.phases if p["name"] not in ("warm-up",)]
+    durability = b.durability or ["not run"]
+    if error is not None:
+        durability = durability + [f"RUN FAILED: {type(error).__name__}: {error}".splitlines()[0]]
+    notes = [f"note: {n}" for n in b.notes]
+    text = report.table(fig, header, phase_lines + notes, durability,
+                        f"took {int(took // 60)} min {int(took % 60)} s ({b.mode} run); results in {b.out}")
+    print("\n" + text, flush=True)
+    with open(os.path.join(b.out, "table.txt"), "w") as f:
+        f.write(text + "\n")
+    report.write_csv(os.path.join(b.out, "figures.csv"), fig)
+    report.write_phases_csv(os.path.join(b.out, "phases.csv"), b.phases)
+    dump_json(os.path.join(b.out, "raw.json"), {"raw": b.raw, "phases": b.phases, "notes": b.notes})
+    sweep = b.raw.get("sweep")
+    if sweep:
+        report.plot(os.path.join(b.out, "sweep.png"), sweep,
+                    {"bare hot-row UPDATE (64)": fig.get("bare_update"),
+                     "the Try's SQL replayed (64)": fig.get("try_sql_64")},
+                    f"stocksvr Try through HTTP, hot dish ({b.mode} run {b.stamp})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""What a bench run talks to: its private MariaDB and Redis (scripts/stack with a port base of
+its own), the stocksvr roles it starts, and a sampler of CPU time and resident memory.
+
+Every process here is started by the bench and stopped by its own pid; nothing of the shared
+stack is ever stopped, signalled or written to except the bench's own Kafka topics.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pymysql
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(RuntimeError):
+    """A step of the bench could not run; the message says which and where its log is."""
+
+
+def tail(path, n=30):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 8000))
+            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def run(cmd, log, env=None, timeout=600, check=True, cwd=None):
+    """Runs cmd with its output appended to log; returns (returncode, output)."""
+    with open(log, "a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+    p = subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    with open(log, "a") as f:
+        f.write(p.stdout)
+    if check and p.returncode != 0:
+        raise BenchError(f"{' '.join(cmd[:3])} ... exited {p.returncode}; log {log}:\n{tail(log)}")
+    return p.returncode, p.stdout
+
+
+class PrivateStack:
+    """MariaDB and Redis of the bench's own (scripts/stack, STACK_PORT_BASE): the statement
+    counts (SHOW GLOBAL STATUS), the general log and the Redis command counts are then the
+    bench's alone, and the 64-client baselines never slow down the suite's shared servers."""
+
+    SERVICES = "mariadb redis"
+
+    def __init__(self, repo, stack_dir, base, cache, log):
+        self.repo = repo
+        self.log = log
+        self.base = base
+        self.env = dict(os.environ, STACK_DIR=stack_dir, STACK_PORT_BASE=str(base),
+                        STACK_SERVICES=self.SERVICES)
+        if cache:
+            self.env["STACK_CACHE"] = cache
+        self.mysql_port = base + 7
+        self.redis_port = base + 80
+        self.password = self.env.get("STACK_DB_PASSWORD", "stocksvr")
+
+    def _stack(self, *args, timeout=600):
+        return run([os.path.join(self.repo, "scripts", "stack"), *args], self.log, env=self.env,
+                   timeout=timeout)
+
+    def up(self):
+        self._stack("up")
+
+    def down(self):
+        self._stack("down", *self.SERVICES.split())
+
+    def pid(self, name):
+        return int(self._stack("pid", name)[1].strip().splitlines()[-1])
+
+    def mysql_url(self, database):
+        return f"mysql://stocksvr:{self.password}@127.0.0.1:{self.mysql_port}/{database}"
+
+    def redis_url(self):
+        return f"redis://127.0.0.1:{self.redis_port}/"
+
+    def db(self, database=None):
+        return Db("127.0.0.1", self.mysql_port, "stocksvr", self.password, database)
+
+
+class Db:
+    """A small autocommit PyMySQL wrapper; `count` is the number of statements it sent, so a
+    Questions delta can leave the bench's own statements out."""
+
+    def __init__(self, host, port, user, password, database=None):
+        self.count = 0
+        self.conn = pymysql.connect(host=host, port=port, user=user, password=password,
+                                    database=database, autocommit=True, connect_timeout=10,
+                                    read_timeout=600, write_timeout=600, charset="utf8mb4")
+
+    def q(self, sql, args=None):
+        self.count += 1
+        with self.conn.cursor() as c:
+            c.execute(sql, args)
+            return c.fetchall()
+
+    def one(self, sql, args=None):
+        rows = self.q(sql, args)
+        return rows[0][0] if rows else None
+
+    def status(self):
+        """SHOW GLOBAL STATUS as numbers (this statement counts itself in Questions)."""
+        out = {}
+        for k, v in self.q("SHOW GLOBAL STATUS"):
+            try:
+                out[k] = int(v)
+            except (TypeError, ValueError):
+                pass
+        return out
+
+    def close(self):
+        self.conn.close()
+
+
+def http(method, url, body=None, headers=None, timeout=30):
+    """(status, body text) of one request; connection errors raise."""
+    data = body.encode() if isinstance(body, str) else body
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
+
+
+def parse_metrics(text):
+    """Prometheus text -> {(name, frozenset(labels)): value}."""
+    out = {}
+    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)')
+    label_re = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        m = line_re.match(line)
+        if not m:
+            continue
+        labels = frozenset(label_re.findall(m.group(3) or ""))
+        try:
+            out[(m.group(1), labels)] = float(m.group(4))
+        except ValueError:
+            pass
+    return out
+
+
+def metric_sum(metrics, name, **want):
+    """Sum of every series of name whose labels include want."""
+    total = 0.0
+    for (n, labels), v in metrics.items():
+        if n == name and all((k, str(val)) in labels for k, val in want.items()):
+            total += v
+    return total
+
+
+class Role:
+    """One stocksvr process (`all`, `order-lifecycle`, `outbox-relay`, `projector`)."""
+
+    def __init__(self, binary, sub, env, listen, log, cwd):
+        self.binary, self.sub, self.env, self.listen, self.log, self.cwd = binary, sub, env, listen, log, cwd
+        self.proc = None
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def start(self):
+        env = dict(self.env, STOCKSVR__HTTP__LISTEN=self.listen)
+        with open(self.log, "a") as f:
+            f.write(f"\n==== {time.strftime('%H:%M:%S')} stocksvr {self.sub}\n")
+        out = open(self.log, "a")
+        self.proc = subprocess.Popen([self.binary, self.sub], env=env, cwd=self.cwd, stdout=out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        out.close()
+        return self
+
+    def url(self, path):
+        return f"http://{self.listen}{path}"
+
+    def wait_ready(self, timeout=180):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise BenchError(f"stocksvr {self.sub} exited with {self.proc.returncode}; "
+                                 f"log {self.log}:\n{tail(self.log)}")
+            try:
+                if http("GET", self.url("/readyz"), timeout=5)[0] == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise BenchError(f"stocksvr {self.sub} not ready after {timeout}s; log {self.log}:\n{tail(self.log)}")
+
+    def metrics(self):
+        return parse_metrics(http("GET", self.url("/metrics"), timeout=10)[1])
+
+    def stop(self, timeout=30):
+        """SIGTERM (it drains and commits), SIGKILL after timeout. Returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(30)
+
+
+def read_proc(pid):
+    """(cpu ticks user+system from /proc/PID/stat, VmRSS kB from /proc/PID/status) of pid, or
+    None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        ticks = int(fields[11]) + int(fields[12])
+        rss_kb = 0
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss_kb = int(line.split()[1])
+                    break
+        return ticks, rss_kb
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_cpu():
+    """The machine's cpu line of /proc/stat: user nice system idle iowait irq softirq steal."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
+class Sampler(threading.Thread):
+    """Every second: CPU ticks and VmRSS of each tracked process, and the machine's CPU split."""
+
+    def __init__(self, interval=1.0):
+        super().__init__(name="sampler", daemon=True)
+        self.interval = interval
+        self.pids = {}
+        self.samples = []  # (t, {name: (ticks, rss_kb)}, cpu fields)
+        self.lock = threading.Lock()
+        self.halt = threading.Event()
+
+    def track(self, name, pid):
+        with self.lock:
+            self.pids[name] = pid
+
+    def untrack(self, name):
+        with self.lock:
+            self.pids.pop(name, None)
+
+    def sample(self):
+        with self.lock:
+            pids = dict(self.pids)
+        procs = {}
+        for name, pid in pids.items():
+            r = read_proc(pid)
+            if r is not None:
+                procs[name] = r
+        s = (time.time(), procs, read_cpu())
+        with self.lock:
+            self.samples.append(s)
+        return s
+
+    def run(self):
+        while not self.halt.is_set():
+            self.sample()
+            self.halt.wait(self.interval)
+
+    def stop(self):
+        self.halt.set()
+
+    def window(self, t0, t1):
+        """CPU (% of one core, averaged) and RSS (max, last; MB) per process between t0 and
+        t1, and the machine's CPU split in % of all cores."""
+        with self.lock:
+            win = [s for s in self.samples if t0 - 0.5 <= s[0] <= t1 + 0.5]
+        out = {"procs": {}, "machine": {}}
+        if len(win) < 2:
+            return out
+        names = set().union(*(s[1].keys() for s in win))
+        for name in names:
+            seen = [(s[0], s[1][name]) for s in win if name in s[1]]
+            if not seen:
+                continue
+            (ta, (ca, _)), (tb, (cb, rss_last)) = seen[0], seen[-1]
+            cpu = 100.0 * (cb - ca) / CLK_TCK / (tb - ta) if tb > ta else None
+            out["procs"][name] = {
+                "cpu_pct": cpu,
+                "rss_max_mb": max(r for _, (_, r) in seen) / 1024.0,
+                "rss_last_mb": rss_last / 1024.0,
+            }
+        a, b = win[0][2], win[-1][2]
+        d = [y - x for x, y in zip(a, b)]
+        total = sum(d) or 1
+        keys = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
+        out["machine"] = {k: 100.0 * v / total for k, v in zip(keys, d)}
+        return out
+
+    def rss_series(self, name):
+        with self.lock:
+            return [(s[0], s[1][name][1] / 1024.0) for s in self.samples if name in s[1]]
