@@ -139,7 +139,15 @@ impl RegistryClient {
         })
     }
 
-    /// All subjects; also the readiness probe of the registry.
+    /// Whether `subject` has a version. Ask this rather than searching [`Self::subjects`]:
+    /// a registry lists a bounded page of subjects (Apicurio's ccompat API: 1,000 unless
+    /// asked for more), and a registry shared by many deployments holds more than that.
+    pub async fn has_subject(&self, subject: &str) -> Result<bool, RegistryError> {
+        Ok(self.latest(subject).await?.is_some())
+    }
+
+    /// The registry's first page of subjects (not necessarily all of them); the readiness
+    /// probe of the registry.
     pub async fn subjects(&self) -> Result<Vec<String>, RegistryError> {
         let (status, body) = self
             .send(self.request(reqwest::Method::GET, "/subjects"))
