@@ -19,7 +19,8 @@ mod common;
 
 use common::api::{admin_post, get, shop, shop_in, wait_for_api, Shop};
 use common::flow::{
-    canceled, count, created, failed, quiescent, refund_one, tail, try_item, try_one, wait_count,
+    canceled, count, created, failed, quiescent, refund_one, tail, try_item, try_item_retried,
+    try_one, wait_count,
 };
 use common::server::Server;
 use common::TestEnv;
@@ -301,7 +302,7 @@ async fn a_repair_racing_five_hundred_trys_loses_its_version_and_is_computed_aga
     for i in 1..=500u64 {
         let (server, shop, answered) = (server.clone(), shop.clone(), answered.clone());
         trys.spawn(async move {
-            let reply = try_item(&server, &shop, base + i, (base + i) * 10 + 1, 1).await;
+            let reply = try_item_retried(&server, &shop, base + i, (base + i) * 10 + 1, 1).await;
             answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             reply
         });
