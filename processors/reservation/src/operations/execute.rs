@@ -246,23 +246,27 @@ impl StockOps {
         // run found the ledger 14 units off that way). It waits for the rebuild instead,
         // which starts from a baseline and ledger that hold still.
         if result.code == OpCode::BucketMissing && action == WalAction::Adjust {
-            if let Some(init) = wal::succeeded_init(&self.pool, &row.stock_bucket_id).await? {
-                // The script ran before MySQL was read: a bucket built in between is no loss.
-                let present = match self.lua.read_bucket(&keys).await {
-                    Ok(bucket) => bucket.is_some(),
-                    Err(e) => return Ok(Step::Retry(format!("reading the bucket back: {e}"))),
-                };
-                if present {
+            match self.missing(&row.stock_bucket_id, &keys).await {
+                Ok(Missing::NeverBuilt) => {}
+                Ok(Missing::BuiltMeanwhile) => {
                     return Ok(Step::Wait(
                         "the bucket was built while the adjust ran".into(),
+                    ))
+                }
+                Ok(Missing::Lost { init }) => {
+                    if stocksvr_store::baselines::mark_lost(&self.pool, &row.stock_bucket_id)
+                        .await?
+                    {
+                        tracing::error!(bucket = %row.stock_bucket_id, init = %init, operation_id = %row.operation_id, "bucket initialised before is missing from Redis: marked lost; rebuild it (stocksvr bucket rebuild)");
+                    }
+                    return Ok(Step::Wait(
+                        "the bucket is lost in Redis; the adjust applies after its rebuild".into(),
                     ));
                 }
-                if stocksvr_store::baselines::mark_lost(&self.pool, &row.stock_bucket_id).await? {
-                    tracing::error!(bucket = %row.stock_bucket_id, init = %init, operation_id = %row.operation_id, "bucket initialised before is missing from Redis: marked lost; rebuild it (stocksvr bucket rebuild)");
+                Err(OpsError::Redis(e)) => {
+                    return Ok(Step::Retry(format!("reading the bucket back: {e}")))
                 }
-                return Ok(Step::Wait(
-                    "the bucket is lost in Redis; the adjust applies after its rebuild".into(),
-                ));
+                Err(e) => return Err(e),
             }
         }
         Ok(self.conclude(row, action, &baseline, &request, &result))

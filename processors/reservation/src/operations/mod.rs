@@ -294,25 +294,43 @@ impl StockOps {
         result
     }
 
+    /// What a "no stock hash" answer of Redis means for `bucket`, judged after the fact (the
+    /// script ran before MySQL was read).
+    pub(crate) async fn missing(
+        &self,
+        bucket: &str,
+        keys: &BucketKey,
+    ) -> Result<Missing, OpsError> {
+        let Some(init) = wal::succeeded_init(&self.pool, bucket).await? else {
+            return Ok(Missing::NeverBuilt);
+        };
+        let present = self
+            .lua
+            .read_bucket(keys)
+            .await
+            .map_err(|e| OpsError::Redis(e.to_string()))?
+            .is_some();
+        Ok(if present {
+            Missing::BuiltMeanwhile
+        } else {
+            Missing::Lost { init }
+        })
+    }
+
     async fn ensure_bucket_once(&self, b: &Baseline) -> Result<(), OpsError> {
         let op = init_operation_id(&b.stock_bucket_id, b.baseline_version);
-        if let Some(earlier) = wal::succeeded_init(&self.pool, &b.stock_bucket_id).await? {
-            let keys = BucketKey::new(b.merchant_id, b.dish_id, b.stock_date);
-            let present = self
-                .lua
-                .read_bucket(&keys)
-                .await
-                .map_err(|e| OpsError::Redis(e.to_string()))?
-                .is_some();
-            if present {
-                // Built meanwhile by a concurrent Try or the daily job.
-                return Ok(());
+        let keys = BucketKey::new(b.merchant_id, b.dish_id, b.stock_date);
+        match self.missing(&b.stock_bucket_id, &keys).await? {
+            Missing::NeverBuilt => {}
+            // Built meanwhile by a concurrent Try or the daily job.
+            Missing::BuiltMeanwhile => return Ok(()),
+            Missing::Lost { init: earlier } => {
+                tracing::error!(bucket = %b.stock_bucket_id, init = %earlier, "bucket initialised before is missing from Redis: not re-created (it would resell what was reserved or sold); rebuild it from baseline and ledger");
+                return Err(OpsError::BucketLost {
+                    bucket: b.stock_bucket_id.clone(),
+                    init: earlier,
+                });
             }
-            tracing::error!(bucket = %b.stock_bucket_id, init = %earlier, "bucket initialised before is missing from Redis: not re-created (it would resell what was reserved or sold); rebuild it from baseline and ledger");
-            return Err(OpsError::BucketLost {
-                bucket: b.stock_bucket_id.clone(),
-                init: earlier,
-            });
         }
         // An init that went dead (Redis down for an hour, say) would fail every Try of the
         // day: the Try path gives it one more attempt per backoff period.
@@ -422,6 +440,16 @@ impl StockOps {
             .map(WalView::from_row)
             .collect())
     }
+}
+
+/// What a "no stock hash" answer of Redis means for a bucket.
+pub(crate) enum Missing {
+    /// No init ever succeeded: the bucket is simply not built yet.
+    NeverBuilt,
+    /// Present when read back: built after the script ran.
+    BuiltMeanwhile,
+    /// Built by `init` and gone now: Redis lost it; only a rebuild brings it back.
+    Lost { init: String },
 }
 
 #[cfg(test)]
