@@ -25,6 +25,14 @@ pub struct ReservationSettings {
     pub max_quantity: u32,
     /// Days Redis keeps each operation's first result (the idempotency window).
     pub op_ttl_days: u64,
+    /// Milliseconds the Try path keeps a merchant's time zone and a bucket's baseline row
+    /// (0 to 2000; 0 reads them for every Try).
+    pub try_cache_ms: u64,
+    /// Largest group of concurrent Trys written with one INSERT and committed in one
+    /// transaction (group commit); 1 writes each Try alone.
+    pub try_group_max: usize,
+    /// Groups written at the same time, each on one MySQL connection.
+    pub try_groups_in_flight: usize,
 }
 
 impl Default for ReservationSettings {
@@ -36,6 +44,9 @@ impl Default for ReservationSettings {
             scheduled_grace_secs: 300,
             max_quantity: 999,
             op_ttl_days: 30,
+            try_cache_ms: 1000,
+            try_group_max: 64,
+            try_groups_in_flight: 4,
         }
     }
 }
@@ -139,6 +150,10 @@ impl ReservationSettings {
             recovery_delay: TimeDelta::milliseconds(recovery.retry_delay_ms.max(1) as i64),
             recovery_max_delay: TimeDelta::seconds(recovery.max_retry_delay_secs.max(1) as i64),
             recovery_max_attempts: recovery.max_attempts.max(1),
+            try_cache_ttl: Duration::from_millis(self.try_cache_ms)
+                .min(crate::service::cache::MAX_TTL),
+            try_group_max: self.try_group_max.clamp(1, 1000),
+            try_groups_in_flight: self.try_groups_in_flight.max(1),
             ..ServiceConfig::default()
         })
     }

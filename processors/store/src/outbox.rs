@@ -16,12 +16,31 @@ pub struct NewOutbox {
     pub payload: serde_json::Value,
 }
 
+/// Writes `rows` with one multi-row INSERT: a step's two events, or every event of a group
+/// of completed Trys, cost one statement (each is a round trip inside a held transaction).
 pub async fn insert_outbox(
     tx: &mut Transaction<'_, MySql>,
     rows: &[NewOutbox],
 ) -> Result<(), sqlx::Error> {
-    for row in rows {
-        write_outbox(&mut **tx, row, false).await?;
+    // 8 placeholders a row: 1,000 rows stay far below MariaDB's 65,535.
+    for chunk in rows.chunks(1000) {
+        let now = now();
+        let mut query = sqlx::QueryBuilder::<MySql>::new(
+            "INSERT INTO inventory_outbox (event_id, aggregate_id, event_type, topic, \
+             partition_key, payload, status, next_retry_at, created_at) ",
+        );
+        query.push_values(chunk, |mut b, row| {
+            b.push_bind(&row.event_id)
+                .push_bind(row.aggregate_id)
+                .push_bind(&row.event_type)
+                .push_bind(&row.topic)
+                .push_bind(&row.partition_key)
+                .push_bind(&row.payload)
+                .push("10")
+                .push_bind(now)
+                .push_bind(now);
+        });
+        query.build().execute(&mut **tx).deadline().await?;
     }
     Ok(())
 }

@@ -107,7 +107,22 @@ pub struct NewReservation {
 impl NewReservation {
     /// The row this reservation would be in `status` (what a rejection announces).
     pub fn to_row(&self, status: ReservationStatus, reject_reason: Option<&str>) -> Reservation {
-        let now = now();
+        let mut row = self.to_row_at(status, reject_reason, now());
+        row.next_retry_at = row.created_at;
+        row
+    }
+
+    /// The row [`insert_preparing_many`] wrote at `now` (what a read would return).
+    pub fn inserted_row(&self, now: NaiveDateTime) -> Reservation {
+        self.to_row_at(ReservationStatus::Preparing, None, now)
+    }
+
+    fn to_row_at(
+        &self,
+        status: ReservationStatus,
+        reject_reason: Option<&str>,
+        now: NaiveDateTime,
+    ) -> Reservation {
         Reservation {
             id: self.id,
             order_id: self.order_id,
@@ -127,7 +142,7 @@ impl NewReservation {
             reject_reason: reject_reason.map(str::to_string),
             current_operation_id: self.try_operation_id.clone(),
             retry_count: 0,
-            next_retry_at: now,
+            next_retry_at: now + STEP_GRACE,
             last_error: None,
             sync_status: SyncStatus::Pending.code() as i8,
             expected_redis_version: None,
@@ -155,8 +170,11 @@ pub enum InsertOutcome {
 /// worker may resume it (both would use the same operation id, so this only saves work).
 pub const STEP_GRACE: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 
-pub(crate) fn now() -> NaiveDateTime {
-    Utc::now().naive_utc()
+/// Now, to the millisecond the DATETIME(3) columns keep: a row built in memory after a
+/// write (the Try's reply) then equals the row read back.
+pub fn now() -> NaiveDateTime {
+    use chrono::SubsecRound;
+    Utc::now().naive_utc().trunc_subsecs(3)
 }
 
 fn is_duplicate_key(e: &sqlx::Error) -> bool {
@@ -167,7 +185,14 @@ pub async fn insert_preparing(
     pool: &MySqlPool,
     r: &NewReservation,
 ) -> Result<InsertOutcome, sqlx::Error> {
-    let now = now();
+    insert_preparing_at(pool, r, now()).await
+}
+
+async fn insert_preparing_at(
+    pool: &MySqlPool,
+    r: &NewReservation,
+    now: NaiveDateTime,
+) -> Result<InsertOutcome, sqlx::Error> {
     // One statement, so nothing can come between the fence check and the insert: under
     // REPEATABLE READ the NOT EXISTS probe locks the fence key (or the gap where it would
     // be), and an OrderCreatedFailed writing the fence waits for this insert to commit, or
@@ -268,6 +293,130 @@ pub async fn list_by_order(
     .await
 }
 
+/// [`insert_preparing`] for a group of Trys in one statement (group commit): each row is
+/// inserted unless its order is fenced, exactly as the single-row statement decides, and a
+/// row whose item already has a reservation is skipped instead of failing the group. The
+/// outcomes are in the order of `rows`.
+/// Also answers the time written as `created_at` (see [`NewReservation::inserted_row`]).
+pub async fn insert_preparing_many(
+    pool: &MySqlPool,
+    rows: &[NewReservation],
+) -> Result<(NaiveDateTime, Vec<InsertOutcome>), sqlx::Error> {
+    let now = now();
+    if rows.len() <= 1 {
+        let mut outcomes = Vec::with_capacity(rows.len());
+        for r in rows {
+            outcomes.push(insert_preparing_at(pool, r, now).await?);
+        }
+        return Ok((now, outcomes));
+    }
+    // IGNORE only skips duplicate keys here: every other value is typed and checked by
+    // the service before it gets this far. Without it one repeat would fail the group.
+    let inserted = crate::retry::on_lock_conflict(3, || async {
+        let mut query = sqlx::QueryBuilder::<MySql>::new(
+            "INSERT IGNORE INTO inventory_reservation (id, order_id, order_item_id, merchant_id, \
+             dish_id, stock_bucket_id, stock_date, quantity, order_type, processing_time, \
+             expire_at, status, current_operation_id, next_retry_at, created_at, updated_at) \
+             SELECT v.* FROM (",
+        );
+        // The first SELECT names the derived table's columns (MariaDB has no column list
+        // after the alias).
+        const NAMES: [&str; 16] = [
+            "id",
+            "order_id",
+            "order_item_id",
+            "merchant_id",
+            "dish_id",
+            "stock_bucket_id",
+            "stock_date",
+            "quantity",
+            "order_type",
+            "processing_time",
+            "expire_at",
+            "status",
+            "current_operation_id",
+            "next_retry_at",
+            "created_at",
+            "updated_at",
+        ];
+        for (i, r) in rows.iter().enumerate() {
+            query.push(if i == 0 {
+                "SELECT "
+            } else {
+                " UNION ALL SELECT "
+            });
+            let name = |n: usize| {
+                if i == 0 {
+                    format!(" AS {}", NAMES[n])
+                } else {
+                    String::new()
+                }
+            };
+            query.push_bind(r.id).push(name(0)).push(", ");
+            query.push_bind(r.order_id).push(name(1)).push(", ");
+            query.push_bind(r.order_item_id).push(name(2)).push(", ");
+            query.push_bind(r.merchant_id).push(name(3)).push(", ");
+            query.push_bind(r.dish_id).push(name(4)).push(", ");
+            query.push_bind(&r.stock_bucket_id).push(name(5)).push(", ");
+            query.push_bind(r.stock_date).push(name(6)).push(", ");
+            query.push_bind(r.quantity).push(name(7)).push(", ");
+            query.push_bind(r.order_type).push(name(8)).push(", ");
+            query.push_bind(r.processing_time).push(name(9)).push(", ");
+            query.push_bind(r.expire_at).push(name(10)).push(", ");
+            query
+                .push_bind(ReservationStatus::Preparing.code() as i8)
+                .push(name(11))
+                .push(", ");
+            query
+                .push_bind(&r.try_operation_id)
+                .push(name(12))
+                .push(", ");
+            query.push_bind(now + STEP_GRACE).push(name(13)).push(", ");
+            query.push_bind(now).push(name(14)).push(", ");
+            query.push_bind(now).push(name(15));
+        }
+        // The same fence probe as the single-row statement, per row, in this one statement.
+        query.push(
+            ") AS v WHERE NOT EXISTS \
+             (SELECT 1 FROM inventory_order_fence f WHERE f.order_id = v.order_id)",
+        );
+        query.build().execute(pool).deadline().await
+    })
+    .await?
+    .rows_affected();
+    if inserted == rows.len() as u64 {
+        return Ok((now, vec![InsertOutcome::Inserted; rows.len()]));
+    }
+    // Some were skipped (a repeat of an item, or a fenced order): which ones is one read,
+    // and each skipped one resolves as the single-row path resolves it.
+    let mut query =
+        sqlx::QueryBuilder::<MySql>::new("SELECT id FROM inventory_reservation WHERE id IN (");
+    let mut ids = query.separated(", ");
+    for r in rows {
+        ids.push_bind(r.id);
+    }
+    query.push(")");
+    let present: std::collections::HashSet<u64> = query
+        .build_query_scalar::<u64>()
+        .fetch_all(pool)
+        .deadline()
+        .await?
+        .into_iter()
+        .collect();
+    let mut outcomes = Vec::with_capacity(rows.len());
+    for r in rows {
+        outcomes.push(if present.contains(&r.id) {
+            InsertOutcome::Inserted
+        } else {
+            match find_by_item(pool, r.order_item_id, r.dish_id).await? {
+                Some(existing) => InsertOutcome::Existing(Box::new(existing)),
+                None => InsertOutcome::OrderFailed,
+            }
+        });
+    }
+    Ok((now, outcomes))
+}
+
 /// The intermediate step a CAS moves into, with what a resume needs.
 #[derive(Debug, Clone)]
 pub struct Step<'a> {
@@ -327,6 +476,19 @@ pub async fn complete_step(
     version: u32,
     completion: &Completion,
 ) -> Result<bool, sqlx::Error> {
+    Ok(complete_step_at(pool, id, from, version, completion)
+        .await?
+        .is_some())
+}
+
+/// [`complete_step`], answering the time written as `updated_at` when the CAS landed.
+async fn complete_step_at(
+    pool: &MySqlPool,
+    id: u64,
+    from: ReservationStatus,
+    version: u32,
+    completion: &Completion,
+) -> Result<Option<NaiveDateTime>, sqlx::Error> {
     let mut tx = crate::deadline::begin(pool).await?;
     let now = now();
     let done = sqlx::query(
@@ -352,11 +514,139 @@ pub async fn complete_step(
     .await?;
     if done.rows_affected() != 1 {
         tx.rollback().deadline().await?;
-        return Ok(false);
+        return Ok(None);
     }
     insert_outbox(&mut tx, &completion.outbox).await?;
     tx.commit().deadline().await?;
-    Ok(true)
+    Ok(Some(now))
+}
+
+impl Completion {
+    /// `row` as the CAS of [`complete_step`] leaves it, `now` being the write's time: what a
+    /// read after the commit would return, without the read.
+    pub fn applied_to(&self, row: &Reservation, now: NaiveDateTime) -> Reservation {
+        let mut next = row.clone();
+        next.status = self.to.code() as i8;
+        if let Some(v) = self.expected_redis_version {
+            next.expected_redis_version = Some(v);
+            next.sync_status = SyncStatus::Pending.code() as i8;
+        }
+        next.refunded_quantity += self.refunded_add;
+        next.pending_quantity = 0;
+        next.resume_status = None;
+        if let Some(reason) = &self.reject_reason {
+            next.reject_reason = Some(reason.clone());
+        }
+        next.retry_count = 0;
+        next.last_error = None;
+        next.version += 1;
+        next.updated_at = now;
+        next
+    }
+}
+
+/// [`complete_step`] for a group of rows in one transaction (group commit): one CAS UPDATE
+/// over all of them and one INSERT of all their outbox rows. Each row moves from its own
+/// status and version, as the single-row CAS does. When any row lost its CAS the group is
+/// rolled back and each row is completed alone, so a row that someone else finished never
+/// holds back the others. Returns each row as committed, None where the CAS was lost.
+pub async fn complete_steps(
+    pool: &MySqlPool,
+    items: &[(&Reservation, &Completion)],
+) -> Result<Vec<Option<Reservation>>, sqlx::Error> {
+    if items.len() > 1 {
+        let mut tx = crate::deadline::begin(pool).await?;
+        let now = now();
+        let mut query =
+            sqlx::QueryBuilder::<MySql>::new("UPDATE inventory_reservation SET status = CASE id");
+        for (row, c) in items {
+            query.push(" WHEN ").push_bind(row.id);
+            query.push(" THEN ").push_bind(c.to.code() as i8);
+        }
+        query.push(" END, expected_redis_version = CASE id");
+        for (row, c) in items {
+            query.push(" WHEN ").push_bind(row.id);
+            query
+                .push(" THEN COALESCE(")
+                .push_bind(c.expected_redis_version);
+            query.push(", expected_redis_version)");
+        }
+        query.push(" END, sync_status = CASE id");
+        for (row, c) in items {
+            query.push(" WHEN ").push_bind(row.id).push(" THEN ");
+            match c.expected_redis_version {
+                Some(_) => query.push_bind(SyncStatus::Pending.code()),
+                None => query.push("sync_status"),
+            };
+        }
+        query.push(" END, refunded_quantity = refunded_quantity + CASE id");
+        for (row, c) in items {
+            query.push(" WHEN ").push_bind(row.id);
+            query.push(" THEN ").push_bind(c.refunded_add);
+        }
+        query.push(" END, reject_reason = CASE id");
+        for (row, c) in items {
+            query.push(" WHEN ").push_bind(row.id);
+            query
+                .push(" THEN COALESCE(")
+                .push_bind(c.reject_reason.as_deref());
+            query.push(", reject_reason)");
+        }
+        query.push(
+            " END, pending_quantity = 0, resume_status = NULL, retry_count = 0, \
+             last_error = NULL, version = version + 1, updated_at = ",
+        );
+        query.push_bind(now);
+        query.push(" WHERE id IN (");
+        let mut ids = query.separated(", ");
+        for (row, _) in items {
+            ids.push_bind(row.id);
+        }
+        query.push(") AND status = CASE id");
+        for (row, _) in items {
+            query.push(" WHEN ").push_bind(row.id);
+            query.push(" THEN ").push_bind(row.status);
+        }
+        query.push(" END AND version = CASE id");
+        for (row, _) in items {
+            query.push(" WHEN ").push_bind(row.id);
+            query.push(" THEN ").push_bind(row.version);
+        }
+        query.push(" END");
+        let done = query.build().execute(&mut *tx).deadline().await?;
+        if done.rows_affected() == items.len() as u64 {
+            let outbox: Vec<NewOutbox> = items
+                .iter()
+                .flat_map(|(_, c)| c.outbox.iter().cloned())
+                .collect();
+            insert_outbox(&mut tx, &outbox).await?;
+            tx.commit().deadline().await?;
+            return Ok(items
+                .iter()
+                .map(|(row, c)| Some(c.applied_to(row, now)))
+                .collect());
+        }
+        tx.rollback().deadline().await?;
+    }
+    let mut landed = Vec::with_capacity(items.len());
+    for (row, c) in items {
+        landed.push(complete_one(pool, row, c).await?);
+    }
+    Ok(landed)
+}
+
+/// [`complete_step`] of `row` from its own status and version, returning the committed row.
+pub async fn complete_one(
+    pool: &MySqlPool,
+    row: &Reservation,
+    completion: &Completion,
+) -> Result<Option<Reservation>, sqlx::Error> {
+    let from = row.status()?;
+    Ok(
+        complete_step_at(pool, row.id, from, row.version, completion)
+            .await?
+            .map(|now| completion.applied_to(row, now)),
+    )
 }
 
 /// Notes a failed attempt on an intermediate state without moving it: the recovery worker

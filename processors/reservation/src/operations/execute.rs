@@ -80,6 +80,7 @@ impl StockOps {
             Step::Done(completion) => {
                 crash_point("wal.before_complete")?;
                 if wal::complete(&self.pool, &row, owner, &completion).await? {
+                    self.baseline_changed(&row.stock_bucket_id);
                     metrics::counter!(names::WAL_OPERATIONS, "action" => action, "outcome" => "succeeded").increment(1);
                     tracing::info!(operation_id = %row.operation_id, bucket = %row.stock_bucket_id, action, result = %completion.result_payload, "stock operation succeeded");
                     if !completion.outbox.is_empty() {

@@ -168,6 +168,10 @@ pub struct StockOps {
     /// missing does the work, the others wait for its answer instead of polling the WAL row
     /// together (two thousand concurrent first Trys would otherwise take the pool).
     init_flights: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<bool>>>>,
+    /// The Try path's copy of baseline rows: an operation that finishes here drops its
+    /// bucket's entry, so this process's next Try sees a close or reopen at once.
+    baselines:
+        Option<Arc<crate::service::cache::TtlCache<String, stocksvr_store::baselines::Baseline>>>,
 }
 
 fn instance_name() -> String {
@@ -191,6 +195,22 @@ impl StockOps {
             seq: AtomicU64::new(0),
             init_flights: std::sync::Mutex::new(HashMap::new()),
             outbox_written: None,
+            baselines: None,
+        }
+    }
+
+    pub(crate) fn with_baseline_cache(
+        mut self,
+        cache: Arc<crate::service::cache::TtlCache<String, stocksvr_store::baselines::Baseline>>,
+    ) -> Self {
+        self.baselines = Some(cache);
+        self
+    }
+
+    /// Drops this process's cached baseline of `bucket` after an operation changed it.
+    pub(super) fn baseline_changed(&self, bucket: &str) {
+        if let Some(cache) = &self.baselines {
+            cache.forget(&bucket.to_string());
         }
     }
 

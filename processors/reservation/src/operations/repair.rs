@@ -155,6 +155,7 @@ impl StockOps {
         };
         let op = rebuild_operation_id(bucket_id, lost_at);
         fits(&op)?;
+        wait_out_cached_baselines(bucket_id, lost_at).await;
         let owner = self.token();
         wal::begin_operation(
             &self.pool,
@@ -527,6 +528,22 @@ fn restoration(
         }
     }
     (fences, ops)
+}
+
+/// Every instance's Try path may keep a bucket's baseline row for up to
+/// [`crate::service::cache::MAX_TTL`]: one read just before the lost mark would still let a
+/// Try through. Before the rebuild puts the bucket back into Redis (where the script would
+/// take that Try), the mark has been visible for longer than any cached copy can live; one
+/// second more covers clock differences between instances.
+async fn wait_out_cached_baselines(bucket_id: &str, lost_at: chrono::NaiveDateTime) {
+    let settle = crate::service::cache::MAX_TTL + Duration::from_secs(1);
+    let since = (chrono::Utc::now().naive_utc() - lost_at)
+        .to_std()
+        .unwrap_or_default();
+    if let Some(left) = settle.checked_sub(since) {
+        tracing::info!(bucket = bucket_id, wait_ms = left.as_millis() as u64, "rebuild waits until no instance can hold a copy of the bucket from before its lost mark");
+        tokio::time::sleep(left).await;
+    }
 }
 
 #[cfg(test)]

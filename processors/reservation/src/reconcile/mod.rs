@@ -558,6 +558,7 @@ impl Reconciler {
                         reopened.push(id);
                     } else if i.verdict == Verdict::Consistent {
                         stocksvr_store::baselines::clear_lost(pool, &id).await?;
+                        self.service.baseline_changed(&id);
                         reopened.push(id);
                     } else {
                         still.push(id);
@@ -594,6 +595,7 @@ impl Reconciler {
             if inspected.first().map(|i| &i.verdict) == Some(&Verdict::Consistent) {
                 let cleared =
                     stocksvr_store::baselines::clear_lost(self.service.pool(), bucket).await?;
+                self.service.baseline_changed(bucket);
                 if cleared {
                     tracing::warn!(
                         bucket,
@@ -674,6 +676,7 @@ impl Reconciler {
                             && i.verdict == Verdict::Consistent
                             && stocksvr_store::baselines::clear_lost(pool, &id).await?
                         {
+                            self.service.baseline_changed(&id);
                             report.reopened += 1;
                             tracing::warn!(bucket = %id, "rebuilt bucket found consistent: Trys are taken again");
                         }

@@ -9,7 +9,9 @@
 //! - [`completion`]: the pure decision of what a finished step commits (the next status and
 //!   the outbox rows), unit-tested like the projector's `decide`.
 
+pub(crate) mod cache;
 mod completion;
+mod group;
 mod intents;
 mod step;
 mod try_path;
@@ -51,6 +53,14 @@ pub struct ServiceConfig {
     pub recovery_max_attempts: u32,
     /// Time-to-live of Redis operation records (idempotency window).
     pub op_ttl: Duration,
+    /// How long the Try path keeps a merchant's time zone and a bucket's baseline row
+    /// (at most [`cache::MAX_TTL`]); zero reads them for every Try.
+    pub try_cache_ttl: Duration,
+    /// Largest group of Trys written with one INSERT and committed in one transaction;
+    /// 1 writes each Try alone.
+    pub try_group_max: usize,
+    /// Groups written at the same time (each holds one MySQL connection).
+    pub try_groups_in_flight: usize,
 }
 
 impl Default for ServiceConfig {
@@ -65,6 +75,9 @@ impl Default for ServiceConfig {
             recovery_max_delay: TimeDelta::minutes(5),
             recovery_max_attempts: 20,
             op_ttl: Duration::from_secs(30 * 24 * 3600),
+            try_cache_ttl: Duration::from_secs(1),
+            try_group_max: 64,
+            try_groups_in_flight: 4,
         }
     }
 }
@@ -115,6 +128,12 @@ pub struct ReservationService {
     outbox_written: Option<Arc<tokio::sync::Notify>>,
     /// Bucket init, adjust and lifecycle through the operation WAL (also the lazy init).
     ops: StockOps,
+    timezones: cache::TtlCache<u64, Tz>,
+    baselines: Arc<cache::TtlCache<String, stocksvr_store::baselines::Baseline>>,
+    /// One Try per (order_item_id, dish_id) at a time in this process.
+    turns: cache::Turns<(u64, u64)>,
+    /// Group commit of the Try path; None outside a Tokio runtime or with groups of one.
+    groups: Option<try_path::TryGroups>,
 }
 
 impl ReservationService {
@@ -124,8 +143,18 @@ impl ReservationService {
         ids: SnowflakeGenerator,
         config: ServiceConfig,
     ) -> Self {
-        let ops = StockOps::new(pool.clone(), lua.clone(), OpsConfig::default());
+        let baselines = Arc::new(cache::TtlCache::new(config.try_cache_ttl));
+        let ops = StockOps::new(pool.clone(), lua.clone(), OpsConfig::default())
+            .with_baseline_cache(baselines.clone());
+        let groups = (config.try_group_max > 1 && tokio::runtime::Handle::try_current().is_ok())
+            .then(|| {
+                try_path::TryGroups::start(&pool, config.try_group_max, config.try_groups_in_flight)
+            });
         Self {
+            timezones: cache::TtlCache::new(config.try_cache_ttl),
+            baselines,
+            turns: cache::Turns::new(),
+            groups,
             pool,
             lua,
             ids,
@@ -144,7 +173,8 @@ impl ReservationService {
 
     /// Replaces the stock-operation settings (lease, retries, archive TTL).
     pub fn with_ops_config(mut self, config: OpsConfig) -> Self {
-        let mut ops = StockOps::new(self.pool.clone(), self.lua.clone(), config);
+        let mut ops = StockOps::new(self.pool.clone(), self.lua.clone(), config)
+            .with_baseline_cache(self.baselines.clone());
         if let Some(relay) = &self.outbox_written {
             ops = ops.with_outbox_waker(relay.clone());
         }
@@ -155,6 +185,12 @@ impl ReservationService {
     /// Bucket init, adjust and lifecycle (the operation WAL).
     pub fn ops(&self) -> &StockOps {
         &self.ops
+    }
+
+    /// Drops this process's cached baseline row of `bucket` (closed, reopened, rebuilt), so
+    /// the next Try here reads it again instead of waiting out the cache's time to live.
+    pub(crate) fn baseline_changed(&self, bucket: &str) {
+        self.baselines.forget(&bucket.to_string());
     }
 
     fn outbox_committed(&self) {

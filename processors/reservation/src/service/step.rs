@@ -14,6 +14,20 @@ use stocksvr_store::lua::{retry_unknown, ExecError, Step};
 use stocksvr_store::reservations::{self as repo, Completion, Reservation};
 use stocksvr_telemetry::names;
 
+/// What a step decided, before its commit.
+pub(super) enum Prepared {
+    /// Nothing to commit: the row as it is.
+    Done(Reservation),
+    /// Nothing committed by this actor (it yields to a Cancel): the row is read again.
+    Reload(u64),
+    /// The Redis step ran; `completion` moves the row out of `status`.
+    Commit {
+        row: Reservation,
+        status: ReservationStatus,
+        completion: Completion,
+    },
+}
+
 impl ReservationService {
     /// The script call of `status`'s step, an UNKNOWN outcome retried with the same
     /// operation id (see [`retry_unknown`]).
@@ -51,11 +65,73 @@ impl ReservationService {
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(reservation_id = row.id, order_id = row.order_id, bucket = %row.stock_bucket_id, operation_id = %row.current_operation_id, status = row.status_name()))]
     pub(super) async fn run_step(&self, row: Reservation) -> Result<Reservation, ServiceError> {
+        let prepared = self.prepare_step(row).await?;
+        self.finish_step(prepared).await
+    }
+
+    /// Commits what [`Self::prepare_step`] decided, alone, and answers the row as it is now.
+    pub(super) async fn finish_step(
+        &self,
+        prepared: Prepared,
+    ) -> Result<Reservation, ServiceError> {
+        match prepared {
+            Prepared::Done(row) => Ok(row),
+            Prepared::Reload(id) => self.load(id).await,
+            Prepared::Commit {
+                row,
+                status,
+                completion,
+            } => {
+                let landed = if status == ReservationStatus::Refunding {
+                    if stocksvr_store::refunds::complete_refund(&self.pool, &row, &completion)
+                        .await?
+                    {
+                        Some(self.load(row.id).await?)
+                    } else {
+                        None
+                    }
+                } else {
+                    repo::complete_one(&self.pool, &row, &completion).await?
+                };
+                self.landed(row.id, landed, &completion).await
+            }
+        }
+    }
+
+    /// The row after a completion's commit: as committed, or re-read when the CAS was lost
+    /// to another actor (who finished first).
+    pub(super) async fn landed(
+        &self,
+        id: u64,
+        landed: Option<Reservation>,
+        completion: &Completion,
+    ) -> Result<Reservation, ServiceError> {
+        match landed {
+            Some(row) => {
+                if !completion.outbox.is_empty() {
+                    self.outbox_committed();
+                }
+                Ok(row)
+            }
+            None => {
+                tracing::debug!(
+                    reservation_id = id,
+                    "completion lost its CAS; another actor finished first"
+                );
+                self.load(id).await
+            }
+        }
+    }
+
+    /// Runs (or resumes) the Redis step of the row's intermediate status and decides what
+    /// completes it, up to the commit: the Try path commits Trys in groups, everything else
+    /// through [`Self::finish_step`].
+    #[tracing::instrument(skip_all, fields(reservation_id = row.id, order_id = row.order_id, bucket = %row.stock_bucket_id, operation_id = %row.current_operation_id, status = row.status_name()))]
+    pub(super) async fn prepare_step(&self, row: Reservation) -> Result<Prepared, ServiceError> {
         let status = row.status()?;
         if !status.is_intermediate() {
-            return Ok(row);
+            return Ok(Prepared::Done(row));
         }
         failpoint::at(status, Place::BeforeRedis)?;
         let keys = BucketKey::new(row.merchant_id, row.dish_id, row.stock_date);
@@ -97,12 +173,11 @@ impl ReservationService {
                 // as the script refuses one on a CLOSED bucket.
                 Ok(false) => {
                     let completion = rejection(&row, "BUCKET_CLOSED", None);
-                    if repo::complete_step(&self.pool, row.id, status, row.version, &completion)
-                        .await?
-                    {
-                        self.outbox_committed();
-                    }
-                    return self.load(row.id).await;
+                    return Ok(Prepared::Commit {
+                        row,
+                        status,
+                        completion,
+                    });
                 }
                 Err(ServiceError::BucketLost { .. }) => {
                     return Err(self.try_in_lost_bucket(&row, &keys).await?);
@@ -213,23 +288,17 @@ impl ReservationService {
                     }
                 }
             };
-        if let Some(completion) = completion {
-            failpoint::at(status, Place::BeforeCommit)?;
-            let landed = if status == ReservationStatus::Refunding {
-                stocksvr_store::refunds::complete_refund(&self.pool, &row, &completion).await?
-            } else {
-                repo::complete_step(&self.pool, row.id, status, row.version, &completion).await?
-            };
-            if !landed {
-                tracing::debug!(
-                    reservation_id = row.id,
-                    "completion lost its CAS; another actor finished first"
-                );
-            } else if !completion.outbox.is_empty() {
-                self.outbox_committed();
+        match completion {
+            Some(completion) => {
+                failpoint::at(status, Place::BeforeCommit)?;
+                Ok(Prepared::Commit {
+                    row,
+                    status,
+                    completion,
+                })
             }
+            None => Ok(Prepared::Reload(row.id)),
         }
-        self.load(row.id).await
     }
 
     /// Lazy initialisation when a Try finds no bucket in Redis: the same WAL row and Lua
@@ -334,6 +403,7 @@ impl ReservationService {
 
     /// Records that `bucket` is lost (once), so Trys are refused before any row is written.
     pub(crate) async fn note_lost(&self, bucket: &str) -> Result<(), ServiceError> {
+        self.baselines.forget(&bucket.to_string());
         if stocksvr_store::baselines::mark_lost(&self.pool, bucket).await? {
             tracing::error!(bucket, "bucket lost in Redis: Trys refused, steps wait; rebuild it (stocksvr bucket rebuild) and it reopens after a clean reconcile pass");
         }

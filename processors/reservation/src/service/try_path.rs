@@ -1,16 +1,21 @@
 //! Try (seed §6): idempotent on (order_item_id, dish_id). A repeat returns the first outcome
 //! (finishing a Try left PREPARING); a CANCELED reservation is never revived.
 
+use super::group::Coalescer;
+use super::step::Prepared;
 use super::{error_label, ReservationService, TryReply, TryRequest};
 use crate::error::ServiceError;
 use crate::failpoint;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDateTime, Utc};
 use chrono_tz::Tz;
+use sqlx::MySqlPool;
 use std::time::Instant;
 use stocksvr_core::bucket::{self, BucketKey, BucketState};
 use stocksvr_core::events::OrderType;
 use stocksvr_core::reservation::{self as rules, ReservationStatus};
-use stocksvr_store::reservations::{self as repo, InsertOutcome, NewReservation, Reservation};
+use stocksvr_store::reservations::{
+    self as repo, Completion, InsertOutcome, NewReservation, Reservation,
+};
 use stocksvr_telemetry::names;
 
 /// `reject_reason` of a Try whose order failed before it reached MySQL.
@@ -19,6 +24,15 @@ pub const REJECTED_ORDER_FAILED: &str = "ORDER_FAILED";
 impl ReservationService {
     /// The merchant's zone, or the default when none is configured or it is unreadable.
     pub async fn timezone(&self, merchant_id: u64) -> Result<Tz, ServiceError> {
+        if let Some(tz) = self.timezones.get(&merchant_id) {
+            return Ok(tz);
+        }
+        let tz = self.read_timezone(merchant_id).await?;
+        self.timezones.put(merchant_id, tz);
+        Ok(tz)
+    }
+
+    async fn read_timezone(&self, merchant_id: u64) -> Result<Tz, ServiceError> {
         Ok(match stocksvr_store::baselines::merchant_timezone(&self.pool, merchant_id).await? {
             Some(name) => bucket::parse_timezone(&name).unwrap_or_else(|e| {
                 tracing::warn!(merchant_id, %e, "merchant time zone unreadable; using the default");
@@ -94,33 +108,19 @@ impl ReservationService {
 
     async fn try_reserve_inner(&self, req: &TryRequest) -> Result<TryReply, ServiceError> {
         self.validate(req)?;
-        if let Some(existing) =
-            repo::find_by_item(&self.pool, req.order_item_id, req.dish_id).await?
-        {
-            return self.repeat_try(existing, req).await;
-        }
+        // A client that did not hear back retries: its repeat waits for the first request
+        // of the same item here and then reads that outcome, instead of racing it.
+        let _turn = self.turns.take((req.order_item_id, req.dish_id)).await;
         let now = Utc::now();
         let key = self.bucket_for(req, now).await?;
         let bucket_id = key.stock_bucket_id();
-        let baseline = stocksvr_store::baselines::find_baseline(&self.pool, &bucket_id)
-            .await?
-            .ok_or_else(|| ServiceError::BucketNotFound(bucket_id.clone()))?;
-        if baseline.stock_status != 1 {
-            return Err(ServiceError::BucketUnavailable {
-                bucket: bucket_id,
-                reason: "the dish's stock is disabled",
-            });
-        }
-        if u8::try_from(baseline.bucket_status).ok() != Some(BucketState::Open.code()) {
-            return Err(ServiceError::BucketUnavailable {
-                bucket: bucket_id,
-                reason: "the bucket is closed for new reservations",
-            });
-        }
-        // Redis lost this bucket: refused before any row is written, until it is rebuilt
-        // and a reconcile pass found it clean.
-        if baseline.lost_at.is_some() {
-            return Err(ServiceError::BucketLost { bucket: bucket_id });
+        if let Err(refused) = self.open_for_trys(&bucket_id).await {
+            // A repeat of a Try that got in before the bucket closed (or was lost) still
+            // answers with its first outcome.
+            return match repo::find_by_item(&self.pool, req.order_item_id, req.dish_id).await? {
+                Some(existing) => self.repeat_try(existing, req).await,
+                None => Err(refused),
+            };
         }
         let id = self.ids.next_id().map_err(|e| ServiceError::Inconsistent {
             reservation_id: 0,
@@ -145,21 +145,97 @@ impl ReservationService {
             try_operation_id: rules::try_operation_id(id),
         };
         failpoint::hit("try.before_insert")?;
-        match repo::insert_preparing(&self.pool, &new).await? {
+        // The insert is the first lookup too: a repeat meets the item's unique key.
+        let (at, outcome) = self.insert_preparing(&new).await?;
+        match outcome {
             InsertOutcome::Inserted => {}
-            // A concurrent duplicate of this Try inserted first.
             InsertOutcome::Existing(existing) => return self.repeat_try(*existing, req).await,
             InsertOutcome::OrderFailed => return self.reject_failed_order(&new, req).await,
         }
-        // Just inserted: a miss here is a read that lost its connection, not a missing row.
-        let row = repo::find(&self.pool, id)
-            .await?
-            .ok_or(ServiceError::Mysql(sqlx::Error::PoolTimedOut))?;
-        let row = self.run_step(row).await?;
+        let row = match self.prepare_step(new.inserted_row(at)).await? {
+            Prepared::Commit {
+                row,
+                status: ReservationStatus::Preparing,
+                completion,
+            } => self.commit_try(row, completion).await?,
+            other => self.finish_step(other).await?,
+        };
         Ok(TryReply {
             reservation: row,
             created: true,
         })
+    }
+
+    /// Whether the bucket takes new Trys, judged on its baseline row (kept for
+    /// `try_cache_ttl`; Redis refuses a closed or absent bucket itself).
+    async fn open_for_trys(&self, bucket_id: &str) -> Result<(), ServiceError> {
+        let key = bucket_id.to_string();
+        let baseline = match self.baselines.get(&key) {
+            Some(b) => b,
+            None => {
+                let b = stocksvr_store::baselines::find_baseline(&self.pool, bucket_id)
+                    .await?
+                    .ok_or_else(|| ServiceError::BucketNotFound(key.clone()))?;
+                self.baselines.put(key.clone(), b.clone());
+                b
+            }
+        };
+        if baseline.stock_status != 1 {
+            return Err(ServiceError::BucketUnavailable {
+                bucket: key,
+                reason: "the dish's stock is disabled",
+            });
+        }
+        if u8::try_from(baseline.bucket_status).ok() != Some(BucketState::Open.code()) {
+            return Err(ServiceError::BucketUnavailable {
+                bucket: key,
+                reason: "the bucket is closed for new reservations",
+            });
+        }
+        // Redis lost this bucket: refused before any row is written, until it is rebuilt
+        // and a reconcile pass found it clean.
+        if baseline.lost_at.is_some() {
+            return Err(ServiceError::BucketLost { bucket: key });
+        }
+        Ok(())
+    }
+
+    /// The PREPARING insert, in a group with concurrent Trys when group commit is on.
+    async fn insert_preparing(
+        &self,
+        new: &NewReservation,
+    ) -> Result<(NaiveDateTime, InsertOutcome), ServiceError> {
+        let (at, mut outcomes) = match &self.groups {
+            Some(groups) => {
+                let (at, outcome) = groups
+                    .inserts
+                    .submit(new.clone())
+                    .await
+                    .unwrap_or_else(|| Err(worker_gone()))?;
+                (at, vec![outcome])
+            }
+            None => repo::insert_preparing_many(&self.pool, std::slice::from_ref(new)).await?,
+        };
+        let outcome = outcomes.pop().ok_or_else(worker_gone)?;
+        Ok((at, outcome))
+    }
+
+    /// Commits a Try's completion, in a group with concurrent Trys when group commit is on.
+    async fn commit_try(
+        &self,
+        row: Reservation,
+        completion: Completion,
+    ) -> Result<Reservation, ServiceError> {
+        let id = row.id;
+        let landed = match &self.groups {
+            Some(groups) => groups
+                .commits
+                .submit((row, completion.clone()))
+                .await
+                .unwrap_or_else(|| Err(worker_gone()))?,
+            None => repo::complete_one(&self.pool, &row, &completion).await?,
+        };
+        self.landed(id, landed, &completion).await
     }
 
     /// A Try that arrives after its order failed (the OrderCreatedFailed came first, say the
@@ -222,4 +298,67 @@ impl ReservationService {
             created: false,
         })
     }
+}
+
+/// The two group-commit workers of the Try path: PREPARING inserts and RESERVED commits.
+/// Each row in a group keeps the single-row path's recovery semantics: a crash between the
+/// stages leaves every row PREPARING with its operation id, for the recovery worker.
+pub(super) struct TryGroups {
+    inserts: Coalescer<NewReservation, Result<(NaiveDateTime, InsertOutcome), sqlx::Error>>,
+    commits: Coalescer<(Reservation, Completion), Result<Option<Reservation>, sqlx::Error>>,
+}
+
+impl TryGroups {
+    pub(super) fn start(pool: &MySqlPool, max_group: usize, in_flight: usize) -> Self {
+        let insert_pool = pool.clone();
+        let inserts = Coalescer::spawn(max_group, in_flight, move |rows: Vec<NewReservation>| {
+            let pool = insert_pool.clone();
+            async move {
+                metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "insert")
+                    .record(rows.len() as f64);
+                match repo::insert_preparing_many(&pool, &rows).await {
+                    Ok((at, outcomes)) => outcomes.into_iter().map(|o| Ok((at, o))).collect(),
+                    Err(e) => rows.iter().map(|_| Err(copy_error(&e))).collect(),
+                }
+            }
+        });
+        let commit_pool = pool.clone();
+        let commits = Coalescer::spawn(
+            max_group,
+            in_flight,
+            move |items: Vec<(Reservation, Completion)>| {
+                let pool = commit_pool.clone();
+                async move {
+                    metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "commit")
+                        .record(items.len() as f64);
+                    let refs: Vec<(&Reservation, &Completion)> =
+                        items.iter().map(|(r, c)| (r, c)).collect();
+                    match repo::complete_steps(&pool, &refs).await {
+                        Ok(landed) => landed.into_iter().map(Ok).collect(),
+                        Err(e) => items.iter().map(|_| Err(copy_error(&e))).collect(),
+                    }
+                }
+            },
+        );
+        Self { inserts, commits }
+    }
+}
+
+/// One failed group write, told to each of its Trys: the same kind of error (so it is
+/// classified the same way: a lost connection or timeout is an unavailable dependency).
+fn copy_error(e: &sqlx::Error) -> sqlx::Error {
+    let kind = match e {
+        sqlx::Error::Io(io) => io.kind(),
+        sqlx::Error::PoolTimedOut => std::io::ErrorKind::TimedOut,
+        _ => std::io::ErrorKind::Other,
+    };
+    sqlx::Error::Io(std::io::Error::new(kind, e.to_string()))
+}
+
+/// The group worker stopped (the runtime is shutting down): to the caller, MySQL is gone.
+fn worker_gone() -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::BrokenPipe,
+        "the Try group-commit worker stopped",
+    ))
 }

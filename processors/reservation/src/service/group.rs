@@ -1,0 +1,133 @@
+//! Group commit: concurrent requests for the same kind of MySQL write are handed to one
+//! worker that writes them together, one statement (or one transaction) for the group.
+//!
+//! No timer forms a group. While `in_flight` groups are being written, new requests queue;
+//! the next group takes everything queued (up to `max_group`). A lone request therefore
+//! goes out at once, and under load the groups grow with the queue: the wait a request
+//! sees is at most the write in front of it.
+
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+type Job<T, R> = (T, oneshot::Sender<R>);
+
+/// A handle to a group-commit worker for items `T` answered with `R`.
+pub struct Coalescer<T, R> {
+    queue: mpsc::UnboundedSender<Job<T, R>>,
+}
+
+impl<T: Send + 'static, R: Send + 'static> Coalescer<T, R> {
+    /// Starts the worker on the current Tokio runtime. `write` gets a group and answers
+    /// one result per item, in the group's order.
+    pub fn spawn<F, Fut>(max_group: usize, in_flight: usize, write: F) -> Self
+    where
+        F: Fn(Vec<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<R>> + Send + 'static,
+    {
+        let (queue, mut jobs) = mpsc::unbounded_channel::<Job<T, R>>();
+        let write = Arc::new(write);
+        let slots = Arc::new(Semaphore::new(in_flight.max(1)));
+        let max_group = max_group.max(1);
+        tokio::spawn(async move {
+            loop {
+                // A free slot first: while every slot is busy, requests gather in the queue.
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                let Some(first) = jobs.recv().await else {
+                    return;
+                };
+                let mut group = vec![first];
+                while group.len() < max_group {
+                    match jobs.try_recv() {
+                        Ok(job) => group.push(job),
+                        Err(_) => break,
+                    }
+                }
+                let write = write.clone();
+                tokio::spawn(async move {
+                    let (items, replies): (Vec<T>, Vec<oneshot::Sender<R>>) =
+                        group.into_iter().unzip();
+                    let results = write(items).await;
+                    drop(slot);
+                    // A caller that went away (its client hung up) just misses its answer;
+                    // the write happened either way.
+                    for (reply, result) in replies.into_iter().zip(results) {
+                        let _ = reply.send(result);
+                    }
+                });
+            }
+        });
+        Self { queue }
+    }
+
+    /// Queues `item` for the next group and waits for its result. None only when the
+    /// worker is gone (the runtime is shutting down) or `write` answered too few results.
+    pub async fn submit(&self, item: T) -> Option<R> {
+        let (reply, answer) = oneshot::channel();
+        self.queue.send((item, reply)).ok()?;
+        answer.await.ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    // The default test runtime has one thread: a task that counted itself has also queued
+    // its item, because nothing between the two yields.
+    #[tokio::test]
+    async fn a_lone_item_goes_out_alone_and_queued_items_go_out_together() {
+        let groups = Arc::new(Mutex::new(Vec::<usize>::new()));
+        let seen = groups.clone();
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let open = gate.clone();
+        let group = Arc::new(Coalescer::spawn(8, 1, move |items: Vec<u32>| {
+            let seen = seen.clone();
+            let open = open.clone();
+            async move {
+                seen.lock().expect("lock").push(items.len());
+                if items == [0] {
+                    // Holds the only slot until the others are queued.
+                    open.notified().await;
+                }
+                items.iter().map(|i| i * 10).collect::<Vec<u32>>()
+            }
+        }));
+        let first = tokio::spawn({
+            let group = group.clone();
+            async move { group.submit(0).await }
+        });
+        while groups.lock().expect("lock").is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let queued = Arc::new(AtomicUsize::new(0));
+        let rest: Vec<_> = (1..=10)
+            .map(|i| {
+                let group = group.clone();
+                let queued = queued.clone();
+                tokio::spawn(async move {
+                    queued.fetch_add(1, Ordering::SeqCst);
+                    group.submit(i).await
+                })
+            })
+            .collect();
+        while queued.load(Ordering::SeqCst) < 10 {
+            tokio::task::yield_now().await;
+        }
+        gate.notify_one();
+        assert_eq!(first.await.expect("join"), Some(0));
+        for (i, task) in rest.into_iter().enumerate() {
+            assert_eq!(task.await.expect("join"), Some((i as u32 + 1) * 10));
+        }
+        let sizes = groups.lock().expect("lock").clone();
+        assert_eq!(
+            sizes,
+            vec![1, 8, 2],
+            "a lone item alone, then bounded groups"
+        );
+    }
+}
