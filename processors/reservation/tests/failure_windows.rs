@@ -610,3 +610,86 @@ async fn a_worker_that_dies_mid_recovery_is_followed_by_one_that_finishes_once()
         assert_settled(&f, step, id, &case).await;
     }
 }
+
+/// Group commit: forty concurrent Trys share one group writer (one group in flight, so they
+/// queue and go out together), and ten of them crash at a window inside their group. Every
+/// row ends as the single-row path leaves it: the crashed ones in PREPARING with their
+/// operation id, finished once by the worker; the others RESERVED by the group's commit.
+/// Afterwards each reservation has exactly one stock-change and one lifecycle row, and
+/// Redis holds exactly the forty units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
+    const TRYS: u64 = 40;
+    const CRASHES: usize = 10;
+    for place in ["before_redis", "reply_lost", "before_commit"] {
+        let config = ServiceConfig {
+            unknown_retries: 0,
+            try_group_max: 64,
+            try_groups_in_flight: 1,
+            ..ServiceConfig::default()
+        };
+        let f = std::sync::Arc::new(Fixture::with_config(100, config).await);
+        let bucket = BucketKey::new(f.merchant_id, f.dish_id, f.today).stock_bucket_id();
+        f.lua
+            .init_bucket(&f.keys(), &format!("init_{bucket}_v1"), 100, 1)
+            .await
+            .expect("init bucket");
+        let fp = scenario();
+        let point = Step::Try.point(place);
+        fp.arm(point, Action::CrashTimes(CRASHES));
+        let trys: Vec<_> = (1..=TRYS)
+            .map(|item| {
+                let f = f.clone();
+                tokio::spawn(async move { f.service.try_reserve(&f.request(item, 1)).await })
+            })
+            .collect();
+        let mut failed = 0;
+        for t in trys {
+            match t.await.expect("task") {
+                Ok(reply) => assert_eq!(reply.reservation.status_name(), "RESERVED", "{place}"),
+                Err(ServiceError::OutcomeUnknown { .. }) if place == "reply_lost" => failed += 1,
+                Err(e) if is_injected(&e) => failed += 1,
+                Err(e) => panic!("{place}: {e:?}"),
+            }
+        }
+        assert_eq!(fp.fired(point), CRASHES, "{place}");
+        assert_eq!(failed, CRASHES, "{place}: each crash fails its own Try only");
+        fp.disarm_all();
+        let report = worker_round(&f).await;
+        assert_eq!(
+            (report.resumed, report.failed, report.dead),
+            (CRASHES, 0, 0),
+            "{place}: the worker finishes exactly the crashed rows"
+        );
+        let (total, available, reserved, sold) = f.numbers().await;
+        assert_eq!(
+            (total, available, reserved, sold),
+            (100, 100 - TRYS as i64, TRYS as i64, 0),
+            "{place}: each Try held its unit once"
+        );
+        let per_row: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT CAST(r.status AS CHAR), \
+             (SELECT COUNT(*) FROM inventory_outbox o WHERE o.aggregate_id = r.id AND o.topic = ?), \
+             (SELECT COUNT(*) FROM inventory_outbox o WHERE o.aggregate_id = r.id AND o.topic = ?) \
+             FROM inventory_reservation r WHERE r.merchant_id = ?",
+        )
+        .bind(topics::STOCK_CHANGE)
+        .bind(topics::INVENTORY_LIFECYCLE)
+        .bind(f.merchant_id)
+        .fetch_all(&f.pool)
+        .await
+        .expect("rows");
+        assert_eq!(per_row.len(), TRYS as usize, "{place}");
+        let reserved_code = stocksvr_core::reservation::ReservationStatus::Reserved
+            .code()
+            .to_string();
+        for (status, stock, lifecycle) in &per_row {
+            assert_eq!(
+                (status, *stock, *lifecycle),
+                (&reserved_code, 1, 1),
+                "{place}: one RESERVED row with one event of each kind"
+            );
+        }
+        drop(fp);
+    }
+}
