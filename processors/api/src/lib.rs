@@ -9,6 +9,7 @@ mod admin;
 mod error;
 pub mod http_metrics;
 mod request;
+pub mod shed;
 
 pub use admin::admin_router;
 pub use error::{ApiError, ErrorBody};
@@ -47,6 +48,8 @@ pub struct ApiState {
     service: Arc<OnceCell<Arc<ReservationService>>>,
     /// For `/admin/reconcile` and `/admin/buckets/{id}/rebuild`.
     reconcile: Arc<stocksvr_reservation::reconcile::ReconcileConfig>,
+    /// The in-flight bound and admission queue of the `/v1` routes.
+    admission: shed::Admission,
 }
 
 impl ApiState {
@@ -71,6 +74,12 @@ impl ApiState {
         config: stocksvr_reservation::reconcile::ReconcileConfig,
     ) -> Self {
         self.reconcile = Arc::new(config);
+        self
+    }
+
+    /// The load-shedding bounds of the `/v1` routes (the `[http]` settings).
+    pub fn with_shed_config(mut self, config: shed::ShedConfig) -> Self {
+        self.admission = shed::Admission::new(config);
         self
     }
 
@@ -331,6 +340,7 @@ pub fn openapi_json() -> serde_json::Value {
 }
 
 pub fn router(state: ApiState) -> Router {
+    let admission = state.admission.clone();
     Router::new()
         .route("/v1/reservations", post(try_reservation))
         .route("/v1/reservations/{id}", get(get_reservation))
@@ -340,6 +350,8 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/stock/{merchant_id}/{dish_id}", get(get_stock))
         .route("/openapi.json", get(|| async { Json(openapi_json()) }))
+        // Inside the metrics layer: a shed request is timed and counted like any other.
+        .layer(axum::middleware::from_fn_with_state(admission, shed::admit))
         .layer(axum::middleware::from_fn(http_metrics::track))
         .with_state(state)
 }

@@ -5,7 +5,7 @@ use crate::store::ClaimedRow;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use futures::future::join_all;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use std::time::Duration;
 use stocksvr_pipeline::catalog::{Catalog, EventSchema};
 use stocksvr_pipeline::codec::AvroCodec;
@@ -117,22 +117,49 @@ pub async fn encode(
         .map_err(|e| RowFailure::Encode(e.to_string()))
 }
 
-/// Publishes a batch and returns each row's outcome, in the rows' order: when the broker
-/// acknowledged it, or why not. A row's topic is the declared name; `namespace` turns it
-/// into the deployment's.
+/// A batch handed to the producer: one pending acknowledgement (or a failure already
+/// known, such as an encoding error) per row, in the rows' order, and the deadline they
+/// share.
+pub struct Enqueued {
+    deliveries: Vec<Result<DeliveryFuture, RowFailure>>,
+    deadline: Instant,
+    timeout: Duration,
+}
+
+impl Enqueued {
+    /// Each row's outcome, in the rows' order: when the broker acknowledged it, or why not.
+    /// A record not acknowledged by the deadline may still be delivered later by the
+    /// producer; the row is retried anyway (at-least-once: consumers deduplicate on
+    /// event_id).
+    pub async fn acknowledged(self) -> Vec<Result<Acked, RowFailure>> {
+        let (deadline, timeout) = (self.deadline, self.timeout);
+        join_all(self.deliveries.into_iter().map(|delivery| async move {
+            let future = delivery?;
+            match tokio::time::timeout_at(deadline, future).await {
+                Ok(Ok(Ok(_delivered))) => Ok(Acked { at: Utc::now() }),
+                Ok(Ok(Err((e, _message)))) => Err(RowFailure::Delivery(e.to_string())),
+                Ok(Err(_canceled)) => Err(RowFailure::Delivery("producer was shut down".into())),
+                Err(_elapsed) => Err(RowFailure::Timeout(timeout)),
+            }
+        }))
+        .await
+    }
+}
+
+/// Encodes a batch and enqueues it on the producer without waiting for the broker. A row's
+/// topic is the declared name; `namespace` turns it into the deployment's.
 ///
 /// All rows are encoded concurrently (the registry is asked at most once per subject, then
 /// cached), then enqueued in id order, so records with the same key reach their partition in
-/// the order they were written; then every acknowledgement is awaited until one shared
-/// deadline. A record not acknowledged by then may still be delivered later by the
-/// producer; the row is retried anyway (at-least-once: consumers deduplicate on event_id).
-pub async fn publish_batch(
+/// the order they were written. `timeout` runs from here over the encoding and the
+/// acknowledgements together.
+pub async fn enqueue_batch(
     codec: &AvroCodec,
     producer: &FutureProducer,
     namespace: &Namespace,
     rows: &[ClaimedRow],
     timeout: Duration,
-) -> Vec<Result<Acked, RowFailure>> {
+) -> Enqueued {
     let deadline = Instant::now() + timeout;
     let topics: Vec<String> = rows.iter().map(|row| namespace.topic(&row.topic)).collect();
     let encoded = join_all(
@@ -171,16 +198,11 @@ pub async fn publish_batch(
                 .map_err(|(e, _)| RowFailure::Delivery(e.to_string())),
         );
     }
-    join_all(deliveries.into_iter().map(|delivery| async move {
-        let future = delivery?;
-        match tokio::time::timeout_at(deadline, future).await {
-            Ok(Ok(Ok(_delivered))) => Ok(Acked { at: Utc::now() }),
-            Ok(Ok(Err((e, _message)))) => Err(RowFailure::Delivery(e.to_string())),
-            Ok(Err(_canceled)) => Err(RowFailure::Delivery("producer was shut down".into())),
-            Err(_elapsed) => Err(RowFailure::Timeout(timeout)),
-        }
-    }))
-    .await
+    Enqueued {
+        deliveries,
+        deadline,
+        timeout,
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use crate::config::RelayConfig;
 use crate::error::{sqlx_is_retryable, RelayError};
-use crate::publish::{publish_batch, publish_delay, RowFailure};
+use crate::publish::{enqueue_batch, publish_delay, Enqueued, RowFailure};
 use crate::store::{self, Backlog, Failure};
 use backon::{ExponentialBuilder, Retryable};
 use rdkafka::producer::FutureProducer;
@@ -26,6 +26,21 @@ pub struct RelayReport {
     pub sent: usize,
     /// Rows that went to RETRY.
     pub failed: usize,
+}
+
+/// A claimed batch on the producer's queue, its acknowledgements not awaited yet.
+struct Started {
+    claim: store::Claim,
+    deliveries: Enqueued,
+    started: Instant,
+}
+
+impl RelayReport {
+    fn add(&mut self, other: RelayReport) {
+        self.claimed += other.claimed;
+        self.sent += other.sent;
+        self.failed += other.failed;
+    }
 }
 
 /// Publishes `inventory_outbox` rows to Kafka. Cheap to share behind an `Arc`; every method
@@ -87,16 +102,51 @@ impl OutboxRelay {
     /// reason, and never holds up the other rows of the batch.
     #[tracing::instrument(skip_all, err)]
     pub async fn relay_once(&self) -> Result<RelayReport, RelayError> {
+        match self.start_round().await? {
+            Some(round) => self.finish_round(round).await,
+            None => Ok(RelayReport::default()),
+        }
+    }
+
+    /// Rounds back to back while they come back full, each claimed and enqueued while the
+    /// previous one waits for its acknowledgements and is marked: a round then costs the
+    /// longer of the two halves instead of their sum. The next round is enqueued only after
+    /// the previous one was, so one key's records still reach their partition in id order
+    /// (the idempotent producer keeps that order through its own retries). At most
+    /// `max_rounds`, so a stop request is seen between drains.
+    pub async fn drain(&self, max_rounds: usize) -> Result<RelayReport, RelayError> {
+        let batch = self.config.batch_size as usize;
+        let Some(mut current) = self.start_round().await? else {
+            return Ok(RelayReport::default());
+        };
+        let mut total = RelayReport::default();
+        for _ in 1..max_rounds.max(1) {
+            if current.claim.rows.len() < batch {
+                break;
+            }
+            let (done, next) = tokio::join!(self.finish_round(current), self.start_round());
+            total.add(done?);
+            match next? {
+                Some(next) => current = next,
+                None => return Ok(total),
+            }
+        }
+        total.add(self.finish_round(current).await?);
+        Ok(total)
+    }
+
+    /// Claims a batch and enqueues it on the producer; `None` when nothing is due.
+    async fn start_round(&self) -> Result<Option<Started>, RelayError> {
         let started = Instant::now();
         let claim =
             store::claim(&self.pool, self.config.batch_size, self.config.claim_lease).await?;
         if claim.rows.is_empty() {
-            return Ok(RelayReport::default());
+            return Ok(None);
         }
         self.zero_series(&claim.rows);
         // Seed §10.2 window 5 in tests: claimed (SENDING under a lease), nothing published.
         crash_point("relay.before_publish")?;
-        let outcomes = publish_batch(
+        let deliveries = enqueue_batch(
             &self.codec,
             &self.producer,
             &self.namespace,
@@ -104,6 +154,21 @@ impl OutboxRelay {
             self.config.publish_timeout,
         )
         .await;
+        Ok(Some(Started {
+            claim,
+            deliveries,
+            started,
+        }))
+    }
+
+    /// Waits for a started round's acknowledgements and writes each row's outcome.
+    async fn finish_round(&self, round: Started) -> Result<RelayReport, RelayError> {
+        let Started {
+            claim,
+            deliveries,
+            started,
+        } = round;
+        let outcomes = deliveries.acknowledged().await;
         let mut sent = Vec::with_capacity(claim.rows.len());
         let mut delays = Vec::with_capacity(claim.rows.len());
         let mut failed = Vec::new();
@@ -272,8 +337,8 @@ impl OutboxRelay {
         let batch = self.config.batch_size as usize;
         let cadence = Cadence::adaptive(self.config.min_poll, self.config.max_poll);
         periodic::run("outbox relay", cadence, Some(&self.wake), stop, || async {
-            match self.relay_once().await {
-                Ok(r) if r.claimed >= batch => Ok(Round::Full),
+            match self.drain(DRAIN_ROUNDS).await {
+                Ok(r) if r.claimed >= batch * DRAIN_ROUNDS => Ok(Round::Full),
                 Ok(r) if r.claimed > 0 => Ok(Round::Partial),
                 Ok(_) => Ok(Round::Empty),
                 Err(e) if e.is_retryable() => {
@@ -313,6 +378,9 @@ impl OutboxRelay {
         .await
     }
 }
+
+/// Full rounds drained in one go before the loop looks at its stop signal again.
+const DRAIN_ROUNDS: usize = 16;
 
 /// A crash injected by a test (inert outside test builds, see `stocksvr-failpoint`): the
 /// round ends there and writes nothing more, as a killed relay would.

@@ -147,6 +147,68 @@ async fn two_running_relays_publish_each_event_exactly_once() -> Result<()> {
     Ok(())
 }
 
+#[tokio::test]
+async fn a_drain_overlaps_rounds_and_keeps_each_keys_order() -> Result<()> {
+    let stack = Stack::new().await?;
+    let mut rows = Vec::new();
+    for i in 0..1_050 {
+        let example = if i % 3 == 0 {
+            "InventoryReserved"
+        } else {
+            "InventoryRedisReserved"
+        };
+        rows.push(stack.row(example)?);
+    }
+    for chunk in rows.chunks(150) {
+        stack.insert(chunk).await?;
+    }
+    let relay = stack.relay(RelayConfig {
+        batch_size: 100,
+        ..fast_config()
+    })?;
+    // Ten full rounds overlapped; the eleventh is partial (50 rows) and ends the drain.
+    let report = relay.drain(16).await?;
+    assert_eq!(
+        report,
+        RelayReport {
+            claimed: 1_050,
+            sent: 1_050,
+            failed: 0
+        }
+    );
+    assert_eq!(stack.count(status::SENT).await?, 1_050);
+    assert_eq!(relay.drain(16).await?.claimed, 0, "nothing left to claim");
+
+    // Rounds overlap, yet one key's records sit in their partition in the order the rows
+    // were written (insert order is id order).
+    let records = stack.read_topic().await?;
+    assert_eq!(records.len(), 1_050);
+    let mut written: HashMap<String, Vec<String>> = HashMap::new();
+    for row in &rows {
+        written
+            .entry(row.partition_key.clone())
+            .or_default()
+            .push(row.event_id.clone());
+    }
+    let mut published: HashMap<String, Vec<String>> = HashMap::new();
+    for record in &records {
+        let key = record.key.clone().context("a keyed record")?;
+        published
+            .entry(key)
+            .or_default()
+            .extend(record.event_ids.iter().cloned());
+    }
+    assert!(
+        written.len() >= 2,
+        "the examples cover two keys: {written:?}"
+    );
+    assert_eq!(
+        published, written,
+        "a key's records out of their write order"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claims_never_overlap() -> Result<()> {
     let stack = Stack::new().await?;

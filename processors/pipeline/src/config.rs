@@ -274,6 +274,12 @@ pub struct HttpSettings {
     pub admin_token: Option<Secret>,
     /// Timeout of each dependency check behind `/readyz`, in milliseconds.
     pub readiness_timeout_ms: u64,
+    /// API requests (`/v1/...`) served at once; more wait in the admission queue.
+    pub max_in_flight: usize,
+    /// API requests waiting for a slot; one more is answered 503 `overloaded` at once.
+    pub max_queued: usize,
+    /// Longest wait for a slot, in milliseconds; then 503 `overloaded` with `Retry-After`.
+    pub admission_deadline_ms: u64,
 }
 
 impl Default for HttpSettings {
@@ -282,6 +288,9 @@ impl Default for HttpSettings {
             listen: "127.0.0.1:8080".into(),
             admin_token: None,
             readiness_timeout_ms: 2_000,
+            max_in_flight: 512,
+            max_queued: 2_048,
+            admission_deadline_ms: 1_000,
         }
     }
 }

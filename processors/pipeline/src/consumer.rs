@@ -259,7 +259,21 @@ pub async fn run(
 ) -> Result<(), LoopError> {
     let group = format!("{}.{}", settings.group_prefix, config.name);
     let paused = Arc::new(AtomicBool::new(false));
-    let consumer: StreamConsumer<LoopContext> = kafka::client_config(settings, config.name)
+    let mut client = kafka::client_config(settings, config.name);
+    // librdkafka prefetches up to 64 MB and 100,000 records per consumer by default: with
+    // several consumers in one process that is hundreds of MB held after a backlog was read
+    // (the allocator keeps the pages). A few MB still keeps a batch ready behind the one
+    // being applied, which is all a loop that commits after the effect can use. The
+    // operator's `kafka.properties` win.
+    for (key, value) in [
+        ("queued.max.messages.kbytes", "4096"),
+        ("queued.min.messages", "2000"),
+    ] {
+        if client.get(key).is_none() {
+            client.set(key, value);
+        }
+    }
+    let consumer: StreamConsumer<LoopContext> = client
         .set("group.id", &group)
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "1000")

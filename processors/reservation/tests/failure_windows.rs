@@ -653,7 +653,10 @@ async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
             }
         }
         assert_eq!(fp.fired(point), CRASHES, "{place}");
-        assert_eq!(failed, CRASHES, "{place}: each crash fails its own Try only");
+        assert_eq!(
+            failed, CRASHES,
+            "{place}: each crash fails its own Try only"
+        );
         fp.disarm_all();
         let report = worker_round(&f).await;
         assert_eq!(

@@ -139,8 +139,13 @@ pub async fn run(
         stocksvr_dead_letter::replay_producer(&settings.kafka)?,
         Some(AvroCodec::new(&settings.registry, catalog.clone())?),
     );
-    let api =
-        stocksvr_api::ApiState::new().with_reconcile_config(settings.reconcile.reconcile_config());
+    let api = stocksvr_api::ApiState::new()
+        .with_reconcile_config(settings.reconcile.reconcile_config())
+        .with_shed_config(stocksvr_api::shed::ShedConfig {
+            max_in_flight: settings.http.max_in_flight,
+            max_queued: settings.http.max_queued,
+            admission_deadline: Duration::from_millis(settings.http.admission_deadline_ms),
+        });
     let admin = Router::new()
         .route("/admin/config", get(move || async move { Json(redacted) }))
         .merge(stocksvr_dead_letter::admin_routes(dlq))
