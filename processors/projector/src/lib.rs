@@ -21,6 +21,7 @@
 
 pub mod decide;
 pub mod error;
+pub mod plan;
 pub mod store;
 pub mod telemetry;
 
