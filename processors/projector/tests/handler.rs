@@ -991,3 +991,68 @@ async fn a_claim_that_does_not_go_as_planned_falls_back_to_event_by_event() -> R
     assert_eq!(h.snapshot().await?, Some((100, 72, 8, 20, 0, 392)));
     Ok(())
 }
+
+/// Statements per event, batched and one by one, on a connection of its own (session
+/// counters). A note for the report, not a check: `cargo test -p stocksvr-projector --test
+/// handler -- --ignored --nocapture statements_per_event`.
+#[tokio::test]
+#[ignore]
+async fn statements_per_event() -> Result<()> {
+    const EVENTS: u64 = 100;
+    let h = Harness::new().await?;
+    let url = h._db.url.clone();
+    let mut lines = Vec::new();
+    for (label, at_once) in [("batch", true), ("one by one", false)] {
+        let pool = stocksvr_store::mysql_pool(&url, 1, std::time::Duration::from_secs(10))?;
+        let projector = Projector::new(pool.clone(), format!("measure.{label}"))?;
+        let mut records = Vec::new();
+        for i in 0..EVENTS {
+            // Buckets of each run's own, so neither finds the other's versions.
+            let bucket_dish = if at_once { 90_001 } else { 91_001 } + i % 10;
+            let bucket = format!("bucket_10001_{bucket_dish}_20260726");
+            let mut json = change(
+                "InventoryRedisReserved",
+                &format!("evt_measure_{label}_{i}"),
+                &format!("op_measure_{label}_{i}"),
+                (i + 1) as i64,
+                [100, 98, 2, 0],
+            );
+            json["partition_key"] = json!(bucket);
+            json["data"]["stock_bucket_id"] = json!(bucket);
+            json["data"]["dish_id"] = json!(bucket_dish);
+            json["data"]["reservation_id"] = json!(200_000 + i);
+            records.push(h.record("InventoryRedisReserved", &json).await?);
+        }
+        let counters = || async {
+            let rows: Vec<(String, String)> = sqlx::query_as(
+                "SHOW SESSION STATUS WHERE Variable_name IN ('Questions', 'Com_begin', \
+                 'Com_commit', 'Com_select', 'Com_insert', 'Com_update', 'Com_update_multi', \
+                 'Com_stmt_prepare', 'Com_stmt_execute')",
+            )
+            .fetch_all(&pool)
+            .await?;
+            let mut counters = std::collections::BTreeMap::new();
+            for (name, value) in rows {
+                counters.insert(name, value.parse::<i64>()?);
+            }
+            anyhow::Ok(counters)
+        };
+        let start = counters().await?;
+        if at_once {
+            projector.handle(&records).await.expect("applies");
+        } else {
+            for r in records {
+                projector.handle(&[r]).await.expect("applies");
+            }
+        }
+        let end = counters().await?;
+        let delta: Vec<String> = end
+            .iter()
+            .map(|(name, n)| format!("{name} {}", n - start.get(name).copied().unwrap_or(0)))
+            .collect();
+        lines.push(format!("{label}, {EVENTS} events: {}", delta.join(", ")));
+        pool.close().await;
+    }
+    println!("{}", lines.join("\n"));
+    Ok(())
+}
