@@ -14,8 +14,11 @@
 //! retried batch, a re-published outbox row) cannot drift it; a stale event still books
 //! its ledger row and advances its reservation's synced version, never backwards.
 //!
-//! Flow per batch: decide (pure, [`decide`]) → apply in one transaction ([`store`]) →
-//! commit → the loop stores offsets. A record that can never be projected is answered
+//! Flow per batch: decide (pure, [`decide`]) → read what the batch touches, plan what each
+//! event would have done on its own (pure, [`plan`]) and write each table with one
+//! statement, all in one transaction ([`store`]) → commit → the loop stores offsets. When
+//! the database does not answer as planned (another consumer wrote meanwhile) the batch
+//! is rolled back and applied event by event instead. A record that can never be projected is answered
 //! `Failure::Invalid` on its own and dead-lettered by the loop while the rest of the batch
 //! applies; a database failure fails the whole batch ([`error::classify`]).
 
@@ -253,7 +256,7 @@ impl Projector {
         Ok(applied)
     }
 
-    /// One event inside the batch transaction.
+    /// One event inside the batch transaction ([`Self::apply_each`]).
     #[tracing::instrument(skip_all, fields(event_id = %p.event_id, operation_id = %p.ledger.operation_id, redis_version = ?p.ledger.redis_version))]
     async fn apply(
         &self,
