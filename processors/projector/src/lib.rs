@@ -14,18 +14,22 @@
 //! retried batch, a re-published outbox row) cannot drift it; a stale event still books
 //! its ledger row and advances its reservation's synced version, never backwards.
 //!
-//! Flow per batch: decide (pure, [`decide`]) → apply in one transaction ([`store`]) →
-//! commit → the loop stores offsets. A record that can never be projected is answered
+//! Flow per batch: decide (pure, [`decide`]) → read what the batch touches, plan what each
+//! event would have done on its own (pure, [`plan`]) and write each table with one
+//! statement, all in one transaction ([`store`]) → commit → the loop stores offsets. When
+//! the database does not answer as planned (another consumer wrote meanwhile) the batch
+//! is rolled back and applied event by event instead. A record that can never be projected is answered
 //! `Failure::Invalid` on its own and dead-lettered by the loop while the rest of the batch
 //! applies; a database failure fails the whole batch ([`error::classify`]).
 
 pub mod decide;
 pub mod error;
+pub mod plan;
 pub mod store;
 pub mod telemetry;
 
 use chrono::{NaiveDateTime, Utc};
-use decide::{InvalidEvent, Projection, MAX_ID_LEN};
+use decide::{InvalidEvent, LedgerRow, Projection, SnapshotRow, MAX_ID_LEN};
 use error::{classify, ProjectorError};
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -87,28 +91,38 @@ impl Projector {
         // Decided before the transaction opens: it holds no locks while decoding.
         let decided: Vec<Result<Projection, InvalidEvent>> =
             batch.iter().map(|r| decide::decide(&r.event)).collect();
+        let valid: Vec<&Projection> = decided.iter().filter_map(|d| d.as_ref().ok()).collect();
         let now = Utc::now().naive_utc();
         let mut tx = stocksvr_store::deadline::begin(&self.pool)
             .await
             .map_err(|e| classify(&e))?;
-        let mut buckets: Vec<&str> = decided
-            .iter()
-            .filter_map(|d| d.as_ref().ok()?.snapshot.as_ref())
-            .map(|s| s.stock_bucket_id.as_str())
-            .collect();
-        buckets.sort_unstable();
-        buckets.dedup();
-        let mut existing = store::existing_buckets(&mut tx, &buckets)
-            .await
-            .map_err(|e| classify(&e))?;
         let mut tally = Tally::default();
+        let applied = match self
+            .apply_all(&mut tx, &valid, now, &mut tally)
+            .await
+            .map_err(|e| classify(&e))?
+        {
+            Some(applied) => applied,
+            None => {
+                // Rare (a rebalance, ids the collation equates): redo the batch the slow way,
+                // which needs no prediction, rather than guess what the other consumer did.
+                tracing::info!("batch raced another writer; applying it event by event");
+                tx.rollback().deadline().await.map_err(|e| classify(&e))?;
+                tx = stocksvr_store::deadline::begin(&self.pool)
+                    .await
+                    .map_err(|e| classify(&e))?;
+                tally = Tally::default();
+                self.apply_each(&mut tx, &valid, now, &mut tally)
+                    .await
+                    .map_err(|e| classify(&e))?
+            }
+        };
+        debug_assert_eq!(applied.len(), valid.len(), "one outcome per valid record");
+        let mut applied = applied.into_iter();
         let mut results = Vec::with_capacity(batch.len());
         for (record, decision) in batch.iter().zip(decided) {
             let result = match decision {
-                Ok(projection) => Ok(self
-                    .apply(&mut tx, &projection, now, &mut existing, &mut tally)
-                    .await
-                    .map_err(|e| classify(&e))?),
+                Ok(_) => Ok(applied.next().unwrap_or(Applied::Applied)),
                 Err(invalid) => {
                     tracing::warn!(
                         topic = record.topic(),
@@ -129,7 +143,120 @@ impl Projector {
         Ok(results)
     }
 
-    /// One event inside the batch transaction.
+    /// The whole batch with one statement per table (chunked only past
+    /// `store::ROWS_PER_STATEMENT` rows), with the outcome and tally each event would have
+    /// had applied on its own in batch order ([`plan`]). One outcome per projection, in
+    /// order. `None`: the database did not do what the plan predicted (another consumer
+    /// wrote meanwhile); the transaction must be rolled back.
+    async fn apply_all(
+        &self,
+        conn: &mut MySqlConnection,
+        batch: &[&Projection],
+        now: NaiveDateTime,
+        tally: &mut Tally,
+    ) -> Result<Option<Vec<Applied>>, sqlx::Error> {
+        if batch.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        let ids: Vec<&str> = batch.iter().map(|p| p.event_id.as_str()).collect();
+        let inboxed = store::inboxed(conn, &self.group, &ids).await?;
+        let claims = plan::claims(&ids, &inboxed);
+        let claimed: Vec<&Projection> = batch
+            .iter()
+            .zip(&claims)
+            .filter_map(|(p, claim)| claim.then_some(*p))
+            .collect();
+        if claimed.is_empty() {
+            tally_duplicates(&claims, tally);
+            return Ok(Some(vec![Applied::Duplicate; batch.len()]));
+        }
+        let claimed_ids: Vec<&str> = claimed.iter().map(|p| p.event_id.as_str()).collect();
+        if store::claim_all(conn, &claimed_ids, &self.group, now).await? != claimed.len() as u64 {
+            return Ok(None);
+        }
+
+        let ledger: Vec<&LedgerRow> = claimed.iter().map(|p| &p.ledger).collect();
+        let booked = store::book_all(conn, &ledger, now).await?;
+        let already = (ledger.len() as u64).saturating_sub(booked);
+        if already > 0 {
+            tracing::debug!(already, "operations already in the ledger");
+        }
+
+        let rows: Vec<&SnapshotRow> = claimed.iter().filter_map(|p| p.snapshot.as_ref()).collect();
+        let mut buckets: Vec<&str> = rows.iter().map(|r| r.stock_bucket_id.as_str()).collect();
+        buckets.sort_unstable();
+        buckets.dedup();
+        let stored = store::snapshot_versions(conn, &buckets).await?;
+        let snapshots = plan::snapshots(&stored, &rows);
+        if store::write_snapshots(conn, &snapshots.writes, now).await?
+            != snapshots.expected_rows_affected()
+        {
+            return Ok(None);
+        }
+
+        let syncs = plan::syncs(claimed.iter().filter_map(|p| p.sync));
+        if !syncs.is_empty() {
+            let found = store::sync_all(conn, &syncs).await?;
+            if found < syncs.len() as u64 {
+                tracing::debug!(
+                    missing = syncs.len() as u64 - found,
+                    "reservations to sync not in this database"
+                );
+            }
+        }
+
+        // The tally as the per-event path counts it, event by event in batch order.
+        tally_duplicates(&claims, tally);
+        for _ in 0..already {
+            tally.already_booked();
+        }
+        for outcome in &snapshots.outcomes {
+            if *outcome == SnapshotWrite::Stale {
+                tally.stale();
+            }
+        }
+        for p in &claimed {
+            tally.projected(p.kind, p.occurred_at);
+        }
+        Ok(Some(
+            claims
+                .iter()
+                .map(|claim| {
+                    if *claim {
+                        Applied::Applied
+                    } else {
+                        Applied::Duplicate
+                    }
+                })
+                .collect(),
+        ))
+    }
+
+    /// The batch one event at a time: the fallback of a batch [`Self::apply_all`] could not
+    /// predict. One outcome per projection, in order.
+    async fn apply_each(
+        &self,
+        conn: &mut MySqlConnection,
+        batch: &[&Projection],
+        now: NaiveDateTime,
+        tally: &mut Tally,
+    ) -> Result<Vec<Applied>, sqlx::Error> {
+        let mut buckets: Vec<&str> = batch
+            .iter()
+            .filter_map(|p| p.snapshot.as_ref())
+            .map(|s| s.stock_bucket_id.as_str())
+            .collect();
+        buckets.sort_unstable();
+        buckets.dedup();
+        let mut existing = store::existing_buckets(conn, &buckets).await?;
+        let mut applied = Vec::with_capacity(batch.len());
+        for p in batch {
+            applied.push(self.apply(conn, p, now, &mut existing, tally).await?);
+        }
+        Ok(applied)
+    }
+
+    /// One event inside the batch transaction ([`Self::apply_each`]).
     #[tracing::instrument(skip_all, fields(event_id = %p.event_id, operation_id = %p.ledger.operation_id, redis_version = ?p.ledger.redis_version))]
     async fn apply(
         &self,
@@ -168,6 +295,12 @@ impl Projector {
         }
         tally.projected(p.kind, p.occurred_at);
         Ok(Applied::Applied)
+    }
+}
+
+fn tally_duplicates(claims: &[bool], tally: &mut Tally) {
+    for _ in claims.iter().filter(|claim| !**claim) {
+        tally.duplicate();
     }
 }
 

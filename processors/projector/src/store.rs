@@ -1,13 +1,16 @@
-//! Apply: the SQL of one projection, run inside the batch's transaction. Every statement
-//! is idempotent on its own (INSERT IGNORE on a unique key, a version-guarded upsert,
-//! GREATEST), so the inbox is the first line of defence against redelivery, not the only one.
+//! Apply: the SQL of a batch, run inside its transaction: one multi-row statement per
+//! table and batch as [`crate::plan`] laid them out, and the statements of one projection
+//! for the per-event path a raced batch falls back to. Every statement is idempotent on
+//! its own (INSERT IGNORE on a unique key, a version-guarded upsert, GREATEST), so the
+//! inbox is the first line of defence against redelivery, not the only one.
 //!
 //! Every value is bound; nothing from an event is ever spliced into SQL text.
 
 use crate::decide::{LedgerRow, ReservationSync, SnapshotRow};
+use crate::plan::FinalRow;
 use chrono::NaiveDateTime;
-use sqlx::MySqlConnection;
-use std::collections::HashSet;
+use sqlx::{MySql, MySqlConnection, QueryBuilder};
+use std::collections::{HashMap, HashSet};
 use stocksvr_store::deadline::Deadline;
 
 /// Claims `event_id` for `group`. `false`: this group already applied the event.
@@ -105,11 +108,13 @@ pub enum SnapshotWrite {
 /// and `redis_version` is assigned last because MySQL and MariaDB evaluate the assignments
 /// left to right: once it is updated, a later `VALUES(redis_version) > redis_version` would
 /// be false and leave the remaining columns behind. `VALUES()` rather than the MySQL 8.0.19
-/// row alias because MariaDB only knows the former.
-const UPSERT_SNAPSHOT: &str = "INSERT INTO dish_stock_snapshot (stock_bucket_id, merchant_id, \
-     dish_id, stock_date, total_stock, available_stock, reserved_stock, sold_stock, \
-     deficit_stock, redis_version, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-     ON DUPLICATE KEY UPDATE \
+/// row alias because MariaDB only knows the former; in a multi-row insert it names the
+/// value of the row that collided. The one bound flag says whether the rows state a
+/// deficit (split at [`SNAPSHOT_DEFICIT_FLAG`]).
+const UPSERT_SNAPSHOT_HEAD: &str = "INSERT INTO dish_stock_snapshot (stock_bucket_id, \
+     merchant_id, dish_id, stock_date, total_stock, available_stock, reserved_stock, \
+     sold_stock, deficit_stock, redis_version, updated_at) ";
+const SNAPSHOT_DEFICIT_FLAG: &str = " ON DUPLICATE KEY UPDATE \
      merchant_id = IF(VALUES(redis_version) > redis_version, VALUES(merchant_id), merchant_id), \
      dish_id = IF(VALUES(redis_version) > redis_version, VALUES(dish_id), dish_id), \
      stock_date = IF(VALUES(redis_version) > redis_version, VALUES(stock_date), stock_date), \
@@ -117,9 +122,39 @@ const UPSERT_SNAPSHOT: &str = "INSERT INTO dish_stock_snapshot (stock_bucket_id,
      available_stock = IF(VALUES(redis_version) > redis_version, VALUES(available_stock), available_stock), \
      reserved_stock = IF(VALUES(redis_version) > redis_version, VALUES(reserved_stock), reserved_stock), \
      sold_stock = IF(VALUES(redis_version) > redis_version, VALUES(sold_stock), sold_stock), \
-     deficit_stock = IF(? AND VALUES(redis_version) > redis_version, VALUES(deficit_stock), deficit_stock), \
+     deficit_stock = IF(";
+const UPSERT_SNAPSHOT_TAIL: &str = " AND VALUES(redis_version) > redis_version, \
+     VALUES(deficit_stock), deficit_stock), \
      updated_at = IF(VALUES(redis_version) > redis_version, VALUES(updated_at), updated_at), \
      redis_version = IF(VALUES(redis_version) > redis_version, VALUES(redis_version), redis_version)";
+
+/// The version-guarded upsert of `rows` (row, deficit), all with the same `states_deficit`.
+fn upsert_snapshots<'a>(
+    rows: impl IntoIterator<Item = (&'a SnapshotRow, Option<i64>)>,
+    states_deficit: bool,
+    now: NaiveDateTime,
+) -> QueryBuilder<'a, MySql> {
+    let mut q = QueryBuilder::new(UPSERT_SNAPSHOT_HEAD);
+    q.push_values(rows, |mut b, (row, deficit)| {
+        b.push_bind(row.stock_bucket_id.as_str())
+            .push_bind(row.merchant_id)
+            .push_bind(row.dish_id)
+            .push_bind(row.stock_date)
+            .push_bind(row.after.total)
+            .push_bind(row.after.available)
+            .push_bind(row.after.reserved)
+            .push_bind(row.after.sold)
+            // A row created by a reservation step starts without a deficit; an existing one
+            // keeps what the last init or adjust stated, as reservation steps do not report it.
+            .push_bind(deficit.unwrap_or(0))
+            .push_bind(row.redis_version)
+            .push_bind(now);
+    });
+    q.push(SNAPSHOT_DEFICIT_FLAG);
+    q.push_bind(states_deficit);
+    q.push(UPSERT_SNAPSHOT_TAIL);
+    q
+}
 
 /// Writes `row` unless the stored version is the same or newer. `existed` says whether the
 /// row was there before (see [`existing_buckets`]).
@@ -129,21 +164,8 @@ pub async fn advance_snapshot(
     existed: bool,
     now: NaiveDateTime,
 ) -> Result<SnapshotWrite, sqlx::Error> {
-    let done = sqlx::query(UPSERT_SNAPSHOT)
-        .bind(&row.stock_bucket_id)
-        .bind(row.merchant_id)
-        .bind(row.dish_id)
-        .bind(row.stock_date)
-        .bind(row.after.total)
-        .bind(row.after.available)
-        .bind(row.after.reserved)
-        .bind(row.after.sold)
-        // A row created by a reservation step starts without a deficit; an existing one keeps
-        // what the last init or adjust stated, as reservation steps do not report it.
-        .bind(row.deficit.unwrap_or(0))
-        .bind(row.redis_version)
-        .bind(now)
-        .bind(row.deficit.is_some())
+    let done = upsert_snapshots([(row, row.deficit)], row.deficit.is_some(), now)
+        .build()
         .execute(conn)
         .deadline()
         .await?;
@@ -182,4 +204,204 @@ pub async fn sync_reservation(
     .deadline()
     .await?;
     Ok(done.rows_affected() > 0)
+}
+
+/// Rows per multi-row statement. The widest row (a ledger row) binds 16 values, so a
+/// statement stays far below MariaDB's 65,535 placeholders whatever the batch size.
+const ROWS_PER_STATEMENT: usize = 1_000;
+
+/// Which of `event_ids` `group` has already applied. A plain read, not `FOR UPDATE`: event
+/// ids are random, so locking the gaps where absent ids would go makes two instances
+/// inserting into the same gap deadlock. The claim's row count is the guard against a
+/// consumer that claims one of them meanwhile (see [`claim_all`]).
+pub async fn inboxed(
+    conn: &mut MySqlConnection,
+    group: &str,
+    event_ids: &[&str],
+) -> Result<HashSet<String>, sqlx::Error> {
+    let mut found = HashSet::new();
+    for chunk in event_ids.chunks(ROWS_PER_STATEMENT) {
+        let mut q = QueryBuilder::<MySql>::new(
+            "SELECT event_id FROM inventory_consumer_inbox WHERE consumer_group = ",
+        );
+        q.push_bind(group).push(" AND event_id IN (");
+        let mut ids = q.separated(", ");
+        for id in chunk {
+            ids.push_bind(*id);
+        }
+        ids.push_unseparated(")");
+        found.extend(
+            q.build_query_scalar::<String>()
+                .fetch_all(&mut *conn)
+                .deadline()
+                .await?,
+        );
+    }
+    Ok(found)
+}
+
+/// Claims every one of `event_ids` (distinct, none inboxed when read) for `group`.
+/// Returns how many rows went in: fewer than `event_ids.len()` means another consumer of
+/// the group claimed some in between (a rebalance), or the column's collation equates two
+/// ids this process told apart.
+pub async fn claim_all(
+    conn: &mut MySqlConnection,
+    event_ids: &[&str],
+    group: &str,
+    now: NaiveDateTime,
+) -> Result<u64, sqlx::Error> {
+    let mut claimed = 0;
+    for chunk in event_ids.chunks(ROWS_PER_STATEMENT) {
+        let mut q = QueryBuilder::<MySql>::new(
+            "INSERT IGNORE INTO inventory_consumer_inbox (event_id, consumer_group, consumed_at) ",
+        );
+        q.push_values(chunk, |mut b, id| {
+            b.push_bind(*id).push_bind(group).push_bind(now);
+        });
+        claimed += q
+            .build()
+            .execute(&mut *conn)
+            .deadline()
+            .await?
+            .rows_affected();
+    }
+    Ok(claimed)
+}
+
+/// Books `rows` in order: of two rows with one operation_id the first is booked, as one
+/// `INSERT IGNORE` each would. Returns how many were booked; the rest were already.
+pub async fn book_all(
+    conn: &mut MySqlConnection,
+    rows: &[&LedgerRow],
+    now: NaiveDateTime,
+) -> Result<u64, sqlx::Error> {
+    let mut booked = 0;
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let mut q = QueryBuilder::<MySql>::new(
+            "INSERT IGNORE INTO inventory_ledger (ledger_id, operation_id, reservation_id, \
+             stock_bucket_id, order_id, order_item_id, merchant_id, dish_id, action, quantity, \
+             available_delta, reserved_delta, sold_delta, total_delta, redis_version, created_at) ",
+        );
+        q.push_values(chunk, |mut b, row| {
+            b.push_bind(row.ledger_id.as_str())
+                .push_bind(row.operation_id.as_str())
+                .push_bind(row.reservation_id)
+                .push_bind(row.stock_bucket_id.as_str())
+                .push_bind(row.order_id)
+                .push_bind(row.order_item_id)
+                .push_bind(row.merchant_id)
+                .push_bind(row.dish_id)
+                .push_bind(row.action.code())
+                .push_bind(row.quantity)
+                .push_bind(row.available_delta)
+                .push_bind(row.reserved_delta)
+                .push_bind(row.sold_delta)
+                .push_bind(row.total_delta)
+                .push_bind(row.redis_version)
+                .push_bind(now);
+        });
+        booked += q
+            .build()
+            .execute(&mut *conn)
+            .deadline()
+            .await?
+            .rows_affected();
+    }
+    Ok(booked)
+}
+
+/// The stored redis_version of each of `buckets` that has a row, locked until the batch
+/// commits: the plan decides created, advanced or stale from it, so it must not move
+/// underneath.
+pub async fn snapshot_versions(
+    conn: &mut MySqlConnection,
+    buckets: &[&str],
+) -> Result<HashMap<String, u64>, sqlx::Error> {
+    let mut found = HashMap::new();
+    for chunk in buckets.chunks(ROWS_PER_STATEMENT) {
+        let mut q = QueryBuilder::<MySql>::new(
+            "SELECT stock_bucket_id, redis_version FROM dish_stock_snapshot \
+             WHERE stock_bucket_id IN (",
+        );
+        let mut ids = q.separated(", ");
+        for bucket in chunk {
+            ids.push_bind(*bucket);
+        }
+        ids.push_unseparated(") FOR UPDATE");
+        found.extend(
+            q.build_query_as::<(String, u64)>()
+                .fetch_all(&mut *conn)
+                .deadline()
+                .await?,
+        );
+    }
+    Ok(found)
+}
+
+/// Writes each bucket's final row with the version-guarded upsert, rows that state a
+/// deficit and rows that do not in a statement each (the flag is per statement; in
+/// practice every event states one, so it is one statement). Returns the rows affected
+/// as CLIENT_FOUND_ROWS counts them, to compare with
+/// [`crate::plan::SnapshotPlan::expected_rows_affected`].
+pub async fn write_snapshots(
+    conn: &mut MySqlConnection,
+    writes: &[FinalRow<'_>],
+    now: NaiveDateTime,
+) -> Result<u64, sqlx::Error> {
+    let mut affected = 0;
+    for states_deficit in [true, false] {
+        let rows: Vec<(&SnapshotRow, Option<i64>)> = writes
+            .iter()
+            .filter(|w| w.deficit.is_some() == states_deficit)
+            .map(|w| (w.row, w.deficit))
+            .collect();
+        for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+            affected += upsert_snapshots(chunk.iter().copied(), states_deficit, now)
+                .build()
+                .execute(&mut *conn)
+                .deadline()
+                .await?
+                .rows_affected();
+        }
+    }
+    Ok(affected)
+}
+
+/// [`sync_reservation`] for many reservations at once; `syncs` holds each reservation
+/// once (a multi-table UPDATE changes a row once, whichever joined row it meets first).
+/// Returns how many reservations exist here.
+pub async fn sync_all(
+    conn: &mut MySqlConnection,
+    syncs: &[ReservationSync],
+) -> Result<u64, sqlx::Error> {
+    let mut found = 0;
+    for chunk in syncs.chunks(ROWS_PER_STATEMENT) {
+        let mut q = QueryBuilder::<MySql>::new("UPDATE inventory_reservation r JOIN (");
+        for (i, sync) in chunk.iter().enumerate() {
+            q.push(if i == 0 {
+                "SELECT "
+            } else {
+                " UNION ALL SELECT "
+            });
+            q.push_bind(sync.reservation_id)
+                .push(" AS id, ")
+                .push_bind(sync.redis_version)
+                .push(" AS v");
+        }
+        q.push(
+            ") s ON r.id = s.id \
+             SET r.synced_redis_version = GREATEST(r.synced_redis_version, s.v), \
+                 r.sync_status = IF(r.expected_redis_version IS NOT NULL \
+                                    AND GREATEST(r.synced_redis_version, s.v) >= r.expected_redis_version, ",
+        );
+        q.push_bind(stocksvr_core::reservation::SyncStatus::Synced.code());
+        q.push(", r.sync_status)");
+        found += q
+            .build()
+            .execute(&mut *conn)
+            .deadline()
+            .await?
+            .rows_affected();
+    }
+    Ok(found)
 }

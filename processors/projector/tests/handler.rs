@@ -666,3 +666,393 @@ async fn the_projection_delay_runs_from_occurred_at_to_the_commit_once_per_event
     );
     Ok(())
 }
+
+const OTHER_BUCKET: &str = "bucket_10001_90002_20260726";
+
+/// A stock change on `bucket` (its dish follows the bucket id) for `reservation`.
+fn step(
+    file: &str,
+    event_id: &str,
+    operation_id: &str,
+    version: i64,
+    after: [i64; 4],
+    bucket: &str,
+    reservation: u64,
+) -> Json {
+    let mut json = change(file, event_id, operation_id, version, after);
+    json["partition_key"] = json!(bucket);
+    json["data"]["stock_bucket_id"] = json!(bucket);
+    json["data"]["dish_id"] = json!(if bucket == OTHER_BUCKET {
+        90_002
+    } else {
+        90_001
+    });
+    json["data"]["reservation_id"] = json!(reservation);
+    json
+}
+
+/// Everything a projection writes, without the times it was written at: snapshot rows,
+/// ledger rows, inbox keys, reservation sync columns.
+async fn projected_state(pool: &MySqlPool) -> Result<Vec<Vec<String>>> {
+    let mut state = Vec::new();
+    for sql in [
+        "SELECT CAST(JSON_ARRAY(stock_bucket_id, merchant_id, dish_id, stock_date, total_stock, \
+         available_stock, reserved_stock, sold_stock, deficit_stock, redis_version) AS CHAR) \
+         FROM dish_stock_snapshot ORDER BY stock_bucket_id",
+        "SELECT CAST(JSON_ARRAY(ledger_id, operation_id, reservation_id, stock_bucket_id, \
+         order_id, order_item_id, merchant_id, dish_id, action, quantity, available_delta, \
+         reserved_delta, sold_delta, total_delta, redis_version) AS CHAR) \
+         FROM inventory_ledger ORDER BY operation_id",
+        "SELECT CAST(JSON_ARRAY(event_id, consumer_group) AS CHAR) \
+         FROM inventory_consumer_inbox ORDER BY event_id",
+        "SELECT CAST(JSON_ARRAY(id, synced_redis_version, sync_status) AS CHAR) \
+         FROM inventory_reservation ORDER BY id",
+    ] {
+        state.push(sqlx::query_scalar(sql).fetch_all(pool).await?);
+    }
+    Ok(state)
+}
+
+/// The projector's own counters as `capture` saw them.
+fn tally_of(capture: &stocksvr_telemetry::testing::Capture) -> Vec<String> {
+    use stocksvr_telemetry::names;
+    let mut tally = vec![
+        format!(
+            "duplicates {:?}",
+            capture.counter(names::PROJECTOR_DUPLICATES, &[])
+        ),
+        format!("stale {:?}", capture.counter(names::PROJECTOR_STALE, &[])),
+        format!(
+            "already booked {:?}",
+            capture.counter(names::PROJECTOR_LEDGER_ALREADY_BOOKED, &[])
+        ),
+    ];
+    for labels in capture.label_sets(names::PROJECTOR_EVENTS_PROJECTED) {
+        let labels: Vec<(&str, &str)> = labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        tally.push(format!(
+            "projected {labels:?} {:?}",
+            capture.counter(names::PROJECTOR_EVENTS_PROJECTED, &labels)
+        ));
+    }
+    tally.sort();
+    tally
+}
+
+/// The set-based batch against the per-event semantics: the same batch handled at once on
+/// one database and one record per batch on another ends in the same rows, the same
+/// per-record results and the same counters.
+#[tokio::test]
+async fn a_batch_ends_exactly_where_its_events_one_by_one_end() -> Result<()> {
+    let (id, other_id) = (100_123_001, 100_123_002);
+    let before = [
+        ("StockBucketInitialized", example("StockBucketInitialized")),
+        (
+            "InventoryRedisReserved",
+            step(
+                "InventoryRedisReserved",
+                "evt_pre",
+                "op_pre",
+                392,
+                [100, 72, 8, 20],
+                BUCKET,
+                id,
+            ),
+        ),
+    ];
+    let mut bad_date = step(
+        "InventoryRedisConfirmed",
+        "evt_eq_bad",
+        "op_eq_bad",
+        430,
+        [20, 0, 4, 25],
+        BUCKET,
+        id,
+    );
+    bad_date["data"]["stock_date"] = json!("2026-02-30");
+    let try_after_deficit = step(
+        "InventoryRedisReserved",
+        "evt_eq_try",
+        "op_eq_try",
+        422,
+        [20, 0, 6, 23],
+        BUCKET,
+        id,
+    );
+    let batch = [
+        // Already in the inbox.
+        (
+            "InventoryRedisReserved",
+            step(
+                "InventoryRedisReserved",
+                "evt_pre",
+                "op_pre",
+                392,
+                [100, 72, 8, 20],
+                BUCKET,
+                id,
+            ),
+        ),
+        // Sets the deficit to 9 at 421; the Try after it at 422.
+        (
+            "StockBaselineAdjusted",
+            example("StockBaselineAdjusted.deficit"),
+        ),
+        ("InventoryRedisReserved", try_after_deficit.clone()),
+        // Stale: older than the adjust before it in the batch.
+        (
+            "InventoryRedisReserved",
+            step(
+                "InventoryRedisReserved",
+                "evt_eq_old",
+                "op_eq_old",
+                400,
+                [20, 1, 5, 23],
+                BUCKET,
+                other_id,
+            ),
+        ),
+        // A bucket without a row yet.
+        (
+            "InventoryRedisReserved",
+            step(
+                "InventoryRedisReserved",
+                "evt_eq_b1",
+                "op_eq_b1",
+                5,
+                [50, 48, 2, 0],
+                OTHER_BUCKET,
+                other_id,
+            ),
+        ),
+        // Twice in one batch.
+        ("InventoryRedisReserved", try_after_deficit),
+        (
+            "InventoryRedisConfirmed",
+            step(
+                "InventoryRedisConfirmed",
+                "evt_eq_b2",
+                "op_eq_b2",
+                7,
+                [50, 48, 0, 2],
+                OTHER_BUCKET,
+                other_id,
+            ),
+        ),
+        // Stale against the version created in this batch.
+        (
+            "InventoryRedisReserved",
+            step(
+                "InventoryRedisReserved",
+                "evt_eq_b3",
+                "op_eq_b3",
+                6,
+                [50, 47, 3, 0],
+                OTHER_BUCKET,
+                id,
+            ),
+        ),
+        // The Try's operation re-published under a new event id: booked already, stale.
+        (
+            "InventoryRedisReserved",
+            step(
+                "InventoryRedisReserved",
+                "evt_eq_try_again",
+                "op_eq_try",
+                422,
+                [20, 0, 6, 23],
+                BUCKET,
+                id,
+            ),
+        ),
+        // No bucket version: no snapshot, a sync at 0.
+        (
+            "InventoryRedisCanceled",
+            step(
+                "InventoryRedisCanceled.empty-rollback",
+                "evt_eq_empty",
+                "op_eq_empty",
+                0,
+                [0, 0, 0, 0],
+                BUCKET,
+                other_id,
+            ),
+        ),
+        ("InventoryRedisConfirmed", bad_date),
+    ];
+
+    let mut outcomes = Vec::new();
+    for at_once in [true, false] {
+        let h = Harness::new().await?;
+        insert_reservation(&h.pool, id, BUCKET, Some(422)).await?;
+        insert_reservation(&h.pool, other_id, BUCKET, None).await?;
+        for (name, json) in &before {
+            let r = h.record(name, json).await?;
+            assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Applied)]);
+        }
+        let mut records = Vec::new();
+        for (name, json) in &batch {
+            records.push(h.record(name, json).await?);
+        }
+        let capture = stocksvr_telemetry::testing::Capture::default();
+        let results = {
+            let _recorder = metrics::set_default_local_recorder(&capture);
+            if at_once {
+                h.apply(&records).await
+            } else {
+                let mut results = Vec::new();
+                for r in records {
+                    results.extend(h.apply(&[r]).await);
+                }
+                results
+            }
+        };
+        let results: Vec<String> = results
+            .iter()
+            .map(|r| match r {
+                Err(Failure::Invalid(_)) => "invalid".to_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        outcomes.push((results, projected_state(&h.pool).await?, tally_of(&capture)));
+    }
+    let one_by_one = outcomes.pop().expect("two runs");
+    let at_once = outcomes.pop().expect("two runs");
+    assert_eq!(at_once.0, one_by_one.0, "per-record results");
+    assert_eq!(at_once.1, one_by_one.1, "rows");
+    assert_eq!(at_once.2, one_by_one.2, "counters");
+
+    // And what that is.
+    let (applied, duplicate) = ("Ok(Applied)", "Ok(Duplicate)");
+    assert_eq!(
+        at_once.0,
+        [
+            duplicate, applied, applied, applied, applied, duplicate, applied, applied, applied,
+            applied, "invalid"
+        ]
+    );
+    let [snapshots, ledger, inbox, reservations] = &at_once.1[..] else {
+        panic!("four tables");
+    };
+    assert_eq!(
+        snapshots,
+        &[
+            r#"["bucket_10001_90001_20260726", 10001, 90001, "2026-07-26", 20, 0, 6, 23, 9, 422]"#,
+            r#"["bucket_10001_90002_20260726", 10001, 90002, "2026-07-26", 50, 48, 0, 2, 0, 7]"#,
+        ]
+    );
+    assert_eq!(ledger.len(), 2 + 7, "{ledger:?}");
+    assert_eq!(inbox.len(), 2 + 8, "{inbox:?}");
+    assert_eq!(
+        reservations,
+        &[format!("[{id}, 422, 20]"), format!("[{other_id}, 400, 10]")]
+    );
+    assert!(
+        at_once.2.contains(&"stale Some(3)".to_owned()),
+        "{:?}",
+        at_once.2
+    );
+    assert!(at_once.2.contains(&"duplicates Some(2)".to_owned()));
+    assert!(at_once.2.contains(&"already booked Some(1)".to_owned()));
+    Ok(())
+}
+
+/// Two event ids the inbox's collation takes for one: the claim finds one row fewer than
+/// planned, and the batch is redone event by event, the second being a duplicate.
+#[tokio::test]
+async fn a_claim_that_does_not_go_as_planned_falls_back_to_event_by_event() -> Result<()> {
+    let h = Harness::new().await?;
+    let upper = change(
+        "InventoryRedisReserved",
+        "EVT_CASE",
+        "op_case_upper",
+        392,
+        [100, 72, 8, 20],
+    );
+    let lower = change(
+        "InventoryRedisConfirmed",
+        "evt_case",
+        "op_case_lower",
+        395,
+        [100, 72, 6, 22],
+    );
+    let batch = [
+        h.record("InventoryRedisReserved", &upper).await?,
+        h.record("InventoryRedisConfirmed", &lower).await?,
+    ];
+    assert_eq!(
+        h.apply(&batch).await,
+        vec![Ok(Applied::Applied), Ok(Applied::Duplicate)]
+    );
+    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 1);
+    assert_eq!(count(&h.pool, "inventory_ledger").await?, 1);
+    assert_eq!(h.snapshot().await?, Some((100, 72, 8, 20, 0, 392)));
+    Ok(())
+}
+
+/// Statements per event, batched and one by one, on a connection of its own (session
+/// counters). A note for the report, not a check: `cargo test -p stocksvr-projector --test
+/// handler -- --ignored --nocapture statements_per_event`.
+#[tokio::test]
+#[ignore]
+async fn statements_per_event() -> Result<()> {
+    const EVENTS: u64 = 100;
+    let h = Harness::new().await?;
+    let url = h._db.url.clone();
+    let mut lines = Vec::new();
+    for (label, at_once) in [("batch", true), ("one by one", false)] {
+        let pool = stocksvr_store::mysql_pool(&url, 1, std::time::Duration::from_secs(10))?;
+        let projector = Projector::new(pool.clone(), format!("measure.{label}"))?;
+        let mut records = Vec::new();
+        for i in 0..EVENTS {
+            // Buckets of each run's own, so neither finds the other's versions.
+            let bucket_dish = if at_once { 90_001 } else { 91_001 } + i % 10;
+            let bucket = format!("bucket_10001_{bucket_dish}_20260726");
+            let mut json = change(
+                "InventoryRedisReserved",
+                &format!("evt_measure_{label}_{i}"),
+                &format!("op_measure_{label}_{i}"),
+                (i + 1) as i64,
+                [100, 98, 2, 0],
+            );
+            json["partition_key"] = json!(bucket);
+            json["data"]["stock_bucket_id"] = json!(bucket);
+            json["data"]["dish_id"] = json!(bucket_dish);
+            json["data"]["reservation_id"] = json!(200_000 + i);
+            records.push(h.record("InventoryRedisReserved", &json).await?);
+        }
+        let counters = || async {
+            let rows: Vec<(String, String)> = sqlx::query_as(
+                "SHOW SESSION STATUS WHERE Variable_name IN ('Questions', 'Com_begin', \
+                 'Com_commit', 'Com_select', 'Com_insert', 'Com_update', 'Com_update_multi', \
+                 'Com_stmt_prepare', 'Com_stmt_execute')",
+            )
+            .fetch_all(&pool)
+            .await?;
+            let mut counters = std::collections::BTreeMap::new();
+            for (name, value) in rows {
+                counters.insert(name, value.parse::<i64>()?);
+            }
+            anyhow::Ok(counters)
+        };
+        let start = counters().await?;
+        if at_once {
+            projector.handle(&records).await.expect("applies");
+        } else {
+            for r in records {
+                projector.handle(&[r]).await.expect("applies");
+            }
+        }
+        let end = counters().await?;
+        let delta: Vec<String> = end
+            .iter()
+            .map(|(name, n)| format!("{name} {}", n - start.get(name).copied().unwrap_or(0)))
+            .collect();
+        lines.push(format!("{label}, {EVENTS} events: {}", delta.join(", ")));
+        pool.close().await;
+    }
+    println!("{}", lines.join("\n"));
+    Ok(())
+}
