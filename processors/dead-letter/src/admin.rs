@@ -18,7 +18,9 @@ use serde_json::json;
 use sqlx::MySqlPool;
 use std::sync::Arc;
 use stocksvr_pipeline::codec::AvroCodec;
+use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::json::avro_to_json;
+use tokio::sync::OnceCell;
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -27,7 +29,9 @@ pub struct AdminState {
 
 struct Inner {
     pool: MySqlPool,
-    producer: FutureProducer,
+    producer: OnceCell<FutureProducer>,
+    /// Where a replay producer comes from when none was given.
+    kafka: Option<KafkaSettings>,
     codec: Option<AvroCodec>,
 }
 
@@ -38,10 +42,42 @@ impl AdminState {
         Self {
             inner: Arc::new(Inner {
                 pool,
-                producer,
+                producer: OnceCell::new_with(Some(producer)),
+                kafka: None,
                 codec,
             }),
         }
+    }
+
+    /// The replay producer is made on the first replay: a librdkafka producer's polling
+    /// thread costs CPU every second of its life, and most processes never replay.
+    pub fn with_lazy_producer(
+        pool: MySqlPool,
+        kafka: KafkaSettings,
+        codec: Option<AvroCodec>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                producer: OnceCell::new(),
+                kafka: Some(kafka),
+                codec,
+            }),
+        }
+    }
+
+    async fn producer(&self) -> Result<&FutureProducer, DlqError> {
+        self.inner
+            .producer
+            .get_or_try_init(|| async {
+                match &self.inner.kafka {
+                    Some(kafka) => crate::replay_producer(kafka).map_err(DlqError::Kafka),
+                    None => Err(DlqError::Kafka(rdkafka::error::KafkaError::ClientCreation(
+                        "no replay producer".into(),
+                    ))),
+                }
+            })
+            .await
     }
 }
 
@@ -250,7 +286,8 @@ async fn replay_one(
     } else {
         parse_body(&body)?
     };
-    let done = replay(&state.inner.pool, &state.inner.producer, id, request.force).await?;
+    let producer = state.producer().await?;
+    let done = replay(&state.inner.pool, producer, id, request.force).await?;
     Ok(Json(done))
 }
 

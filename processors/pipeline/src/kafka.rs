@@ -6,6 +6,8 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureProducer;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// Base configuration: brokers, a client id naming the role, and the operator's extra
 /// properties (security settings and the like) applied last so they win.
@@ -30,13 +32,36 @@ pub fn admin_client(
 /// An idempotent producer (`enable.idempotence`, `acks=all`): a retried send after a lost
 /// acknowledgement is written once per partition, and nothing counts as sent until every
 /// in-sync replica has it.
+///
+/// One producer per process and configuration, shared by every role that asks (the relay,
+/// each consumer loop's dead-letter path): every librdkafka producer brings its own broker
+/// threads, and rust-rdkafka's polling thread spins through the last millisecond of each
+/// 100 ms poll (about 1% of a core per producer, whatever the traffic). The producer is
+/// thread-safe and its order per partition does not depend on who enqueues. `role` names the
+/// first user in `client.id` only when the process makes a producer for a configuration of
+/// its own; a shared one is `<client_id>-producer`.
 pub fn producer(settings: &KafkaSettings, role: &str) -> Result<FutureProducer, KafkaError> {
-    client_config(settings, role)
+    static SHARED: OnceLock<Mutex<HashMap<String, FutureProducer>>> = OnceLock::new();
+    let mut config = client_config(settings, "producer");
+    config
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("compression.type", "lz4")
-        .set("linger.ms", "5")
-        .create()
+        .set("linger.ms", "5");
+    // The whole configuration is the key, so a role with other settings (other brokers,
+    // credentials) never gets a producer that was made for different ones.
+    let key = format!("{:?}", config.config_map());
+    let mut shared = SHARED
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(producer) = shared.get(&key) {
+        return Ok(producer.clone());
+    }
+    tracing::debug!(role, "making the process's Kafka producer");
+    let producer: FutureProducer = config.create()?;
+    shared.insert(key, producer.clone());
+    Ok(producer)
 }
 
 /// Asks the cluster for its metadata; the readiness probe and `topics` use it.

@@ -134,9 +134,9 @@ pub async fn run(
         .with_advisories(vec![Arc::new(probes::LostBuckets(pool.clone()))]);
 
     let redacted = serde_json::to_value(&settings)?;
-    let dlq = stocksvr_dead_letter::AdminState::new(
+    let dlq = stocksvr_dead_letter::AdminState::with_lazy_producer(
         pool.clone(),
-        stocksvr_dead_letter::replay_producer(&settings.kafka)?,
+        settings.kafka.clone(),
         Some(AvroCodec::new(&settings.registry, catalog.clone())?),
     );
     let api = stocksvr_api::ApiState::new()

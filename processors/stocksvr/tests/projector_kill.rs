@@ -14,7 +14,8 @@ use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::json::json_to_avro;
 
-const EVENTS: i64 = 400;
+// Four batches and more: the kill lands after a batch commit, not after the whole stream.
+const EVENTS: i64 = 2_000;
 
 fn projector(env: &common::TestEnv) -> Server {
     let mut vars: Vec<(String, String)> = env
