@@ -44,7 +44,7 @@ impl Default for ReservationSettings {
             scheduled_grace_secs: 300,
             max_quantity: 999,
             op_ttl_days: 30,
-            try_cache_ms: 1000,
+            try_cache_ms: 2000,
             try_group_max: 64,
             try_groups_in_flight: 4,
         }

@@ -75,7 +75,7 @@ impl Default for ServiceConfig {
             recovery_max_delay: TimeDelta::minutes(5),
             recovery_max_attempts: 20,
             op_ttl: Duration::from_secs(30 * 24 * 3600),
-            try_cache_ttl: Duration::from_secs(1),
+            try_cache_ttl: Duration::from_secs(2),
             try_group_max: 64,
             try_groups_in_flight: 4,
         }
