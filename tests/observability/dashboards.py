@@ -533,6 +533,12 @@ def reservations():
          [q(f"sum(stocksvr_http_in_flight{{{INST}}})", "in flight"),
           q(f"sum by (reason) (rate(stocksvr_http_shed_total{{{INST}}}[$__rate_interval]))",
             "shed {{reason}}")], min=0)
+    b.ts("Try group size", "Trys written together by the group commit: mean Trys per INSERT "
+         "of PREPARING rows (insert) and per transaction to RESERVED (commit). 1 means no "
+         "concurrency to share a round trip with.", "short",
+         [q(f"sum by (stage) (rate(stocksvr_try_group_size_sum{{{INST}}}[$__rate_interval])) / "
+            f"clamp_min(sum by (stage) (rate(stocksvr_try_group_size_count{{{INST}}}"
+            "[$__rate_interval])), 1e-9)", "{{stage}}")], min=0)
     b.ts("Unknown outcomes and conflicts", "Redis calls with an unknown outcome (resumed with "
          "the same operation id) and conflicting order events, per second.", "ops",
          [q(f"sum by (operation) (rate(stocksvr_redis_unknown_outcomes_total{{{INST}}}"
