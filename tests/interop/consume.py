@@ -44,7 +44,14 @@ def main() -> int:
     # the stack that hung, not run into the caller's limit with nothing to show.
     faulthandler.dump_traceback_later(getattr(args, "timeout", 30.0) + 15, exit=True)
 
-    deserializer = AvroDeserializer(SchemaRegistryClient({"url": args.registry}))
+    # The writer schema comes by the id in the record's prefix; the subject only names it.
+    # Without a strategy the client asks the registry for the topic's "associations" first,
+    # an endpoint Apicurio's Confluent API does not serve, and that request once hung for the
+    # whole timeout: name the strategy stocksvr uses, and bound every registry request.
+    deserializer = AvroDeserializer(
+        SchemaRegistryClient({"url": args.registry, "timeout": 10}),
+        conf={"subject.name.strategy.type": "TOPIC_RECORD"},
+    )
     consumer = Consumer({
         "bootstrap.servers": args.bootstrap,
         # Positioned by assign(), never committed: a throwaway group keeps it out of real groups.
