@@ -49,42 +49,18 @@ pub async fn track(req: Request, next: Next) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_client::until;
     use axum::extract::Path;
     use axum::routing::get;
     use axum::Router;
-    use std::io::{Read, Write};
     use std::sync::Arc;
-    use std::time::Duration;
     use stocksvr_telemetry::testing::Capture;
     use tokio::sync::Notify;
 
-    /// One HTTP/1.1 GET over a plain socket (on a blocking thread: the client records
-    /// nothing); returns the status line.
+    /// The status line of a GET.
     async fn get_status(addr: std::net::SocketAddr, path: &str) -> String {
-        let path = path.to_owned();
-        tokio::task::spawn_blocking(move || {
-            let mut s = std::net::TcpStream::connect(addr).expect("connect");
-            s.set_read_timeout(Some(Duration::from_secs(10)))
-                .expect("timeout");
-            write!(
-                s,
-                "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-            )
-            .expect("request");
-            let mut reply = String::new();
-            s.read_to_string(&mut reply).expect("reply");
-            reply.lines().next().unwrap_or_default().to_owned()
-        })
-        .await
-        .expect("client thread")
-    }
-
-    async fn until(what: &str, mut check: impl FnMut() -> bool) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !check() {
-            assert!(tokio::time::Instant::now() < deadline, "{what}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let reply = crate::test_client::get(addr, path).await;
+        reply.lines().next().unwrap_or_default().to_owned()
     }
 
     /// Everything runs on the test's one thread (current-thread runtime), so the local

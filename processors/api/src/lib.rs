@@ -10,6 +10,8 @@ mod error;
 pub mod http_metrics;
 mod request;
 pub mod shed;
+#[cfg(test)]
+mod test_client;
 
 pub use admin::admin_router;
 pub use error::{ApiError, ErrorBody};

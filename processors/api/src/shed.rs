@@ -142,37 +142,14 @@ pub async fn admit(State(admission): State<Admission>, req: Request, next: Next)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_client::until;
     use axum::routing::get;
     use axum::Router;
-    use std::io::{Read, Write};
     use stocksvr_telemetry::testing::Capture;
     use tokio::sync::Notify;
 
-    /// One HTTP/1.1 GET over a plain socket on a blocking thread; returns the whole reply.
     async fn get_reply(addr: std::net::SocketAddr) -> String {
-        tokio::task::spawn_blocking(move || {
-            let mut s = std::net::TcpStream::connect(addr).expect("connect");
-            s.set_read_timeout(Some(Duration::from_secs(10)))
-                .expect("timeout");
-            write!(
-                s,
-                "GET /v1/held HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-            )
-            .expect("request");
-            let mut reply = String::new();
-            s.read_to_string(&mut reply).expect("reply");
-            reply
-        })
-        .await
-        .expect("client thread")
-    }
-
-    async fn until(what: &str, mut check: impl FnMut() -> bool) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !check() {
-            assert!(tokio::time::Instant::now() < deadline, "{what}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        crate::test_client::get(addr, "/v1/held").await
     }
 
     #[tokio::test]

@@ -148,7 +148,7 @@ async fn two_running_relays_publish_each_event_exactly_once() -> Result<()> {
 }
 
 #[tokio::test]
-async fn a_drain_overlaps_rounds_and_keeps_each_keys_order() -> Result<()> {
+async fn a_drain_publishes_round_after_round_and_keeps_each_keys_order() -> Result<()> {
     let stack = Stack::new().await?;
     let mut rows = Vec::new();
     for i in 0..1_050 {

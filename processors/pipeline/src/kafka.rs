@@ -74,3 +74,34 @@ pub async fn fetch_metadata(
         .await
         .map_err(|_| KafkaError::Canceled)?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::producer::Producer;
+
+    /// Making a producer does not connect; nothing listens on these ports.
+    fn settings(brokers: &str) -> KafkaSettings {
+        KafkaSettings {
+            brokers: brokers.into(),
+            ..KafkaSettings::default()
+        }
+    }
+
+    #[test]
+    fn roles_with_one_configuration_share_one_producer_and_others_get_their_own() {
+        let relay = producer(&settings("127.0.0.1:1"), "outbox-relay").expect("producer");
+        let dlt = producer(&settings("127.0.0.1:1"), "projector").expect("producer");
+        let elsewhere = producer(&settings("127.0.0.1:2"), "projector").expect("producer");
+        assert_eq!(
+            relay.client().native_ptr(),
+            dlt.client().native_ptr(),
+            "one librdkafka producer for one configuration"
+        );
+        assert_ne!(
+            relay.client().native_ptr(),
+            elsewhere.client().native_ptr(),
+            "other brokers, another producer"
+        );
+    }
+}
