@@ -249,14 +249,26 @@ async fn dump_tables(pool: &sqlx::MySqlPool) -> BTreeMap<String, Vec<String>> {
             .map(|(c,)| c)
             .map(|c| format!("COALESCE(CAST(`{c}` AS CHAR), 'NULL')"))
             .collect();
-        let rows: Vec<(String,)> = sqlx::query_as(&format!(
+        // As bytes: a parked dead letter's original value is binary Avro, not always UTF-8.
+        let rows: Vec<(Vec<u8>,)> = sqlx::query_as(&format!(
             "SELECT CONCAT_WS('|', {}) FROM `{table}` ORDER BY 1",
             kept.join(", ")
         ))
         .fetch_all(pool)
         .await
         .expect("rows");
-        out.insert(table, rows.into_iter().map(|(r,)| r).collect());
+        out.insert(
+            table,
+            rows.into_iter()
+                .map(|(r,)| {
+                    String::from_utf8(r).unwrap_or_else(|e| {
+                        let hex: String =
+                            e.into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+                        format!("0x{hex}")
+                    })
+                })
+                .collect(),
+        );
     }
     out
 }

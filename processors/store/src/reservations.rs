@@ -555,84 +555,100 @@ pub async fn complete_steps(
     items: &[(&Reservation, &Completion)],
 ) -> Result<Vec<Option<Reservation>>, sqlx::Error> {
     if items.len() > 1 {
-        let mut tx = crate::deadline::begin(pool).await?;
-        let now = now();
-        let mut query =
-            sqlx::QueryBuilder::<MySql>::new("UPDATE inventory_reservation SET status = CASE id");
-        for (row, c) in items {
-            query.push(" WHEN ").push_bind(row.id);
-            query.push(" THEN ").push_bind(c.to.code() as i8);
+        // The group's UPDATE and a concurrent group's INSERT of PREPARING rows can deadlock;
+        // InnoDB rolls the whole transaction back, so it is simply run again.
+        let completed = crate::retry::on_lock_conflict(3, || complete_group(pool, items)).await?;
+        if let Some(rows) = completed {
+            return Ok(rows);
         }
-        query.push(" END, expected_redis_version = CASE id");
-        for (row, c) in items {
-            query.push(" WHEN ").push_bind(row.id);
-            query
-                .push(" THEN COALESCE(")
-                .push_bind(c.expected_redis_version);
-            query.push(", expected_redis_version)");
-        }
-        query.push(" END, sync_status = CASE id");
-        for (row, c) in items {
-            query.push(" WHEN ").push_bind(row.id).push(" THEN ");
-            match c.expected_redis_version {
-                Some(_) => query.push_bind(SyncStatus::Pending.code()),
-                None => query.push("sync_status"),
-            };
-        }
-        query.push(" END, refunded_quantity = refunded_quantity + CASE id");
-        for (row, c) in items {
-            query.push(" WHEN ").push_bind(row.id);
-            query.push(" THEN ").push_bind(c.refunded_add);
-        }
-        query.push(" END, reject_reason = CASE id");
-        for (row, c) in items {
-            query.push(" WHEN ").push_bind(row.id);
-            query
-                .push(" THEN COALESCE(")
-                .push_bind(c.reject_reason.as_deref());
-            query.push(", reject_reason)");
-        }
-        query.push(
-            " END, pending_quantity = 0, resume_status = NULL, retry_count = 0, \
-             last_error = NULL, version = version + 1, updated_at = ",
-        );
-        query.push_bind(now);
-        query.push(" WHERE id IN (");
-        let mut ids = query.separated(", ");
-        for (row, _) in items {
-            ids.push_bind(row.id);
-        }
-        query.push(") AND status = CASE id");
-        for (row, _) in items {
-            query.push(" WHEN ").push_bind(row.id);
-            query.push(" THEN ").push_bind(row.status);
-        }
-        query.push(" END AND version = CASE id");
-        for (row, _) in items {
-            query.push(" WHEN ").push_bind(row.id);
-            query.push(" THEN ").push_bind(row.version);
-        }
-        query.push(" END");
-        let done = query.build().execute(&mut *tx).deadline().await?;
-        if done.rows_affected() == items.len() as u64 {
-            let outbox: Vec<NewOutbox> = items
-                .iter()
-                .flat_map(|(_, c)| c.outbox.iter().cloned())
-                .collect();
-            insert_outbox(&mut tx, &outbox).await?;
-            tx.commit().deadline().await?;
-            return Ok(items
-                .iter()
-                .map(|(row, c)| Some(c.applied_to(row, now)))
-                .collect());
-        }
-        tx.rollback().deadline().await?;
     }
     let mut landed = Vec::with_capacity(items.len());
     for (row, c) in items {
         landed.push(complete_one(pool, row, c).await?);
     }
     Ok(landed)
+}
+
+/// The group's one transaction; `None` (rolled back) when any row lost its CAS.
+async fn complete_group(
+    pool: &MySqlPool,
+    items: &[(&Reservation, &Completion)],
+) -> Result<Option<Vec<Option<Reservation>>>, sqlx::Error> {
+    let mut tx = crate::deadline::begin(pool).await?;
+    let now = now();
+    let mut query =
+        sqlx::QueryBuilder::<MySql>::new("UPDATE inventory_reservation SET status = CASE id");
+    for (row, c) in items {
+        query.push(" WHEN ").push_bind(row.id);
+        query.push(" THEN ").push_bind(c.to.code() as i8);
+    }
+    query.push(" END, expected_redis_version = CASE id");
+    for (row, c) in items {
+        query.push(" WHEN ").push_bind(row.id);
+        query
+            .push(" THEN COALESCE(")
+            .push_bind(c.expected_redis_version);
+        query.push(", expected_redis_version)");
+    }
+    query.push(" END, sync_status = CASE id");
+    for (row, c) in items {
+        query.push(" WHEN ").push_bind(row.id).push(" THEN ");
+        match c.expected_redis_version {
+            Some(_) => query.push_bind(SyncStatus::Pending.code()),
+            None => query.push("sync_status"),
+        };
+    }
+    query.push(" END, refunded_quantity = refunded_quantity + CASE id");
+    for (row, c) in items {
+        query.push(" WHEN ").push_bind(row.id);
+        query.push(" THEN ").push_bind(c.refunded_add);
+    }
+    query.push(" END, reject_reason = CASE id");
+    for (row, c) in items {
+        query.push(" WHEN ").push_bind(row.id);
+        query
+            .push(" THEN COALESCE(")
+            .push_bind(c.reject_reason.as_deref());
+        query.push(", reject_reason)");
+    }
+    query.push(
+        " END, pending_quantity = 0, resume_status = NULL, retry_count = 0, \
+         last_error = NULL, version = version + 1, updated_at = ",
+    );
+    query.push_bind(now);
+    query.push(" WHERE id IN (");
+    let mut ids = query.separated(", ");
+    for (row, _) in items {
+        ids.push_bind(row.id);
+    }
+    query.push(") AND status = CASE id");
+    for (row, _) in items {
+        query.push(" WHEN ").push_bind(row.id);
+        query.push(" THEN ").push_bind(row.status);
+    }
+    query.push(" END AND version = CASE id");
+    for (row, _) in items {
+        query.push(" WHEN ").push_bind(row.id);
+        query.push(" THEN ").push_bind(row.version);
+    }
+    query.push(" END");
+    let done = query.build().execute(&mut *tx).deadline().await?;
+    if done.rows_affected() == items.len() as u64 {
+        let outbox: Vec<NewOutbox> = items
+            .iter()
+            .flat_map(|(_, c)| c.outbox.iter().cloned())
+            .collect();
+        insert_outbox(&mut tx, &outbox).await?;
+        tx.commit().deadline().await?;
+        return Ok(Some(
+            items
+                .iter()
+                .map(|(row, c)| Some(c.applied_to(row, now)))
+                .collect(),
+        ));
+    }
+    tx.rollback().deadline().await?;
+    Ok(None)
 }
 
 /// [`complete_step`] of `row` from its own status and version, returning the committed row.
