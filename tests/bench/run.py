@@ -10,7 +10,8 @@ Parts, in this order, all in one run:
      the concurrency sweep on the hot dish;
   4. a backlog of Trys made with no relay running, drained by the relay alone and booked by the
      projector alone, next to Kafka's producer and consumer tools; a fresh group catching up;
-  5. OrderCreated -> CONFIRMED at a steady rate; 6. idle cost; then the durability check.
+  5. OrderCreated -> CONFIRMED at a steady rate; 6. idle cost; then the durability check and
+  7. what the run's data costs to keep (Redis and MariaDB bytes per bucket and reservation).
 """
 
 import argparse
@@ -23,6 +24,7 @@ import traceback
 import parts
 import parts_pipeline
 import report
+import storage
 from bench import REPO, Bench, dump_json
 from system import BenchError
 
@@ -59,6 +61,7 @@ def main():
         parts_pipeline.part_orders(b)
         parts_pipeline.part_idle(b)
         parts_pipeline.part_durability(b)
+        storage.part_storage(b)
     except (BenchError, subprocess.SubprocessError, OSError) as e:
         error = e
         traceback.print_exc()
