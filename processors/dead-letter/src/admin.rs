@@ -12,7 +12,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use rdkafka::producer::FutureProducer;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::MySqlPool;
@@ -20,6 +19,7 @@ use std::sync::Arc;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::json::avro_to_json;
+use stocksvr_pipeline::producer::Producer;
 use tokio::sync::OnceCell;
 
 #[derive(Clone)]
@@ -29,7 +29,7 @@ pub struct AdminState {
 
 struct Inner {
     pool: MySqlPool,
-    producer: OnceCell<FutureProducer>,
+    producer: OnceCell<Producer>,
     /// Where a replay producer comes from when none was given.
     kafka: Option<KafkaSettings>,
     codec: Option<AvroCodec>,
@@ -38,7 +38,7 @@ struct Inner {
 impl AdminState {
     /// `producer` should come from [`crate::replay_producer`] (bounded delivery time).
     /// Without `codec`, `GET /admin/dlq/{id}` shows bytes only.
-    pub fn new(pool: MySqlPool, producer: FutureProducer, codec: Option<AvroCodec>) -> Self {
+    pub fn new(pool: MySqlPool, producer: Producer, codec: Option<AvroCodec>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 pool,
@@ -66,7 +66,7 @@ impl AdminState {
         }
     }
 
-    async fn producer(&self) -> Result<&FutureProducer, DlqError> {
+    async fn producer(&self) -> Result<&Producer, DlqError> {
         self.inner
             .producer
             .get_or_try_init(|| async {

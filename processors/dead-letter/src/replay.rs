@@ -5,12 +5,13 @@ use crate::store::{full_select, DlqError, FullRow, Parked, Status};
 use chrono::Utc;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use serde::Serialize;
 use sqlx::MySqlPool;
 use std::time::Duration;
 use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::kafka;
+use stocksvr_pipeline::producer::Producer;
 use stocksvr_store::deadline::Deadline;
 use stocksvr_telemetry::names;
 
@@ -36,16 +37,17 @@ pub struct ReplayOutcome {
 /// A producer for replays: idempotent with `acks=all` like every stocksvr producer, but
 /// bounded to [`DELIVERY_TIMEOUT`] so an operator's command does not hang for librdkafka's
 /// five-minute default, and never auto-creating a topic that no longer exists.
-pub fn replay_producer(settings: &KafkaSettings) -> Result<FutureProducer, KafkaError> {
-    kafka::client_config(settings, "dead-letter-replay")
+pub fn replay_producer(settings: &KafkaSettings) -> Result<Producer, KafkaError> {
+    let mut config = kafka::client_config(settings, "dead-letter-replay");
+    config
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("allow.auto.create.topics", "false")
         .set(
             "message.timeout.ms",
             DELIVERY_TIMEOUT.as_millis().to_string(),
-        )
-        .create()
+        );
+    Producer::new(&config)
 }
 
 /// Produces the parked record of `id` to its original topic and partition, with its
@@ -57,7 +59,7 @@ pub fn replay_producer(settings: &KafkaSettings) -> Result<FutureProducer, Kafka
 /// while the broker answers (at most [`DELIVERY_TIMEOUT`]); only this row is locked.
 pub async fn replay(
     pool: &MySqlPool,
-    producer: &FutureProducer,
+    producer: &Producer,
     id: u64,
     force: bool,
 ) -> Result<ReplayOutcome, DlqError> {

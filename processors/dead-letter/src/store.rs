@@ -234,7 +234,12 @@ pub async fn list(pool: &MySqlPool, filter: &Filter) -> Result<Vec<ParkedSummary
     }
     q.push(" ORDER BY id LIMIT ")
         .push_bind(filter.limit.clamp(1, MAX_LIST_LIMIT));
-    let rows: Vec<SummaryRow> = q.build_query_as().fetch_all(pool).deadline().await?;
+    let rows: Vec<SummaryRow> = q
+        .build_query_as()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await?;
     rows.into_iter().map(ParkedSummary::try_from).collect()
 }
 

@@ -4,7 +4,7 @@
 
 use metrics_exporter_prometheus::PrometheusBuilder;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -44,7 +44,7 @@ fn config(prefix: &str) -> LagExporterConfig {
 
 /// Produces one record per timestamp to `partition`, in order.
 async fn produce(topic: &str, partition: i32, timestamps: &[i64]) {
-    let producer: FutureProducer = kafka::producer(&settings(), "lag-test").expect("producer");
+    let producer = kafka::producer(&settings(), "lag-test").expect("producer");
     for (i, ts) in timestamps.iter().enumerate() {
         let payload = format!("record {i}");
         producer

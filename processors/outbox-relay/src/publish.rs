@@ -5,11 +5,12 @@ use crate::store::ClaimedRow;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use futures::future::join_all;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use std::time::Duration;
 use stocksvr_pipeline::catalog::{Catalog, EventSchema};
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::json::json_to_avro;
+use stocksvr_pipeline::producer::{DeliveryFuture, Producer};
 use stocksvr_pipeline::topics::Namespace;
 use tokio::time::Instant;
 
@@ -155,7 +156,7 @@ impl Enqueued {
 /// acknowledgements together.
 pub async fn enqueue_batch(
     codec: &AvroCodec,
-    producer: &FutureProducer,
+    producer: &Producer,
     namespace: &Namespace,
     rows: &[ClaimedRow],
     timeout: Duration,

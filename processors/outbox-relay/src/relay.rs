@@ -5,7 +5,6 @@ use crate::error::{sqlx_is_retryable, RelayError};
 use crate::publish::{enqueue_batch, publish_delay, Enqueued, RowFailure};
 use crate::store::{self, Backlog, Failure};
 use backon::{ExponentialBuilder, Retryable};
-use rdkafka::producer::FutureProducer;
 use sqlx::MySqlPool;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,6 +12,7 @@ use std::time::{Duration, Instant};
 use stocksvr_core::backoff;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::periodic::{self, Cadence, Round};
+use stocksvr_pipeline::producer::Producer;
 use stocksvr_pipeline::topics::Namespace;
 use stocksvr_telemetry::names;
 use tokio::sync::{watch, Notify};
@@ -47,7 +47,7 @@ impl RelayReport {
 /// but [`OutboxRelay::run`] takes `&self`.
 pub struct OutboxRelay {
     pool: MySqlPool,
-    producer: FutureProducer,
+    producer: Producer,
     codec: AvroCodec,
     config: RelayConfig,
     namespace: Namespace,
@@ -61,7 +61,7 @@ impl OutboxRelay {
     /// `acks=all`): a send retried inside the producer is then written once per partition.
     pub fn new(
         pool: MySqlPool,
-        producer: FutureProducer,
+        producer: Producer,
         codec: AvroCodec,
         config: RelayConfig,
     ) -> Result<Self, RelayError> {

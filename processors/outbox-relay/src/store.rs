@@ -187,7 +187,12 @@ async fn claim_on(
         ids.push_bind(row.id);
     }
     ids.push_unseparated(")");
-    update.build().execute(&mut *tx).deadline().await?;
+    update
+        .build()
+        .persistent(false)
+        .execute(&mut *tx)
+        .deadline()
+        .await?;
     tx.commit().deadline().await?;
     Ok(Claim {
         rows: claimed,
@@ -224,6 +229,7 @@ pub async fn mark(
         ids.push_unseparated(")");
         marked.sent = update
             .build()
+            .persistent(false)
             .execute(&mut *tx)
             .deadline()
             .await?
@@ -286,6 +292,7 @@ pub async fn purge_batch(
     list.push_unseparated(")");
     let deleted = delete
         .build()
+        .persistent(false)
         .execute(pool)
         .deadline()
         .await?

@@ -38,7 +38,6 @@ use rdkafka::consumer::{
 };
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::FutureProducer;
 use rdkafka::TopicPartitionList;
 use serde::de::DeserializeOwned;
 use std::collections::{HashMap, VecDeque};
@@ -422,7 +421,7 @@ struct Progress {
 
 struct Worker {
     codec: AvroCodec,
-    producer: FutureProducer,
+    producer: crate::producer::Producer,
     group: String,
     config: LoopConfig,
     handler: Arc<dyn Handler>,

@@ -2,8 +2,9 @@
 //! source topic, partition, offset, timestamp, consumer group, error class and message,
 //! so an operator can see why and a replay can put the record back where it came from.
 
+use crate::producer::Producer;
 use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use std::time::Duration;
 use stocksvr_telemetry::names;
 
@@ -45,7 +46,7 @@ pub fn dead_letter_topic(topic: &str) -> String {
 /// Produces the dead letter and waits for the broker's acknowledgement, so the caller may
 /// commit past the original record only once its copy is durable.
 pub async fn send<M: Message>(
-    producer: &FutureProducer,
+    producer: &Producer,
     message: &M,
     group: &str,
     processor: &'static str,

@@ -1,11 +1,11 @@
 //! Kafka client construction shared by every processor and admin command.
 
 use crate::config::KafkaSettings;
+use crate::producer::Producer;
 use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::FutureProducer;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
@@ -35,13 +35,12 @@ pub fn admin_client(
 ///
 /// One producer per process and configuration, shared by every role that asks (the relay,
 /// each consumer loop's dead-letter path): every librdkafka producer brings its own broker
-/// threads, and rust-rdkafka's polling thread spins through the last millisecond of each
-/// 100 ms poll (about 1% of a core per producer, whatever the traffic). The producer is
+/// threads and its polling thread. The producer is
 /// thread-safe and its order per partition does not depend on who enqueues. `role` names the
 /// first user in `client.id` only when the process makes a producer for a configuration of
 /// its own; a shared one is `<client_id>-producer`.
-pub fn producer(settings: &KafkaSettings, role: &str) -> Result<FutureProducer, KafkaError> {
-    static SHARED: OnceLock<Mutex<HashMap<String, FutureProducer>>> = OnceLock::new();
+pub fn producer(settings: &KafkaSettings, role: &str) -> Result<Producer, KafkaError> {
+    static SHARED: OnceLock<Mutex<HashMap<String, Producer>>> = OnceLock::new();
     let mut config = client_config(settings, "producer");
     config
         .set("enable.idempotence", "true")
@@ -59,7 +58,7 @@ pub fn producer(settings: &KafkaSettings, role: &str) -> Result<FutureProducer, 
         return Ok(producer.clone());
     }
     tracing::debug!(role, "making the process's Kafka producer");
-    let producer: FutureProducer = config.create()?;
+    let producer = Producer::new(&config)?;
     shared.insert(key, producer.clone());
     Ok(producer)
 }
@@ -78,7 +77,6 @@ pub async fn fetch_metadata(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdkafka::producer::Producer;
 
     /// Making a producer does not connect; nothing listens on these ports.
     fn settings(brokers: &str) -> KafkaSettings {

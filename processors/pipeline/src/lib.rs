@@ -13,6 +13,7 @@ pub mod json;
 pub mod kafka;
 pub mod offsets;
 pub mod periodic;
+pub mod producer;
 pub mod registry;
 pub mod telemetry;
 pub mod topics;

@@ -166,6 +166,7 @@ pub async fn advance_snapshot(
 ) -> Result<SnapshotWrite, sqlx::Error> {
     let done = upsert_snapshots([(row, row.deficit)], row.deficit.is_some(), now)
         .build()
+        .persistent(false)
         .execute(conn)
         .deadline()
         .await?;
@@ -232,6 +233,7 @@ pub async fn inboxed(
         ids.push_unseparated(")");
         found.extend(
             q.build_query_scalar::<String>()
+                .persistent(false)
                 .fetch_all(&mut *conn)
                 .deadline()
                 .await?,
@@ -260,6 +262,7 @@ pub async fn claim_all(
         });
         claimed += q
             .build()
+            .persistent(false)
             .execute(&mut *conn)
             .deadline()
             .await?
@@ -302,6 +305,7 @@ pub async fn book_all(
         });
         booked += q
             .build()
+            .persistent(false)
             .execute(&mut *conn)
             .deadline()
             .await?
@@ -330,6 +334,7 @@ pub async fn snapshot_versions(
         ids.push_unseparated(") FOR UPDATE");
         found.extend(
             q.build_query_as::<(String, u64)>()
+                .persistent(false)
                 .fetch_all(&mut *conn)
                 .deadline()
                 .await?,
@@ -358,6 +363,7 @@ pub async fn write_snapshots(
         for chunk in rows.chunks(ROWS_PER_STATEMENT) {
             affected += upsert_snapshots(chunk.iter().copied(), states_deficit, now)
                 .build()
+                .persistent(false)
                 .execute(&mut *conn)
                 .deadline()
                 .await?
@@ -398,6 +404,7 @@ pub async fn sync_all(
         q.push(", r.sync_status)");
         found += q
             .build()
+            .persistent(false)
             .execute(&mut *conn)
             .deadline()
             .await?

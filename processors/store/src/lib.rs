@@ -39,6 +39,11 @@ pub enum StoreError {
 /// same on every server and a bad value is an error rather than a silent truncation.
 /// Connections are opened on first use: a process starts while MySQL is down and reports
 /// it through `/readyz` instead of exiting.
+///
+/// Statements built row by row with `QueryBuilder` (one placeholder group per row or id) run
+/// with `persistent(false)`: each batch size is its own statement text, and cached they would
+/// stay prepared on every connection of the pool, in our memory and against MariaDB's
+/// `max_prepared_stmt_count`, and push the fixed statements out of the per-connection cache.
 pub fn mysql_pool(
     url: &str,
     max_connections: u32,

@@ -40,7 +40,12 @@ pub async fn insert_outbox(
                 .push_bind(now)
                 .push_bind(now);
         });
-        query.build().execute(&mut **tx).deadline().await?;
+        query
+            .build()
+            .persistent(false)
+            .execute(&mut **tx)
+            .deadline()
+            .await?;
     }
     Ok(())
 }

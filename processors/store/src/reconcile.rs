@@ -83,7 +83,11 @@ pub async fn live_buckets(
             .push_bind(after.to_string());
     }
     q.push(" ORDER BY stock_bucket_id LIMIT ").push_bind(limit);
-    q.build_query_as().fetch_all(pool).deadline().await
+    q.build_query_as()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await
 }
 
 /// The live buckets among `ids` (one chunk), in id order.
@@ -100,7 +104,11 @@ pub async fn live_buckets_by_id(
     );
     in_list(&mut q, ids);
     q.push(" ORDER BY stock_bucket_id");
-    q.build_query_as().fetch_all(pool).deadline().await
+    q.build_query_as()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await
 }
 
 /// The reservation table's view of one bucket.
@@ -179,7 +187,13 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
     );
     in_list(&mut q, buckets);
     q.push(" GROUP BY stock_bucket_id, status");
-    for row in q.build().fetch_all(pool).deadline().await? {
+    for row in q
+        .build()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await?
+    {
         let bucket: String = row.try_get("stock_bucket_id")?;
         let status: i8 = row.try_get("status")?;
         let n: i64 = row.try_get("n")?;
@@ -205,7 +219,13 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
     );
     in_list(&mut q, buckets);
     q.push(" GROUP BY stock_bucket_id");
-    for row in q.build().fetch_all(pool).deadline().await? {
+    for row in q
+        .build()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await?
+    {
         views.ledger.insert(
             row.try_get("stock_bucket_id")?,
             LedgerView {
@@ -224,7 +244,13 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
          deficit_stock, redis_version FROM dish_stock_snapshot WHERE stock_bucket_id IN ",
     );
     in_list(&mut q, buckets);
-    for row in q.build().fetch_all(pool).deadline().await? {
+    for row in q
+        .build()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await?
+    {
         views.snapshots.insert(
             row.try_get("stock_bucket_id")?,
             SnapshotView {
@@ -247,7 +273,13 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
     );
     in_list(&mut q, buckets);
     q.push(" GROUP BY stock_bucket_id, status");
-    for row in q.build().fetch_all(pool).deadline().await? {
+    for row in q
+        .build()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await?
+    {
         let bucket: String = row.try_get("stock_bucket_id")?;
         let status: i8 = row.try_get("status")?;
         let n: i64 = row.try_get("n")?;
@@ -270,7 +302,13 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
     );
     in_list(&mut q, buckets);
     q.push(" GROUP BY partition_key");
-    for row in q.build().fetch_all(pool).deadline().await? {
+    for row in q
+        .build()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await?
+    {
         views
             .outbox_unsent
             .insert(row.try_get("partition_key")?, row.try_get("n")?);
@@ -279,7 +317,13 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
     let mut q = QueryBuilder::<MySql>::new(UNBOOKED_SELECT);
     in_list(&mut q, buckets);
     q.push(UNBOOKED_TAIL);
-    for row in q.build().fetch_all(pool).deadline().await? {
+    for row in q
+        .build()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await?
+    {
         views
             .wal_unbooked
             .insert(row.try_get("stock_bucket_id")?, row.try_get("n")?);
@@ -376,7 +420,11 @@ pub async fn guarded_rows(
     );
     in_list(&mut q, buckets);
     q.push(" ORDER BY stock_bucket_id, id");
-    q.build_query_as().fetch_all(pool).deadline().await
+    q.build_query_as()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await
 }
 
 /// `rebuild_rows` of the given reservations of `bucket` (a repair restores their records).
@@ -399,7 +447,11 @@ pub async fn rows_by_id(
         list.push_bind(*id);
     }
     list.push_unseparated(") ORDER BY id");
-    q.build_query_as().fetch_all(pool).deadline().await
+    q.build_query_as()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await
 }
 
 /// The completed refunds of `reservation_ids` (operation id, reservation, quantity), to
@@ -421,7 +473,11 @@ pub async fn completed_refunds(
         list.push_bind(*id);
     }
     list.push_unseparated(") ORDER BY reservation_id, updated_at");
-    q.build_query_as().fetch_all(pool).deadline().await
+    q.build_query_as()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await
 }
 
 /// The highest bucket version MySQL knows of: the start of a rebuilt bucket must lie above
@@ -454,7 +510,7 @@ async fn ensure_shards(pool: &MySqlPool, shards: u32) -> Result<(), sqlx::Error>
     q.push_values(0..shards, |mut b, shard| {
         b.push_bind(shard).push_bind(epoch);
     });
-    q.build().execute(pool).deadline().await?;
+    q.build().persistent(false).execute(pool).deadline().await?;
     Ok(())
 }
 
@@ -552,7 +608,11 @@ pub async fn open_differences(
     );
     in_list(&mut q, buckets);
     q.push(" ORDER BY id");
-    q.build_query_as().fetch_all(pool).deadline().await
+    q.build_query_as()
+        .persistent(false)
+        .fetch_all(pool)
+        .deadline()
+        .await
 }
 
 /// A first sighting: SUSPECTED at `version`.

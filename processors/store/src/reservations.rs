@@ -380,7 +380,12 @@ pub async fn insert_preparing_many(
             ") AS v WHERE NOT EXISTS \
              (SELECT 1 FROM inventory_order_fence f WHERE f.order_id = v.order_id)",
         );
-        query.build().execute(pool).deadline().await
+        query
+            .build()
+            .persistent(false)
+            .execute(pool)
+            .deadline()
+            .await
     })
     .await?
     .rows_affected();
@@ -398,6 +403,7 @@ pub async fn insert_preparing_many(
     query.push(")");
     let present: std::collections::HashSet<u64> = query
         .build_query_scalar::<u64>()
+        .persistent(false)
         .fetch_all(pool)
         .deadline()
         .await?
@@ -632,7 +638,12 @@ async fn complete_group(
         query.push(" THEN ").push_bind(row.version);
     }
     query.push(" END");
-    let done = query.build().execute(&mut *tx).deadline().await?;
+    let done = query
+        .build()
+        .persistent(false)
+        .execute(&mut *tx)
+        .deadline()
+        .await?;
     if done.rows_affected() == items.len() as u64 {
         let outbox: Vec<NewOutbox> = items
             .iter()

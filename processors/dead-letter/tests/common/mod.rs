@@ -7,7 +7,6 @@
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use rdkafka::message::{OwnedMessage, Timestamp};
-use rdkafka::producer::FutureProducer;
 use sqlx::MySqlPool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,6 +17,7 @@ use stocksvr_pipeline::config::InfraSettings;
 use stocksvr_pipeline::consumer::{self, Applied, Failure, Handler, Record};
 use stocksvr_pipeline::deadletter::{self, ErrorClass};
 use stocksvr_pipeline::kafka;
+use stocksvr_pipeline::producer::Producer;
 use stocksvr_pipeline::topics::TopicSpec;
 use tokio::sync::watch;
 
@@ -56,7 +56,7 @@ pub async fn topic_pair() -> TopicPair {
     }
 }
 
-pub fn producer() -> FutureProducer {
+pub fn producer() -> Producer {
     kafka::producer(&settings().kafka, "dlq-test").expect("producer")
 }
 

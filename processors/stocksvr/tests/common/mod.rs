@@ -63,7 +63,7 @@ pub struct TestEnv {
 struct Producing {
     catalog: std::sync::Arc<stocksvr_pipeline::catalog::Catalog>,
     codec: stocksvr_pipeline::codec::AvroCodec,
-    producer: rdkafka::producer::FutureProducer,
+    producer: stocksvr_pipeline::producer::Producer,
 }
 
 impl TestEnv {
