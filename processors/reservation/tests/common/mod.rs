@@ -58,9 +58,12 @@ pub async fn stores(config: &ServiceConfig) -> Stores {
     let db = TestDb::migrated().await;
     let pool = db.pool.clone();
     let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
-    let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
-        .await
-        .expect("redis");
+    let conn = stocksvr_store::connect_redis(
+        &stocksvr_store::RedisTarget::from_env(&redis_url).expect("redis settings"),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("redis");
     let merchant_id = 1_000_000 + s % 1_000_000_000;
     stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, "UTC")
         .await

@@ -22,8 +22,8 @@ mod reply;
 
 pub use error::{outcome_unknown, ExecError};
 
+use crate::redis_conn::RedisConn;
 use backon::{ExponentialBuilder, Retryable};
-use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 use std::collections::HashMap;
 use std::future::Future;
@@ -215,11 +215,14 @@ struct Scripts {
 /// Scripts are sent with EVALSHA: redis-rs 1.x `ScriptInvocation::invoke_async`
 /// (`redis-1.8.1/src/script.rs`) sends `EVALSHA <sha1>` and, on a `NOSCRIPT` error, sends
 /// `SCRIPT LOAD` and repeats the EVALSHA once; so the text travels only after a restart, a
-/// failover or a `SCRIPT FLUSH`. Timeouts come from the `ConnectionManager` configuration
-/// (`crate::connect_redis` sets a response timeout) and surface as `ExecError::Unknown`.
+/// failover or a `SCRIPT FLUSH`. In cluster mode the EVALSHA goes to the master of the first
+/// key's slot (all keys of a call share the bucket's hash tag) and `SCRIPT LOAD` to every node,
+/// so the node that answered NOSCRIPT has the script for the retry (`crate::redis_conn`).
+/// Timeouts come from the connection's configuration (`crate::connect_redis` sets a response
+/// timeout) and surface as `ExecError::Unknown`.
 #[derive(Clone)]
 pub struct LuaExecutor {
-    conn: ConnectionManager,
+    conn: RedisConn,
     scripts: Arc<Scripts>,
     op_ttl_ms: u64,
 }
@@ -235,10 +238,10 @@ impl std::fmt::Debug for LuaExecutor {
 impl LuaExecutor {
     /// `op_ttl` is how long op records (and fences out of RESERVED) live; see
     /// [`DEFAULT_OP_TTL`]. A RESERVED fence never expires.
-    pub fn new(conn: ConnectionManager, op_ttl: Duration) -> Self {
+    pub fn new(conn: impl Into<RedisConn>, op_ttl: Duration) -> Self {
         let op_ttl_ms = u64::try_from(op_ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         Self {
-            conn,
+            conn: conn.into(),
             scripts: Arc::new(Scripts {
                 try_reserve: Script::new(TRY_LUA),
                 confirm: Script::new(CONFIRM_LUA),
@@ -492,15 +495,26 @@ impl LuaExecutor {
         if buckets.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for bucket in buckets {
-            pipe.cmd("HGETALL").arg(bucket.stock_key());
-        }
-        let mut conn = self.conn.clone();
-        let maps: Vec<HashMap<String, String>> = pipe
-            .query_async(&mut conn)
+        // Buckets are different hash tags: in cluster mode one pipeline per slot.
+        let cmds = buckets
+            .iter()
+            .map(|bucket| {
+                let key = bucket.stock_key();
+                let mut cmd = redis::cmd("HGETALL");
+                cmd.arg(&key);
+                (key, cmd)
+            })
+            .collect();
+        let replies = self
+            .conn
+            .pipeline_by_slot(cmds)
             .await
             .map_err(|e| ExecError::from_redis("", e))?;
+        let maps = replies
+            .into_iter()
+            .map(redis::from_redis_value::<HashMap<String, String>>)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ExecError::from_redis("", e.into()))?;
         buckets
             .iter()
             .zip(maps)
@@ -518,18 +532,26 @@ impl LuaExecutor {
         if guards.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
+        // The fence and the op record of a guard share its bucket's tag; guards of different
+        // buckets are split per slot in cluster mode.
+        let mut cmds = Vec::with_capacity(guards.len() * 2);
         for (bucket, reservation_id, op) in guards {
-            pipe.cmd("HMGET")
-                .arg(bucket.fence_key(*reservation_id))
+            let fence_key = bucket.fence_key(*reservation_id);
+            let mut hmget = redis::cmd("HMGET");
+            hmget
+                .arg(&fence_key)
                 .arg("phase")
                 .arg("quantity")
                 .arg("refunded");
-            pipe.cmd("EXISTS").arg(bucket.op_key(op));
+            cmds.push((fence_key, hmget));
+            let op_key = bucket.op_key(op);
+            let mut exists = redis::cmd("EXISTS");
+            exists.arg(&op_key);
+            cmds.push((op_key, exists));
         }
-        let mut conn = self.conn.clone();
-        let replies: Vec<Value> = pipe
-            .query_async(&mut conn)
+        let replies = self
+            .conn
+            .pipeline_by_slot(cmds)
             .await
             .map_err(|e| ExecError::from_redis("", e))?;
         let mut out = Vec::with_capacity(guards.len());
