@@ -258,6 +258,15 @@ pub struct RedisSettings {
     /// enough: the client learns the others from the cluster). Only read in `cluster` mode. As
     /// a variable: `STOCKSVR__REDIS__NODES=redis://h1:7000,redis://h2:7001`.
     pub nodes: Vec<Secret>,
+    /// Replicas that must acknowledge a script's writes before its result counts (Redis
+    /// `WAIT`); 0 = do not wait. Replication is asynchronous, so without it a master killed
+    /// right after a Try can take the Try with it while MySQL records it RESERVED; with 1 (a
+    /// cluster with one replica per master) such a Try is retried instead. A master without a
+    /// reachable replica then refuses to answer (503) until one is back: fail closed.
+    pub wait_replicas: u32,
+    /// How long a script call waits for `wait_replicas`, in milliseconds; a shortfall is an
+    /// UNKNOWN outcome, retried with the same operation id.
+    pub wait_timeout_ms: u64,
     /// Timeout of one Redis command, in milliseconds. A Lua call that times out is an
     /// UNKNOWN outcome and is retried with the same operation id, never assumed failed.
     pub response_timeout_ms: u64,
@@ -304,6 +313,8 @@ impl Default for RedisSettings {
             mode: RedisMode::Standalone,
             url: Secret::new("redis://127.0.0.1:6380/"),
             nodes: Vec::new(),
+            wait_replicas: 0,
+            wait_timeout_ms: 500,
             response_timeout_ms: 2_000,
         }
     }

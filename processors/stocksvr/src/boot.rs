@@ -94,7 +94,10 @@ pub async fn run(
         settings.schedule.shards,
     )
     .map_err(anyhow::Error::msg)?;
-    let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
+    let lua = Arc::new(
+        LuaExecutor::new(conn, config.op_ttl)
+            .with_replication_wait(crate::settings::replication_wait(&settings.redis)),
+    );
     let mut service = ReservationService::new(pool.clone(), lua, ids, config)
         .with_ops_config(settings.stock_ops.ops_config());
     if let Some(waker) = outbox_waker.clone() {

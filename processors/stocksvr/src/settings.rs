@@ -115,6 +115,14 @@ pub fn redis_target(redis: &RedisSettings) -> stocksvr_store::RedisTarget {
     }
 }
 
+/// The replication wait of the Lua executor (`redis.wait_replicas`, `redis.wait_timeout_ms`).
+pub fn replication_wait(redis: &RedisSettings) -> stocksvr_store::lua::ReplicationWait {
+    stocksvr_store::lua::ReplicationWait {
+        replicas: redis.wait_replicas,
+        timeout: std::time::Duration::from_millis(redis.wait_timeout_ms),
+    }
+}
+
 /// The Redis endpoint(s) for a log line or an error message, passwords masked.
 pub fn redis_redacted(redis: &RedisSettings) -> String {
     match redis.mode {

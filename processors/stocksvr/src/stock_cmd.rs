@@ -136,7 +136,13 @@ pub async fn connect_with(
         )
     })?;
     let op_ttl = Duration::from_secs(settings.reservation.op_ttl_days * 24 * 3600);
-    Ok((pool, Arc::new(LuaExecutor::new(redis, op_ttl))))
+    Ok((
+        pool,
+        Arc::new(
+            LuaExecutor::new(redis, op_ttl)
+                .with_replication_wait(stocksvr::settings::replication_wait(&settings.redis)),
+        ),
+    ))
 }
 
 fn print<T: Serialize>(value: &T) -> anyhow::Result<()> {

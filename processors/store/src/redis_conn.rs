@@ -144,6 +144,36 @@ impl RedisConn {
         matches!(self, RedisConn::Cluster(_))
     }
 
+    /// `WAIT replicas timeout_ms` on the connection that carried the last write to `key`'s
+    /// master: how many replicas acknowledged every write sent on it so far (ours included,
+    /// since its reply has arrived). The connection is multiplexed, so this may also wait for
+    /// other callers' writes: never less safe, occasionally slower. In cluster mode WAIT would
+    /// be sent to every master by default; it is routed to the key's master instead.
+    pub async fn wait_replicas(
+        &self,
+        key: &str,
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> RedisResult<i64> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(timeout_ms);
+        match self {
+            RedisConn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
+            RedisConn::Cluster(c) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
+                let value = c
+                    .clone()
+                    .route_command(
+                        cmd,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await?;
+                Ok(redis::from_redis_value::<i64>(value)?)
+            }
+        }
+    }
+
     /// Runs `cmds` (each given with the key that routes it) and returns their replies in the
     /// order given. Standalone: one pipeline, one round trip. Cluster: one pipeline per slot,
     /// sent concurrently, because a pipeline spanning slots is refused (CROSSSLOT). Not atomic

@@ -41,6 +41,20 @@ pub fn seed() -> u64 {
     h.finish()
 }
 
+/// `STOCKSVR__REDIS__WAIT_REPLICAS` / `..._WAIT_TIMEOUT_MS`, as the service reads them (0: off).
+pub fn replication_wait() -> stocksvr_store::lua::ReplicationWait {
+    stocksvr_store::lua::ReplicationWait {
+        replicas: env_or("STOCKSVR__REDIS__WAIT_REPLICAS", "0")
+            .parse()
+            .expect("STOCKSVR__REDIS__WAIT_REPLICAS is a number"),
+        timeout: Duration::from_millis(
+            env_or("STOCKSVR__REDIS__WAIT_TIMEOUT_MS", "500")
+                .parse()
+                .expect("STOCKSVR__REDIS__WAIT_TIMEOUT_MS is a number"),
+        ),
+    }
+}
+
 /// What every reservation test needs of its own: a fresh migrated database, the Redis
 /// executor, a snowflake generator and a merchant (so Redis keys) no other test uses, with
 /// its time zone set to UTC.
@@ -71,7 +85,9 @@ pub async fn stores(config: &ServiceConfig) -> Stores {
     Stores {
         db,
         pool,
-        lua: Arc::new(LuaExecutor::new(conn, config.op_ttl)),
+        lua: Arc::new(
+            LuaExecutor::new(conn, config.op_ttl).with_replication_wait(replication_wait()),
+        ),
         ids: SnowflakeGenerator::new((s % 1024) as u16).expect("worker id"),
         merchant_id,
     }

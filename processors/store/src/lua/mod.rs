@@ -225,6 +225,20 @@ pub struct LuaExecutor {
     conn: RedisConn,
     scripts: Arc<Scripts>,
     op_ttl_ms: u64,
+    replication: Option<ReplicationWait>,
+}
+
+/// Wait for replicas before a script's result counts (`redis.wait_replicas`): a master killed
+/// with kill -9 can lose writes it acknowledged but had not yet sent to its replica (Redis
+/// replicates asynchronously). With a wait, a step is answered only once `replicas` replicas
+/// hold it; a shortfall within `timeout` is an UNKNOWN outcome, retried with the same
+/// operation id (a replay on the same master, or a fresh apply on a promoted replica that
+/// never saw it). Not a consensus guarantee (redis.io/commands/wait), but it closes the window
+/// in which MySQL records a reservation whose stock change only the dead master had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicationWait {
+    pub replicas: u32,
+    pub timeout: Duration,
 }
 
 impl std::fmt::Debug for LuaExecutor {
@@ -254,7 +268,43 @@ impl LuaExecutor {
                 restore_fences: Script::new(RESTORE_FENCES_LUA),
             }),
             op_ttl_ms,
+            replication: None,
         }
+    }
+
+    /// Waits for `wait.replicas` replicas after every script call (see [`ReplicationWait`]);
+    /// `replicas == 0` turns it off.
+    pub fn with_replication_wait(mut self, wait: ReplicationWait) -> Self {
+        self.replication = (wait.replicas > 0).then_some(wait);
+        self
+    }
+
+    /// After a script replied: its writes are on enough replicas, or the outcome is unknown.
+    async fn replicated(&self, operation_id: &str, first_key: &str) -> Result<(), ExecError> {
+        let Some(wait) = self.replication else {
+            return Ok(());
+        };
+        let timeout_ms = u64::try_from(wait.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let acked = self
+            .conn
+            .wait_replicas(first_key, wait.replicas, timeout_ms)
+            .await
+            .map_err(|e| ExecError::from_redis(operation_id, e))?;
+        if acked < i64::from(wait.replicas) {
+            metrics::counter!(names::REDIS_UNKNOWN_OUTCOMES, "operation" => "replication_wait")
+                .increment(1);
+            return Err(ExecError::Unknown {
+                operation_id: operation_id.to_string(),
+                source: redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "write not acknowledged by enough replicas",
+                    format!("{acked} of {} within {timeout_ms} ms", wait.replicas),
+                )),
+            });
+        }
+        Ok(())
     }
 
     /// One reservation step of `reservation_id` in `bucket` under `operation_id`.
@@ -481,10 +531,14 @@ impl LuaExecutor {
             invocation.arg(arg.as_str());
         }
         let mut conn = self.conn.clone();
-        invocation
+        let written = invocation
             .invoke_async::<u64>(&mut conn)
             .await
-            .map_err(|e| ExecError::from_redis("restore_fences", e))
+            .map_err(|e| ExecError::from_redis("restore_fences", e))?;
+        if let Some(first) = keys.first() {
+            self.replicated("restore_fences", first).await?;
+        }
+        Ok(written)
     }
 
     /// The stock hashes of `buckets` in one pipelined round trip (the reconciler's read).
@@ -663,6 +717,10 @@ impl LuaExecutor {
             }
         };
         let result = reply::parse_reply(operation_id, reply)?;
+        // Replays too: the first call may have timed out before its write was replicated.
+        if let Some(first) = keys.first() {
+            self.replicated(operation_id, first).await?;
+        }
         tracing::debug!(
             action,
             operation_id,
