@@ -1029,3 +1029,54 @@ async fn a_closed_port_gives_an_unknown_outcome() -> Result<()> {
         .is_unknown());
     Ok(())
 }
+
+#[tokio::test]
+async fn a_repair_with_a_version_floor_moves_a_regressed_bucket_past_it() -> Result<()> {
+    use stocksvr_store::lua::{RepairMode, TargetNumbers};
+    let ctx = Ctx::new().await?;
+    let keys = ctx.open_bucket(1, 10).await?;
+    ctx.exec
+        .step(&keys, 1, "try-1", Step::Try { quantity: 2 })
+        .await?;
+    let at = ctx.numbers(&keys).await?.version;
+    // Without a floor: the usual +1.
+    let target = TargetNumbers::from_accepted(10, 2, 0);
+    let r = ctx
+        .exec
+        .repair(
+            &keys,
+            "repair-1",
+            RepairMode::Repair {
+                expected_version: at,
+                min_version: 0,
+            },
+            target,
+        )
+        .await?;
+    assert_eq!((r.code, r.version), (OpCode::Succeeded, at + 1));
+    // A bucket whose version went backwards (MySQL booked up to at + 20): the repair jumps.
+    let target = TargetNumbers::from_accepted(10, 3, 0);
+    let r = ctx
+        .exec
+        .repair(
+            &keys,
+            "repair-2",
+            RepairMode::Repair {
+                expected_version: at + 1,
+                min_version: at + 21,
+            },
+            target,
+        )
+        .await?;
+    assert_eq!((r.code, r.version), (OpCode::Succeeded, at + 21));
+    let n = ctx.numbers(&keys).await?;
+    assert_eq!((n.available, n.reserved, n.version), (7, 3, at + 21));
+    assert_conserved(&n);
+    // The next step continues from there.
+    let t = ctx
+        .exec
+        .step(&keys, 2, "try-2", Step::Try { quantity: 1 })
+        .await?;
+    assert_eq!(t.version, at + 22);
+    ctx.cleanup().await
+}

@@ -163,8 +163,13 @@ impl TargetNumbers {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RepairMode {
     /// Only while the bucket is still at `expected_version` (a `Conflict` otherwise: the
-    /// caller recomputes); the version is bumped.
-    Repair { expected_version: u64 },
+    /// caller recomputes); the version is bumped, to at least `min_version` (0: just +1).
+    /// A floor moves a bucket whose version went backwards (acknowledged writes lost in a
+    /// failover) past the versions MySQL already booked.
+    Repair {
+        expected_version: u64,
+        min_version: u64,
+    },
     /// Only when the stock hash is missing: creates it at `version` in `state`.
     Rebuild {
         version: u64,
@@ -449,13 +454,16 @@ impl LuaExecutor {
         ] {
             check_total(value)?;
         }
-        let (name, version, state, baseline) = match mode {
-            RepairMode::Repair { expected_version } => ("REPAIR", expected_version, "", 0),
+        let (name, version, state, baseline, floor) = match mode {
+            RepairMode::Repair {
+                expected_version,
+                min_version,
+            } => ("REPAIR", expected_version, "", 0, min_version),
             RepairMode::Rebuild {
                 version,
                 state,
                 baseline_version,
-            } => ("REBUILD", version, state.name(), baseline_version),
+            } => ("REBUILD", version, state.name(), baseline_version, 0),
         };
         self.run(
             "repair",
@@ -474,6 +482,7 @@ impl LuaExecutor {
                 state.to_string(),
                 baseline.to_string(),
                 self.op_ttl_ms.to_string(),
+                floor.to_string(),
             ],
         )
         .await
