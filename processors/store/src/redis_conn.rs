@@ -25,7 +25,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Where Redis is: one server, or the seed nodes of a cluster (any reachable one is enough;
 /// the client discovers the rest from `CLUSTER SLOTS`). URLs may carry credentials: never log
@@ -96,7 +98,84 @@ impl RedisTarget {
 #[derive(Clone)]
 pub enum RedisConn {
     Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(Arc<ClusterHandle>),
+}
+
+/// The cluster client's connection, replaced by a fresh one when calls keep failing.
+///
+/// Why: measured with redis-rs 1.8.1 against redis-server 7.0.15 (the failover test), after a
+/// master was killed with kill -9 and its replica promoted, calls for that master's slots kept
+/// timing out for minutes on the old connection, even after the killed node was back as a
+/// replica: the client refreshes its slot map on MOVED, and for a node that stopped answering
+/// it only reconnects to the same address. A new connection reads the slot map afresh from the
+/// seeds, as `ConnectionManager` reconnects a standalone server. At most one rebuild runs at a
+/// time and at most one starts per `REBUILD_EVERY`; calls in flight finish on the old one.
+pub struct ClusterHandle {
+    client: redis::cluster::ClusterClient,
+    current: Mutex<ClusterConnection>,
+    rebuilding: AtomicBool,
+    last_rebuild: Mutex<Option<Instant>>,
+}
+
+const REBUILD_EVERY: Duration = Duration::from_secs(1);
+
+impl ClusterHandle {
+    fn current(&self) -> ClusterConnection {
+        // A poisoned lock only means a panic elsewhere mid-clone; the value is still whole.
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// After a failed call: errors that say a node is gone or the topology moved start a
+    /// rebuild of the connection in the background.
+    fn failed(self: &Arc<Self>, err: &redis::RedisError) {
+        let topology = err.is_io_error()
+            || err.is_timeout()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || matches!(
+                err.kind(),
+                redis::ErrorKind::ClusterConnectionNotFound
+                    | redis::ErrorKind::Server(
+                        redis::ServerErrorKind::ClusterDown
+                            | redis::ServerErrorKind::TryAgain
+                            | redis::ServerErrorKind::MasterDown
+                    )
+            );
+        if !topology {
+            return;
+        }
+        {
+            let last = self.last_rebuild.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < REBUILD_EVERY) {
+                return;
+            }
+        }
+        if self.rebuilding.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let handle = Arc::clone(self);
+        tokio::spawn(async move {
+            match handle.client.get_async_connection().await {
+                Ok(conn) => {
+                    *handle.current.lock().unwrap_or_else(|p| p.into_inner()) = conn;
+                    tracing::warn!(
+                        "redis cluster: calls failing; connection rebuilt from the seeds"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "redis cluster: rebuilding the connection failed; the next failure tries again")
+                }
+            }
+            *handle
+                .last_rebuild
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            handle.rebuilding.store(false, Ordering::Release);
+        });
+    }
 }
 
 impl From<ConnectionManager> for RedisConn {
@@ -105,17 +184,21 @@ impl From<ConnectionManager> for RedisConn {
     }
 }
 
-impl From<ClusterConnection> for RedisConn {
-    fn from(conn: ClusterConnection) -> Self {
-        RedisConn::Cluster(conn)
-    }
-}
-
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConn::Standalone(c) => c.req_packed_command(cmd),
-            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(h) => {
+                let h = Arc::clone(h);
+                Box::pin(async move {
+                    let mut conn = h.current();
+                    let reply = conn.req_packed_command(cmd).await;
+                    if let Err(e) = &reply {
+                        h.failed(e);
+                    }
+                    reply
+                })
+            }
         }
     }
 
@@ -127,14 +210,24 @@ impl ConnectionLike for RedisConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             RedisConn::Standalone(c) => c.req_packed_commands(cmd, offset, count),
-            RedisConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            RedisConn::Cluster(h) => {
+                let h = Arc::clone(h);
+                Box::pin(async move {
+                    let mut conn = h.current();
+                    let reply = conn.req_packed_commands(cmd, offset, count).await;
+                    if let Err(e) = &reply {
+                        h.failed(e);
+                    }
+                    reply
+                })
+            }
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             RedisConn::Standalone(c) => c.get_db(),
-            RedisConn::Cluster(c) => c.get_db(),
+            RedisConn::Cluster(h) => h.current().get_db(),
         }
     }
 }
@@ -159,17 +252,20 @@ impl RedisConn {
         cmd.arg(replicas).arg(timeout_ms);
         match self {
             RedisConn::Standalone(c) => cmd.query_async(&mut c.clone()).await,
-            RedisConn::Cluster(c) => {
+            RedisConn::Cluster(h) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
                 let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
-                let value = c
-                    .clone()
+                let reply = h
+                    .current()
                     .route_command(
                         cmd,
                         RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
                     )
-                    .await?;
-                Ok(redis::from_redis_value::<i64>(value)?)
+                    .await;
+                if let Err(e) = &reply {
+                    h.failed(e);
+                }
+                Ok(redis::from_redis_value::<i64>(reply?)?)
             }
         }
     }
@@ -244,7 +340,13 @@ pub async fn connect(target: &RedisTarget, response_timeout: Duration) -> RedisR
                     .response_timeout(response_timeout)
                     .connection_timeout(response_timeout)
                     .build()?;
-            Ok(client.get_async_connection().await?.into())
+            let conn = client.get_async_connection().await?;
+            Ok(RedisConn::Cluster(Arc::new(ClusterHandle {
+                client,
+                current: Mutex::new(conn),
+                rebuilding: AtomicBool::new(false),
+                last_rebuild: Mutex::new(None),
+            })))
         }
     }
 }
