@@ -103,12 +103,14 @@ pub enum RedisConn {
 
 /// The cluster client's connection, replaced by a fresh one when calls keep failing.
 ///
-/// Why: measured with redis-rs 1.8.1 against redis-server 7.0.15 (the failover test), after a
+/// Why: observed with redis-rs 1.8.1 against redis-server 7.0.15 (the failover test): after a
 /// master was killed with kill -9 and its replica promoted, calls for that master's slots kept
-/// timing out for minutes on the old connection, even after the killed node was back as a
-/// replica: the client refreshes its slot map on MOVED, and for a node that stopped answering
-/// it only reconnects to the same address. A new connection reads the slot map afresh from the
-/// seeds, as `ConnectionManager` reconnects a standalone server. At most one rebuild runs at a
+/// timing out for the test's whole 240 s on the old connection, even after the killed node was
+/// back as a replica. Reading the client (`async_connection/request.rs`), it refreshes its slot
+/// map on MOVED and on a missing connection, while a node-level I/O error only reconnects to
+/// the same address; the exact path of the stall was not traced further. A new connection
+/// reads the slot map afresh from the seeds, as `ConnectionManager` reconnects a standalone
+/// server. At most one rebuild runs at a
 /// time and at most one starts per `REBUILD_EVERY`; calls in flight finish on the old one.
 pub struct ClusterHandle {
     client: redis::cluster::ClusterClient,
