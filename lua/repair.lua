@@ -7,6 +7,10 @@
 -- ARGV[4] total  ARGV[5] available  ARGV[6] reserved  ARGV[7] sold  ARGV[8] deficit (all >= 0)
 -- ARGV[9] state (OPEN|CLOSED) for REBUILD, '' for REPAIR   ARGV[10] baseline_version (>= 0)
 -- ARGV[11] op TTL ms
+-- ARGV[12] REPAIR only, optional: the least version the repaired bucket gets (0/absent: the
+-- usual +1). After a failover lost acknowledged writes, Redis' version is behind the versions
+-- MySQL booked; the repair moves it past them so the projector takes the repaired numbers
+-- (it keeps only newer versions) and no later operation reuses a booked version.
 --
 -- Never `SET available = expected` blindly: the numbers were computed from MySQL while Trys
 -- may have run since, so a REPAIR writes them only if the bucket is still at the version they
@@ -41,6 +45,10 @@ local n = {
 local state = ARGV[9] or ''
 local baseline = arg_int(10, 'baseline_version', 0)
 local ttl = arg_int(11, 'op ttl', 1)
+local floor = 0
+if ARGV[12] ~= nil and ARGV[12] ~= '' then
+  floor = arg_int(12, 'min version', 0)
+end
 if n.available + n.reserved + n.sold ~= n.total + n.deficit
     or (n.available > 0 and n.deficit > 0) then
   fail('inconsistent numbers: total=' .. n.total .. ' available=' .. n.available ..
@@ -67,6 +75,10 @@ if mode == 'REPAIR' then
   s.total, s.available, s.reserved, s.sold, s.deficit = n.total, n.available, n.reserved, n.sold,
     n.deficit
   write_stock(KEYS[1], s, now)
+  if s.version < floor then
+    redis.call('HSET', KEYS[1], 'version', floor)
+    s.version = floor
+  end
   return record(KEYS[2], ttl, mode, '', 0, result('SUCCEEDED', s, '', false, false), now)
 end
 

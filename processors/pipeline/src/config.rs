@@ -249,17 +249,72 @@ impl Default for MysqlSettings {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
-    /// `redis://[:password@]host:port/db`.
+    /// `standalone`: one server at `url`. `cluster`: a Redis Cluster reached through `nodes`
+    /// (every script call touches one bucket's hash tag, so one slot).
+    pub mode: RedisMode,
+    /// `redis://[:password@]host:port/db`; the server in `standalone` mode, unused in `cluster`.
     pub url: Secret,
+    /// Seed nodes of the cluster, `redis://[:password@]host:port` each (any reachable one is
+    /// enough: the client learns the others from the cluster). Only read in `cluster` mode. As
+    /// a variable: `STOCKSVR__REDIS__NODES=redis://h1:7000,redis://h2:7001`.
+    pub nodes: Vec<Secret>,
+    /// Replicas that must acknowledge a script's writes before its result counts (Redis
+    /// `WAIT`); 0 = do not wait. Replication is asynchronous, so without it a master killed
+    /// right after a Try can take the Try with it while MySQL records it RESERVED; with 1 (a
+    /// cluster with one replica per master) such a Try is retried instead. A master without a
+    /// reachable replica then refuses to answer (503) until one is back: fail closed.
+    pub wait_replicas: u32,
+    /// How long a script call waits for `wait_replicas`, in milliseconds; a shortfall is an
+    /// UNKNOWN outcome, retried with the same operation id.
+    pub wait_timeout_ms: u64,
     /// Timeout of one Redis command, in milliseconds. A Lua call that times out is an
     /// UNKNOWN outcome and is retried with the same operation id, never assumed failed.
     pub response_timeout_ms: u64,
 }
 
+/// How stocksvr reaches Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    #[default]
+    Standalone,
+    Cluster,
+}
+
+impl RedisMode {
+    pub const fn name(self) -> &'static str {
+        match self {
+            RedisMode::Standalone => "standalone",
+            RedisMode::Cluster => "cluster",
+        }
+    }
+}
+
+impl RedisSettings {
+    /// The settings checked: `cluster` needs at least one seed node.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.mode == RedisMode::Cluster && self.nodes.is_empty() {
+            return Err(ConfigError::Invalid(
+                "redis.mode = \"cluster\" needs at least one seed in redis.nodes".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The seed URLs, for handing to the client library. Never log the result.
+    pub fn exposed_nodes(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.expose().to_string()).collect()
+    }
+}
+
 impl Default for RedisSettings {
     fn default() -> Self {
         Self {
+            mode: RedisMode::Standalone,
             url: Secret::new("redis://127.0.0.1:6380/"),
+            nodes: Vec::new(),
+            wait_replicas: 0,
+            wait_timeout_ms: 500,
             response_timeout_ms: 2_000,
         }
     }
@@ -340,6 +395,9 @@ pub fn load_layered<T: serde::de::DeserializeOwned>(
         .prefix_separator("__")
         .separator("__")
         .try_parsing(true)
+        // Only this key is a list; every other value keeps its commas (librdkafka properties).
+        .list_separator(",")
+        .with_list_parse_key("redis.nodes")
         .source(env);
     builder = builder.add_source(environment);
     Ok(builder.build()?.try_deserialize()?)
@@ -350,6 +408,7 @@ impl InfraSettings {
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         let settings: Self = load_layered(file, None)?;
         settings.kafka.validate().map_err(ConfigError::Invalid)?;
+        settings.redis.validate()?;
         Ok(settings)
     }
 }
@@ -370,6 +429,39 @@ mod tests {
         assert_eq!(s.redis.url.expose(), "redis://127.0.0.1:6380/");
         assert_eq!(s.log.format, LogFormat::Text);
         assert_eq!(s.consumer.max_poll_interval_ms, 120_000);
+    }
+
+    #[test]
+    fn cluster_seeds_come_as_a_comma_separated_variable_and_stay_masked() {
+        let s = infra(HashMap::from([
+            ("STOCKSVR__REDIS__MODE".to_string(), "cluster".to_string()),
+            (
+                "STOCKSVR__REDIS__NODES".to_string(),
+                "redis://:pw@127.0.0.1:7000,redis://:pw@127.0.0.1:7001".to_string(),
+            ),
+        ]));
+        assert_eq!(s.redis.mode, RedisMode::Cluster);
+        assert_eq!(
+            s.redis.exposed_nodes(),
+            ["redis://:pw@127.0.0.1:7000", "redis://:pw@127.0.0.1:7001"]
+        );
+        assert!(s.redis.validate().is_ok());
+        let shown = serde_json::to_string(&s.redis).expect("serializes");
+        assert!(!shown.contains("pw"), "{shown}");
+        assert!(!format!("{:?}", s.redis).contains("pw"));
+        // librdkafka properties keep their commas: only redis.nodes is a list.
+        let s = infra(HashMap::from([(
+            "STOCKSVR__KAFKA__BROKERS".to_string(),
+            "a:1,b:2".to_string(),
+        )]));
+        assert_eq!(s.kafka.brokers, "a:1,b:2");
+        let mut r = RedisSettings {
+            mode: RedisMode::Cluster,
+            ..RedisSettings::default()
+        };
+        assert!(r.validate().is_err(), "cluster without seeds");
+        r.mode = RedisMode::Standalone;
+        assert!(r.validate().is_ok());
     }
 
     #[test]

@@ -222,9 +222,12 @@ async fn common_service(
     let config = stocksvr_reservation::ServiceConfig::default();
     let redis_url = std::env::var("STOCKSVR__REDIS__URL")
         .unwrap_or_else(|_| "redis://127.0.0.1:6380/".to_string());
-    let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
-        .await
-        .expect("redis");
+    let conn = stocksvr_store::connect_redis(
+        &stocksvr_store::RedisTarget::from_env(&redis_url).expect("redis settings"),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("redis");
     let lua = std::sync::Arc::new(stocksvr_store::lua::LuaExecutor::new(conn, config.op_ttl));
     let ids = stocksvr_core::snowflake::SnowflakeGenerator::new(1).expect("worker id");
     std::sync::Arc::new(stocksvr_reservation::ReservationService::new(

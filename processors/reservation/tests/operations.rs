@@ -258,11 +258,12 @@ async fn a_closed_bucket_refuses_trys_but_settles_reservations_and_archives_only
     );
     let redis_url =
         std::env::var("STOCKSVR__REDIS__URL").unwrap_or_else(|_| "redis://127.0.0.1:6380/".into());
-    let mut conn = redis::Client::open(redis_url)
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("conn");
+    let mut conn = stocksvr_store::connect_redis(
+        &stocksvr_store::RedisTarget::from_env(&redis_url).expect("redis settings"),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("conn");
     let keys = BucketKey::new(f.merchant_id, f.dish_id, f.today);
     let ttl: i64 = redis::cmd("TTL")
         .arg(keys.stock_key())
@@ -576,11 +577,12 @@ async fn a_try_never_recreates_a_bucket_that_redis_lost() {
     // Redis loses the bucket (a flush, a failover without persistence).
     let redis_url =
         std::env::var("STOCKSVR__REDIS__URL").unwrap_or_else(|_| "redis://127.0.0.1:6380/".into());
-    let mut conn = redis::Client::open(redis_url)
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("conn");
+    let mut conn = stocksvr_store::connect_redis(
+        &stocksvr_store::RedisTarget::from_env(&redis_url).expect("redis settings"),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("conn");
     let keys = BucketKey::new(f.merchant_id, f.dish_id, f.today);
     let _: i64 = redis::cmd("DEL")
         .arg(keys.stock_key())

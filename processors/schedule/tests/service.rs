@@ -47,10 +47,13 @@ impl Fixture {
         let s = seed();
         let db = TestDb::migrated().await;
         let pool = db.pool.clone();
-        let conn =
-            stocksvr_store::connect_redis(settings.redis.url.expose(), Duration::from_secs(5))
-                .await
-                .expect("redis");
+        let conn = stocksvr_store::connect_redis(
+            &stocksvr_store::RedisTarget::from_env(settings.redis.url.expose())
+                .expect("redis settings"),
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("redis");
         let config = ServiceConfig::default();
         let lua = Arc::new(LuaExecutor::new(conn.clone(), config.op_ttl));
         let ids = SnowflakeGenerator::new((s % 1024) as u16).expect("worker id");

@@ -10,9 +10,13 @@ use stocksvr_schedule::TimeWheel;
 
 async fn wheel(test: &str, shards: u16) -> TimeWheel {
     let settings = stocksvr_test_support::infra();
-    let conn = stocksvr_store::connect_redis(settings.redis.url.expose(), Duration::from_secs(2))
-        .await
-        .expect("redis of the local stack");
+    let conn = stocksvr_store::connect_redis(
+        &stocksvr_store::RedisTarget::from_env(settings.redis.url.expose())
+            .expect("redis settings"),
+        Duration::from_secs(2),
+    )
+    .await
+    .expect("redis of the local stack");
     let nanos = Utc::now().timestamp_nanos_opt().unwrap_or_default();
     let namespace = format!("it-{test}-{}-{nanos}", std::process::id());
     TimeWheel::new(conn, &namespace, shards).expect("valid wheel")

@@ -62,9 +62,9 @@ pub async fn run(
         .with_min_delay(Duration::from_millis(500))
         .with_max_delay(Duration::from_secs(10))
         .without_max_times();
-    let redis_url = settings.redis.url.expose().to_string();
+    let redis_target = crate::settings::redis_target(&settings.redis);
     let timeout = Duration::from_millis(settings.redis.response_timeout_ms);
-    let connect = || stocksvr_store::connect_redis(&redis_url, timeout);
+    let connect = || stocksvr_store::connect_redis(&redis_target, timeout);
     let conn = tokio::select! {
         _ = stopped(&mut stop) => return Ok(()),
         c = connect.retry(backoff).notify(|e, after| tracing::warn!(error = %e, ?after, "redis not reachable; the Try API stays unavailable")) => c?,
@@ -94,7 +94,10 @@ pub async fn run(
         settings.schedule.shards,
     )
     .map_err(anyhow::Error::msg)?;
-    let lua = Arc::new(LuaExecutor::new(conn, config.op_ttl));
+    let lua = Arc::new(
+        LuaExecutor::new(conn, config.op_ttl)
+            .with_replication_wait(crate::settings::replication_wait(&settings.redis)),
+    );
     let mut service = ReservationService::new(pool.clone(), lua, ids, config)
         .with_ops_config(settings.stock_ops.ops_config());
     if let Some(waker) = outbox_waker.clone() {

@@ -61,9 +61,14 @@ impl Probe for MysqlProbe {
     }
 }
 
-/// Holds a client, not a connection: each check dials afresh so a Redis restart is seen
-/// as soon as it happens and a dead server never blocks start-up.
-pub struct RedisProbe(pub redis::Client);
+/// Holds where Redis is, not a connection: each check dials afresh so a Redis restart is seen
+/// as soon as it happens and a dead server never blocks start-up. In cluster mode the PING goes
+/// to every master (redis-rs routes it to all primaries), so a slot range whose master is down
+/// and not yet replaced makes the service not ready.
+pub struct RedisProbe {
+    pub target: stocksvr_store::RedisTarget,
+    pub timeout: std::time::Duration,
+}
 
 impl Probe for RedisProbe {
     fn name(&self) -> &'static str {
@@ -71,20 +76,33 @@ impl Probe for RedisProbe {
     }
     fn check(&self) -> BoxFuture<'_, Result<(), String>> {
         async move {
-            let mut conn = self
-                .0
-                .get_multiplexed_async_connection()
+            let mut conn: stocksvr_store::RedisConn = match &self.target {
+                // A plain connection: the manager would retry a dead server inside the check.
+                stocksvr_store::RedisTarget::Standalone { url } => {
+                    let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+                    let conn = client
+                        .get_multiplexed_async_connection()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let pong: String = redis::cmd("PING")
+                        .query_async(&mut { conn })
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    return if pong == "PONG" {
+                        Ok(())
+                    } else {
+                        Err(format!("PING answered {pong}"))
+                    };
+                }
+                target @ stocksvr_store::RedisTarget::Cluster { .. } => {
+                    stocksvr_store::connect_redis(target, self.timeout)
+                        .await
+                        .map_err(|e| e.to_string())?
+                }
+            };
+            stocksvr_store::ping_redis(&mut conn)
                 .await
-                .map_err(|e| e.to_string())?;
-            let pong: String = redis::cmd("PING")
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| e.to_string())?;
-            if pong == "PONG" {
-                Ok(())
-            } else {
-                Err(format!("PING answered {pong}"))
-            }
+                .map_err(|e| e.to_string())
         }
         .boxed()
     }

@@ -123,12 +123,15 @@ pub async fn run(
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "cannot check the database schema yet"),
     }
-    let redis = redis::Client::open(settings.redis.url.expose()).context("redis url")?;
+    let redis = probes::RedisProbe {
+        target: crate::settings::redis_target(&settings.redis),
+        timeout: Duration::from_millis(settings.http.readiness_timeout_ms),
+    };
     let probes: Vec<Arc<dyn Probe>> = vec![
         Arc::new(probes::KafkaProbe(settings.kafka.clone())),
         Arc::new(probes::RegistryProbe(registry)),
         Arc::new(probes::MysqlProbe(pool.clone())),
-        Arc::new(probes::RedisProbe(redis)),
+        Arc::new(redis),
     ];
     let health = HealthState::new(probes, &settings.http, metrics)
         .with_advisories(vec![Arc::new(probes::LostBuckets(pool.clone()))]);

@@ -15,6 +15,7 @@ use stocksvr_pipeline::config::{
     load_layered, ConfigError, ConsumerSettings, HttpSettings, InfraSettings, KafkaSettings,
     LogSettings, MysqlSettings, RedisSettings, RegistrySettings,
 };
+use stocksvr_pipeline::config::{redact_url, RedisMode};
 use stocksvr_reservation::settings::{
     ReconcileSettings, RecoverySettings, ReservationSettings, StockOpsSettings,
 };
@@ -52,6 +53,7 @@ impl Settings {
     ) -> Result<Self, ConfigError> {
         let settings: Self = load_layered(file, env)?;
         settings.kafka.validate().map_err(ConfigError::Invalid)?;
+        settings.redis.validate()?;
         Ok(settings)
     }
 
@@ -98,6 +100,42 @@ pub fn admin_access(bound: std::net::SocketAddr, token_configured: bool) -> Admi
         (true, _) => AdminAccess::Token,
         (false, true) => AdminAccess::Open,
         (false, false) => AdminAccess::Refused,
+    }
+}
+
+/// Where Redis is, from `redis.mode`, `redis.url` and `redis.nodes` (validated at load).
+pub fn redis_target(redis: &RedisSettings) -> stocksvr_store::RedisTarget {
+    match redis.mode {
+        RedisMode::Standalone => stocksvr_store::RedisTarget::Standalone {
+            url: redis.url.expose().to_string(),
+        },
+        RedisMode::Cluster => stocksvr_store::RedisTarget::Cluster {
+            nodes: redis.exposed_nodes(),
+        },
+    }
+}
+
+/// The replication wait of the Lua executor (`redis.wait_replicas`, `redis.wait_timeout_ms`).
+pub fn replication_wait(redis: &RedisSettings) -> stocksvr_store::lua::ReplicationWait {
+    stocksvr_store::lua::ReplicationWait {
+        replicas: redis.wait_replicas,
+        timeout: std::time::Duration::from_millis(redis.wait_timeout_ms),
+    }
+}
+
+/// The Redis endpoint(s) for a log line or an error message, passwords masked.
+pub fn redis_redacted(redis: &RedisSettings) -> String {
+    match redis.mode {
+        RedisMode::Standalone => redact_url(redis.url.expose()),
+        RedisMode::Cluster => format!(
+            "redis cluster [{}]",
+            redis
+                .nodes
+                .iter()
+                .map(|n| redact_url(n.expose()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 

@@ -125,13 +125,24 @@ pub async fn connect_with(
         .await
         .with_context(|| format!("connecting to {}", redact_url(url)))?;
     let redis = stocksvr_store::connect_redis(
-        settings.redis.url.expose(),
+        &stocksvr::settings::redis_target(&settings.redis),
         Duration::from_millis(settings.redis.response_timeout_ms),
     )
     .await
-    .with_context(|| format!("connecting to {}", redact_url(settings.redis.url.expose())))?;
+    .with_context(|| {
+        format!(
+            "connecting to {}",
+            stocksvr::settings::redis_redacted(&settings.redis)
+        )
+    })?;
     let op_ttl = Duration::from_secs(settings.reservation.op_ttl_days * 24 * 3600);
-    Ok((pool, Arc::new(LuaExecutor::new(redis, op_ttl))))
+    Ok((
+        pool,
+        Arc::new(
+            LuaExecutor::new(redis, op_ttl)
+                .with_replication_wait(stocksvr::settings::replication_wait(&settings.redis)),
+        ),
+    ))
 }
 
 fn print<T: Serialize>(value: &T) -> anyhow::Result<()> {

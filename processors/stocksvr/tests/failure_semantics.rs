@@ -280,9 +280,12 @@ async fn dump_redis(merchant_id: u64) -> BTreeMap<String, BTreeMap<String, Strin
         .url
         .expose()
         .to_string();
-    let mut conn = stocksvr_store::connect_redis(&url, Duration::from_secs(5))
-        .await
-        .expect("redis");
+    let mut conn = stocksvr_store::connect_redis(
+        &stocksvr_store::RedisTarget::Standalone { url },
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("redis");
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("inv:{{{merchant_id}:*"))
         .query_async(&mut conn)

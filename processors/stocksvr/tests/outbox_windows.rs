@@ -126,9 +126,12 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
     let settings = common::settings();
     let shop = shop(10).await;
     let pool = stocksvr_store::mysql_pool(&shop.db_url, 8, Duration::from_secs(10)).expect("pool");
-    let redis = stocksvr_store::connect_redis(settings.redis.url.expose(), Duration::from_secs(5))
-        .await
-        .expect("redis");
+    let redis = stocksvr_store::connect_redis(
+        &stocksvr::settings::redis_target(&settings.redis),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("redis");
     let config = ServiceConfig::default();
     let lua = Arc::new(LuaExecutor::new(redis, config.op_ttl));
     let ids = SnowflakeGenerator::new((shop.merchant_id % 1024) as u16).expect("worker id");

@@ -37,10 +37,15 @@ fn bucket_of(shop: &Shop) -> BucketKey {
     )
 }
 
-async fn redis_conn(url: &str) -> redis::aio::ConnectionManager {
-    stocksvr_store::connect_redis(url, Duration::from_secs(5))
-        .await
-        .expect("redis")
+async fn redis_conn(url: &str) -> stocksvr_store::RedisConn {
+    stocksvr_store::connect_redis(
+        &stocksvr_store::RedisTarget::Standalone {
+            url: url.to_string(),
+        },
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("redis")
 }
 
 fn shared_redis_url() -> String {

@@ -121,9 +121,12 @@ async fn reconcile_and_rebuild_ten_thousand_buckets() {
         .url
         .expose()
         .to_string();
-    let mut redis = stocksvr_store::connect_redis(&url, Duration::from_secs(30))
-        .await
-        .expect("redis");
+    let mut redis = stocksvr_store::connect_redis(
+        &stocksvr_store::RedisTarget::Standalone { url },
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("redis");
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("inv:{{{merchant}:*"))
         .query_async(&mut redis)

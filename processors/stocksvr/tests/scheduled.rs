@@ -36,10 +36,12 @@ impl Scheduled {
         let _ = test;
         let namespace = shop.env.wheel.clone();
         let settings = common::settings();
-        let conn =
-            stocksvr_store::connect_redis(settings.redis.url.expose(), Duration::from_secs(2))
-                .await
-                .expect("redis");
+        let conn = stocksvr_store::connect_redis(
+            &stocksvr::settings::redis_target(&settings.redis),
+            Duration::from_secs(2),
+        )
+        .await
+        .expect("redis");
         let shards = stocksvr_schedule::ScheduleSettings::default().shards;
         let wheel = TimeWheel::new(conn, &namespace, shards).expect("wheel");
         let mut env: Vec<(String, String)> = shop

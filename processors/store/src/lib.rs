@@ -8,6 +8,7 @@ pub mod lua;
 pub mod order_events;
 pub mod outbox;
 pub mod reconcile;
+pub mod redis_conn;
 pub mod refunds;
 pub mod reservations;
 pub mod retry;
@@ -16,7 +17,7 @@ pub mod wheel;
 pub mod worker_lease;
 
 use crate::deadline::Deadline;
-use redis::aio::ConnectionManager;
+pub use crate::redis_conn::{RedisConn, RedisTarget};
 use sqlx::migrate::Migrator;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use std::str::FromStr;
@@ -127,20 +128,18 @@ pub async fn ping_mysql(pool: &MySqlPool) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// A reconnecting Redis connection with a per-command response timeout.
+/// A Redis connection (standalone: reconnecting manager; cluster: the cluster client) with a
+/// per-command response timeout; see [`redis_conn`].
 pub async fn connect_redis(
-    url: &str,
+    target: &RedisTarget,
     response_timeout: Duration,
-) -> Result<ConnectionManager, StoreError> {
-    let client = redis::Client::open(url)?;
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_response_timeout(Some(response_timeout))
-        .set_connection_timeout(Some(response_timeout));
-    Ok(ConnectionManager::new_with_config(client, config).await?)
+) -> Result<RedisConn, StoreError> {
+    Ok(redis_conn::connect(target, response_timeout).await?)
 }
 
-/// `PING`: the readiness probe of Redis.
-pub async fn ping_redis(conn: &mut ConnectionManager) -> Result<(), StoreError> {
+/// `PING`: the readiness probe of Redis. In cluster mode redis-rs sends it to every master and
+/// fails if one does not answer, so `/readyz` reports a slot without a master.
+pub async fn ping_redis(conn: &mut RedisConn) -> Result<(), StoreError> {
     let pong: String = redis::cmd("PING").query_async(conn).await?;
     if pong == "PONG" {
         Ok(())

@@ -9,8 +9,8 @@
 //! script touches one key. Entries are written with `ZADD NX`: arming an entry that exists
 //! (possibly claimed, carrying its lease score) leaves it alone.
 
+use crate::redis_conn::RedisConn;
 use chrono::{DateTime, Utc};
-use redis::aio::ConnectionManager;
 use redis::{RedisError, Script};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +48,7 @@ pub struct Claim {
 /// Handle on the wheel's shards. Cheap to clone.
 #[derive(Clone)]
 pub struct TimeWheel {
-    conn: ConnectionManager,
+    conn: RedisConn,
     namespace: String,
     shards: u16,
     scripts: Arc<(Script, Script)>,
@@ -64,13 +64,13 @@ impl std::fmt::Debug for TimeWheel {
 }
 
 impl TimeWheel {
-    pub fn new(conn: ConnectionManager, namespace: &str, shards: u16) -> Result<Self, String> {
+    pub fn new(conn: impl Into<RedisConn>, namespace: &str, shards: u16) -> Result<Self, String> {
         check_namespace(namespace)?;
         if shards == 0 {
             return Err("schedule.shards must be at least 1".into());
         }
         Ok(Self {
-            conn,
+            conn: conn.into(),
             namespace: namespace.to_string(),
             shards,
             scripts: Arc::new((Script::new(CLAIM_LUA), Script::new(RELEASE_LUA))),
@@ -111,16 +111,23 @@ impl TimeWheel {
         if entries.is_empty() {
             return Ok(0);
         }
-        let mut pipe = redis::pipe();
-        for (id, due) in entries {
-            pipe.cmd("ZADD")
-                .arg(self.key_for(*id))
-                .arg("NX")
-                .arg(due.timestamp_millis())
-                .arg(*id);
-        }
-        let mut conn = self.conn.clone();
-        let added: Vec<i64> = pipe.query_async(&mut conn).await?;
+        // Entries of different shards are different slots: one pipeline per slot in cluster
+        // mode (ZADD NX is idempotent, so a partial failure is simply armed again).
+        let cmds = entries
+            .iter()
+            .map(|(id, due)| {
+                let key = self.key_for(*id);
+                let mut cmd = redis::cmd("ZADD");
+                cmd.arg(&key).arg("NX").arg(due.timestamp_millis()).arg(*id);
+                (key, cmd)
+            })
+            .collect();
+        let replies = self.conn.pipeline_by_slot(cmds).await?;
+        let added = replies
+            .into_iter()
+            .map(redis::from_redis_value::<i64>)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(RedisError::from)?;
         Ok(added.iter().filter(|a| **a == 1).count())
     }
 

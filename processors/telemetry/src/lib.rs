@@ -129,6 +129,7 @@ const DIFFERENCES: &[&str] = &[
     "snapshot_behind",
     "ledger_gap",
     "records_missing",
+    "version_regressed",
 ];
 
 catalog! {

@@ -42,6 +42,28 @@ pub struct RepairPlan {
     /// Reservations whose fence and op records are re-created where missing.
     #[serde(default)]
     pub restore: Vec<u64>,
+    /// The least version the repaired bucket gets; 0 unless Redis' version went backwards
+    /// (acknowledged writes lost in a failover): then past the snapshot's, so the projector
+    /// books the repair and no later operation reuses a booked version.
+    #[serde(default)]
+    pub min_version: u64,
+}
+
+impl RepairPlan {
+    /// One repair per bucket and version; a repair of a bucket that went backwards is named by
+    /// the version it moves to, since its `expected_version` may be one an earlier repair
+    /// (before the loss) already used.
+    pub fn operation_id(&self) -> String {
+        if self.min_version > 0 {
+            format!(
+                "op_repair_{}_r{}",
+                op_suffix(&self.stock_bucket_id),
+                self.min_version
+            )
+        } else {
+            repair_operation_id(&self.stock_bucket_id, self.expected_version)
+        }
+    }
 }
 
 /// The plan a rebuild computed, stored in its WAL row before Redis is touched.
@@ -93,7 +115,7 @@ fn fits(op: &str) -> Result<(), OpsError> {
 impl StockOps {
     /// Writes and runs the REPAIR row of `plan` (idempotent per bucket and version).
     pub async fn repair(&self, plan: &RepairPlan) -> Result<WalView, OpsError> {
-        let op = repair_operation_id(&plan.stock_bucket_id, plan.expected_version);
+        let op = plan.operation_id();
         fits(&op)?;
         let owner = self.token();
         let request = serde_json::to_value(plan).map_err(|e| OpsError::Invalid {
@@ -199,6 +221,7 @@ impl StockOps {
         }
         let mode = RepairMode::Repair {
             expected_version: plan.expected_version,
+            min_version: plan.min_version,
         };
         let result = match script_outcome(
             self.call(op, || self.lua.repair(keys, op, mode, plan.target))

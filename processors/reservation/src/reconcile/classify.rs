@@ -24,16 +24,21 @@ pub enum DifferenceKind {
     /// A reservation that holds units has lost its fence (or its Try's op record) in Redis:
     /// a later Cancel would take it for an empty rollback and release nothing.
     RecordsMissing,
+    /// Redis' version is behind the one the snapshot booked: Redis lost acknowledged writes
+    /// (a master failed over before its replica had them). Its repair moves the version past
+    /// the snapshot's.
+    VersionRegressed,
 }
 
 impl DifferenceKind {
-    pub const ALL: [DifferenceKind; 6] = [
+    pub const ALL: [DifferenceKind; 7] = [
         DifferenceKind::Oversell,
         DifferenceKind::Undersell,
         DifferenceKind::ReservedSoldMismatch,
         DifferenceKind::SnapshotBehind,
         DifferenceKind::LedgerGap,
         DifferenceKind::RecordsMissing,
+        DifferenceKind::VersionRegressed,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -44,6 +49,7 @@ impl DifferenceKind {
             DifferenceKind::SnapshotBehind => "snapshot_behind",
             DifferenceKind::LedgerGap => "ledger_gap",
             DifferenceKind::RecordsMissing => "records_missing",
+            DifferenceKind::VersionRegressed => "version_regressed",
         }
     }
 
@@ -176,6 +182,22 @@ fn same(
         == (total, available, reserved, sold, deficit)
 }
 
+/// Whether Redis' version went backwards: the snapshot booked a newer one. Versions only grow
+/// in Redis (every script bumps it, a rebuild starts past what MySQL booked), so this happens
+/// only when Redis lost writes it had acknowledged.
+fn regressed(v: &BucketViews) -> bool {
+    matches!((v.redis, v.snapshot), (Some(r), Some(s)) if s.redis_version > r.version)
+}
+
+/// The least version a repair of `v` must leave: one past the snapshot's when Redis went
+/// backwards, else 0 (the usual +1).
+pub fn version_floor(v: &BucketViews) -> u64 {
+    match v.snapshot {
+        Some(s) if regressed(v) => s.redis_version + 1,
+        _ => 0,
+    }
+}
+
 /// The verdict on `v`.
 pub fn classify(v: &BucketViews) -> Verdict {
     let Some(redis) = v.redis else {
@@ -226,6 +248,9 @@ pub fn classify(v: &BucketViews) -> Verdict {
     }
     if !v.records_missing.is_empty() {
         kinds.push(DifferenceKind::RecordsMissing);
+    }
+    if regressed(v) {
+        kinds.push(DifferenceKind::VersionRegressed);
     }
     if kinds.is_empty() {
         Verdict::Consistent
@@ -335,6 +360,39 @@ mod tests {
             classify(&v),
             Verdict::Differs(vec![DifferenceKind::SnapshotBehind])
         );
+    }
+
+    #[test]
+    fn a_version_behind_the_snapshot_is_a_loss_and_its_repair_moves_past_it() {
+        // A failover lost a Try Redis had acknowledged at version 9: the promoted replica is
+        // at 8 with the unit still available; MySQL (reservation, ledger, snapshot) has it.
+        let mut v = views();
+        if let Some(r) = v.redis.as_mut() {
+            r.version = 8;
+            r.available = 6;
+            r.reserved = 2;
+        }
+        v.records_missing = vec![7];
+        assert_eq!(
+            classify(&v),
+            Verdict::Differs(vec![
+                DifferenceKind::Oversell,
+                DifferenceKind::RecordsMissing,
+                DifferenceKind::VersionRegressed
+            ])
+        );
+        assert_eq!(version_floor(&v), 10);
+        // Numbers alone can agree while the version is behind (a lost Try then a Cancel's
+        // empty rollback, say): still reported, so the repair moves the version on.
+        let mut v = views();
+        if let Some(r) = v.redis.as_mut() {
+            r.version = 5;
+        }
+        assert_eq!(
+            classify(&v),
+            Verdict::Differs(vec![DifferenceKind::VersionRegressed])
+        );
+        assert_eq!(version_floor(&views()), 0, "not behind: no floor");
     }
 
     #[test]

@@ -125,6 +125,7 @@ impl Inspection {
             },
             kinds: self.kinds().iter().map(|k| k.name().to_string()).collect(),
             restore: self.views.records_missing.clone(),
+            min_version: classify::version_floor(&self.views),
         })
     }
 }

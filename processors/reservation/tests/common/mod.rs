@@ -41,6 +41,20 @@ pub fn seed() -> u64 {
     h.finish()
 }
 
+/// `STOCKSVR__REDIS__WAIT_REPLICAS` / `..._WAIT_TIMEOUT_MS`, as the service reads them (0: off).
+pub fn replication_wait() -> stocksvr_store::lua::ReplicationWait {
+    stocksvr_store::lua::ReplicationWait {
+        replicas: env_or("STOCKSVR__REDIS__WAIT_REPLICAS", "0")
+            .parse()
+            .expect("STOCKSVR__REDIS__WAIT_REPLICAS is a number"),
+        timeout: Duration::from_millis(
+            env_or("STOCKSVR__REDIS__WAIT_TIMEOUT_MS", "500")
+                .parse()
+                .expect("STOCKSVR__REDIS__WAIT_TIMEOUT_MS is a number"),
+        ),
+    }
+}
+
 /// What every reservation test needs of its own: a fresh migrated database, the Redis
 /// executor, a snowflake generator and a merchant (so Redis keys) no other test uses, with
 /// its time zone set to UTC.
@@ -58,9 +72,12 @@ pub async fn stores(config: &ServiceConfig) -> Stores {
     let db = TestDb::migrated().await;
     let pool = db.pool.clone();
     let redis_url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
-    let conn = stocksvr_store::connect_redis(&redis_url, Duration::from_secs(5))
-        .await
-        .expect("redis");
+    let conn = stocksvr_store::connect_redis(
+        &stocksvr_store::RedisTarget::from_env(&redis_url).expect("redis settings"),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("redis");
     let merchant_id = 1_000_000 + s % 1_000_000_000;
     stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, "UTC")
         .await
@@ -68,7 +85,9 @@ pub async fn stores(config: &ServiceConfig) -> Stores {
     Stores {
         db,
         pool,
-        lua: Arc::new(LuaExecutor::new(conn, config.op_ttl)),
+        lua: Arc::new(
+            LuaExecutor::new(conn, config.op_ttl).with_replication_wait(replication_wait()),
+        ),
         ids: SnowflakeGenerator::new((s % 1024) as u16).expect("worker id"),
         merchant_id,
     }

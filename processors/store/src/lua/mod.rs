@@ -22,8 +22,8 @@ mod reply;
 
 pub use error::{outcome_unknown, ExecError};
 
+use crate::redis_conn::RedisConn;
 use backon::{ExponentialBuilder, Retryable};
-use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 use std::collections::HashMap;
 use std::future::Future;
@@ -163,8 +163,13 @@ impl TargetNumbers {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RepairMode {
     /// Only while the bucket is still at `expected_version` (a `Conflict` otherwise: the
-    /// caller recomputes); the version is bumped.
-    Repair { expected_version: u64 },
+    /// caller recomputes); the version is bumped, to at least `min_version` (0: just +1).
+    /// A floor moves a bucket whose version went backwards (acknowledged writes lost in a
+    /// failover) past the versions MySQL already booked.
+    Repair {
+        expected_version: u64,
+        min_version: u64,
+    },
     /// Only when the stock hash is missing: creates it at `version` in `state`.
     Rebuild {
         version: u64,
@@ -215,13 +220,30 @@ struct Scripts {
 /// Scripts are sent with EVALSHA: redis-rs 1.x `ScriptInvocation::invoke_async`
 /// (`redis-1.8.1/src/script.rs`) sends `EVALSHA <sha1>` and, on a `NOSCRIPT` error, sends
 /// `SCRIPT LOAD` and repeats the EVALSHA once; so the text travels only after a restart, a
-/// failover or a `SCRIPT FLUSH`. Timeouts come from the `ConnectionManager` configuration
-/// (`crate::connect_redis` sets a response timeout) and surface as `ExecError::Unknown`.
+/// failover or a `SCRIPT FLUSH`. In cluster mode the EVALSHA goes to the master of the first
+/// key's slot (all keys of a call share the bucket's hash tag) and `SCRIPT LOAD` to every node,
+/// so the node that answered NOSCRIPT has the script for the retry (`crate::redis_conn`).
+/// Timeouts come from the connection's configuration (`crate::connect_redis` sets a response
+/// timeout) and surface as `ExecError::Unknown`.
 #[derive(Clone)]
 pub struct LuaExecutor {
-    conn: ConnectionManager,
+    conn: RedisConn,
     scripts: Arc<Scripts>,
     op_ttl_ms: u64,
+    replication: Option<ReplicationWait>,
+}
+
+/// Wait for replicas before a script's result counts (`redis.wait_replicas`): a master killed
+/// with kill -9 can lose writes it acknowledged but had not yet sent to its replica (Redis
+/// replicates asynchronously). With a wait, a step is answered only once `replicas` replicas
+/// hold it; a shortfall within `timeout` is an UNKNOWN outcome, retried with the same
+/// operation id (a replay on the same master, or a fresh apply on a promoted replica that
+/// never saw it). Not a consensus guarantee (redis.io/commands/wait), but it closes the window
+/// in which MySQL records a reservation whose stock change only the dead master had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicationWait {
+    pub replicas: u32,
+    pub timeout: Duration,
 }
 
 impl std::fmt::Debug for LuaExecutor {
@@ -235,10 +257,10 @@ impl std::fmt::Debug for LuaExecutor {
 impl LuaExecutor {
     /// `op_ttl` is how long op records (and fences out of RESERVED) live; see
     /// [`DEFAULT_OP_TTL`]. A RESERVED fence never expires.
-    pub fn new(conn: ConnectionManager, op_ttl: Duration) -> Self {
+    pub fn new(conn: impl Into<RedisConn>, op_ttl: Duration) -> Self {
         let op_ttl_ms = u64::try_from(op_ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         Self {
-            conn,
+            conn: conn.into(),
             scripts: Arc::new(Scripts {
                 try_reserve: Script::new(TRY_LUA),
                 confirm: Script::new(CONFIRM_LUA),
@@ -251,7 +273,43 @@ impl LuaExecutor {
                 restore_fences: Script::new(RESTORE_FENCES_LUA),
             }),
             op_ttl_ms,
+            replication: None,
         }
+    }
+
+    /// Waits for `wait.replicas` replicas after every script call (see [`ReplicationWait`]);
+    /// `replicas == 0` turns it off.
+    pub fn with_replication_wait(mut self, wait: ReplicationWait) -> Self {
+        self.replication = (wait.replicas > 0).then_some(wait);
+        self
+    }
+
+    /// After a script replied: its writes are on enough replicas, or the outcome is unknown.
+    async fn replicated(&self, operation_id: &str, first_key: &str) -> Result<(), ExecError> {
+        let Some(wait) = self.replication else {
+            return Ok(());
+        };
+        let timeout_ms = u64::try_from(wait.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let acked = self
+            .conn
+            .wait_replicas(first_key, wait.replicas, timeout_ms)
+            .await
+            .map_err(|e| ExecError::from_redis(operation_id, e))?;
+        if acked < i64::from(wait.replicas) {
+            metrics::counter!(names::REDIS_UNKNOWN_OUTCOMES, "operation" => "replication_wait")
+                .increment(1);
+            return Err(ExecError::Unknown {
+                operation_id: operation_id.to_string(),
+                source: redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "write not acknowledged by enough replicas",
+                    format!("{acked} of {} within {timeout_ms} ms", wait.replicas),
+                )),
+            });
+        }
+        Ok(())
     }
 
     /// One reservation step of `reservation_id` in `bucket` under `operation_id`.
@@ -396,13 +454,16 @@ impl LuaExecutor {
         ] {
             check_total(value)?;
         }
-        let (name, version, state, baseline) = match mode {
-            RepairMode::Repair { expected_version } => ("REPAIR", expected_version, "", 0),
+        let (name, version, state, baseline, floor) = match mode {
+            RepairMode::Repair {
+                expected_version,
+                min_version,
+            } => ("REPAIR", expected_version, "", 0, min_version),
             RepairMode::Rebuild {
                 version,
                 state,
                 baseline_version,
-            } => ("REBUILD", version, state.name(), baseline_version),
+            } => ("REBUILD", version, state.name(), baseline_version, 0),
         };
         self.run(
             "repair",
@@ -421,6 +482,7 @@ impl LuaExecutor {
                 state.to_string(),
                 baseline.to_string(),
                 self.op_ttl_ms.to_string(),
+                floor.to_string(),
             ],
         )
         .await
@@ -478,10 +540,14 @@ impl LuaExecutor {
             invocation.arg(arg.as_str());
         }
         let mut conn = self.conn.clone();
-        invocation
+        let written = invocation
             .invoke_async::<u64>(&mut conn)
             .await
-            .map_err(|e| ExecError::from_redis("restore_fences", e))
+            .map_err(|e| ExecError::from_redis("restore_fences", e))?;
+        if let Some(first) = keys.first() {
+            self.replicated("restore_fences", first).await?;
+        }
+        Ok(written)
     }
 
     /// The stock hashes of `buckets` in one pipelined round trip (the reconciler's read).
@@ -492,15 +558,26 @@ impl LuaExecutor {
         if buckets.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for bucket in buckets {
-            pipe.cmd("HGETALL").arg(bucket.stock_key());
-        }
-        let mut conn = self.conn.clone();
-        let maps: Vec<HashMap<String, String>> = pipe
-            .query_async(&mut conn)
+        // Buckets are different hash tags: in cluster mode one pipeline per slot.
+        let cmds = buckets
+            .iter()
+            .map(|bucket| {
+                let key = bucket.stock_key();
+                let mut cmd = redis::cmd("HGETALL");
+                cmd.arg(&key);
+                (key, cmd)
+            })
+            .collect();
+        let replies = self
+            .conn
+            .pipeline_by_slot(cmds)
             .await
             .map_err(|e| ExecError::from_redis("", e))?;
+        let maps = replies
+            .into_iter()
+            .map(redis::from_redis_value::<HashMap<String, String>>)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ExecError::from_redis("", e.into()))?;
         buckets
             .iter()
             .zip(maps)
@@ -518,18 +595,26 @@ impl LuaExecutor {
         if guards.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
+        // The fence and the op record of a guard share its bucket's tag; guards of different
+        // buckets are split per slot in cluster mode.
+        let mut cmds = Vec::with_capacity(guards.len() * 2);
         for (bucket, reservation_id, op) in guards {
-            pipe.cmd("HMGET")
-                .arg(bucket.fence_key(*reservation_id))
+            let fence_key = bucket.fence_key(*reservation_id);
+            let mut hmget = redis::cmd("HMGET");
+            hmget
+                .arg(&fence_key)
                 .arg("phase")
                 .arg("quantity")
                 .arg("refunded");
-            pipe.cmd("EXISTS").arg(bucket.op_key(op));
+            cmds.push((fence_key, hmget));
+            let op_key = bucket.op_key(op);
+            let mut exists = redis::cmd("EXISTS");
+            exists.arg(&op_key);
+            cmds.push((op_key, exists));
         }
-        let mut conn = self.conn.clone();
-        let replies: Vec<Value> = pipe
-            .query_async(&mut conn)
+        let replies = self
+            .conn
+            .pipeline_by_slot(cmds)
             .await
             .map_err(|e| ExecError::from_redis("", e))?;
         let mut out = Vec::with_capacity(guards.len());
@@ -641,6 +726,10 @@ impl LuaExecutor {
             }
         };
         let result = reply::parse_reply(operation_id, reply)?;
+        // Replays too: the first call may have timed out before its write was replicated.
+        if let Some(first) = keys.first() {
+            self.replicated(operation_id, first).await?;
+        }
         tracing::debug!(
             action,
             operation_id,
