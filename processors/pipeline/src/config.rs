@@ -263,7 +263,8 @@ pub struct RedisSettings {
     /// right after a Try can take the Try with it while MySQL records it RESERVED; with 1 (a
     /// cluster with one replica per master) such a Try is retried instead. A master without a
     /// reachable replica then refuses to answer (503) until one is back: fail closed.
-    pub wait_replicas: u32,
+    /// Unset: 1 in `cluster` mode (where a failover is expected), 0 in `standalone`.
+    pub wait_replicas: Option<u32>,
     /// How long a script call waits for `wait_replicas`, in milliseconds; a shortfall is an
     /// UNKNOWN outcome, retried with the same operation id.
     pub wait_timeout_ms: u64,
@@ -313,7 +314,7 @@ impl Default for RedisSettings {
             mode: RedisMode::Standalone,
             url: Secret::new("redis://127.0.0.1:6380/"),
             nodes: Vec::new(),
-            wait_replicas: 0,
+            wait_replicas: None,
             wait_timeout_ms: 500,
             response_timeout_ms: 2_000,
         }

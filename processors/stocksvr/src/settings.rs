@@ -118,7 +118,12 @@ pub fn redis_target(redis: &RedisSettings) -> stocksvr_store::RedisTarget {
 /// The replication wait of the Lua executor (`redis.wait_replicas`, `redis.wait_timeout_ms`).
 pub fn replication_wait(redis: &RedisSettings) -> stocksvr_store::lua::ReplicationWait {
     stocksvr_store::lua::ReplicationWait {
-        replicas: redis.wait_replicas,
+        // A cluster fails over by design, so by default nothing counts until a replica has
+        // it; a standalone server has no replica to wait for.
+        replicas: redis.wait_replicas.unwrap_or(match redis.mode {
+            RedisMode::Cluster => 1,
+            RedisMode::Standalone => 0,
+        }),
         timeout: std::time::Duration::from_millis(redis.wait_timeout_ms),
     }
 }
