@@ -16,6 +16,13 @@ use stocksvr::serve;
 use stocksvr::{Roles, Settings};
 use stocksvr_pipeline::telemetry;
 
+// jemalloc rather than glibc's malloc: after a burst (a fresh group catching up on a
+// backlog, 500 orders/s) glibc kept `stocksvr all` at 130-290 MB for good, fragmented over
+// its arenas; jemalloc hands freed pages back and the same bench run idled at 63 MB
+// (scripts/bench, README "Benchmark").
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "stocksvr",
