@@ -228,13 +228,13 @@ pub fn for_deployment(settings: &KafkaSettings) -> Result<Vec<TopicSpec>, Topics
         Path::new(&settings.topics_file),
         &settings.topics_environment,
     )?
-        .into_iter()
-        .map(|spec| TopicSpec {
-            name: ns.topic(&spec.name),
-            dead_letter_of: spec.dead_letter_of.map(|t| ns.topic(&t)),
-            ..spec
-        })
-        .collect())
+    .into_iter()
+    .map(|spec| TopicSpec {
+        name: ns.topic(&spec.name),
+        dead_letter_of: spec.dead_letter_of.map(|t| ns.topic(&t)),
+        ..spec
+    })
+    .collect())
 }
 
 /// Reads and expands the file for its default environment: defaults merged into each
@@ -652,11 +652,13 @@ topics:
     #[test]
     fn the_environment_sets_replication_and_min_insync_replicas() {
         let local = parse(FILE).expect("parses");
-        assert!(local.iter().all(|s| s.replication_factor == 1
-            && s.config["min.insync.replicas"] == "1"));
+        assert!(local
+            .iter()
+            .all(|s| s.replication_factor == 1 && s.config["min.insync.replicas"] == "1"));
         let cluster = parse_for(FILE, "cluster").expect("parses");
-        assert!(cluster.iter().all(|s| s.replication_factor == 3
-            && s.config["min.insync.replicas"] == "2"));
+        assert!(cluster
+            .iter()
+            .all(|s| s.replication_factor == 3 && s.config["min.insync.replicas"] == "2"));
         assert!(parse_for(FILE, "prod")
             .unwrap_err()
             .to_string()
