@@ -77,8 +77,9 @@ class Faults:
         self.stop_cap = max(2.0, stop_cap)
         self.gap = gap
         self.rebuild_available = rebuild_available
-        # once_at: (callable giving the orders started so far, N): one fault when N is reached,
-        # then no more (the scale-out tests: one kill mid-flow). run_ref: the Run (cluster kinds).
+        # once_at: (callable giving the orders started so far, [N1, N2, ..]): one fault when each
+        # Ni is reached, then no more (the scale-out tests: kills mid-flow); with as many kinds as
+        # points, the kinds in the order given. run_ref: the Run (cluster kinds).
         self.once_at = once_at
         self.run_ref = run_ref
         self.stop_event = threading.Event()
@@ -108,20 +109,23 @@ class Faults:
         return round(self.rng.uniform(2.0, self.stop_cap), 1)
 
     def loop(self):
-        fired = False
+        fired = 0
         while True:
+            kind = None
             if self.once_at is not None:
-                if fired:
+                orders, points = self.once_at
+                if fired >= len(points):
                     return
-                orders, at = self.once_at
                 if self.stop_event.wait(0.5):
                     return
-                if orders() < at:
+                if orders() < points[fired]:
                     continue
-                fired = True
+                if len(self.kinds) == len(points):
+                    kind = self.kinds[fired]
+                fired += 1
             elif self.stop_event.wait(self.rng.uniform(*self.gap)):
                 return
-            kind = self.rng.choice(self.kinds)
+            kind = kind or self.rng.choice(self.kinds)
             self.n += 1
             fid = self.n
             t0 = time.monotonic()

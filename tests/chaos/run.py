@@ -63,13 +63,16 @@ def parse_args(argv):
     ap.add_argument("--instances", type=int, default=0, help="run N `stocksvr all` processes (all-1..all-N, API on "
                     "B+46..) instead of one process per role; Trys round-robin over them")
     ap.add_argument("--orders", type=int, help="stop the workload after this many orders (or at --minutes)")
-    ap.add_argument("--fault-at-order", type=int, help="inject exactly one fault, when this many orders have "
-                    "started (instead of a fault every --fault-gap)")
+    ap.add_argument("--fault-at-order", help="N[,N2,..]: inject one fault when N orders have started (and one at "
+                    "each further N), instead of a fault every --fault-gap; as many --faults kinds as points: "
+                    "in that order, else drawn")
     a = ap.parse_args(argv)
     a.stop_cap = a.stop_cap or (10.0 if a.ci else 60.0)
     a.fault_gap = tuple(float(x) for x in (a.fault_gap or ("3,8" if a.ci else "5,15")).split(","))
     a.quiesce_deadline = a.quiesce_deadline or (180.0 if a.ci else 420.0)
     a.hold_ttl = a.hold_ttl or (30 if a.ci else 60)
+    if a.fault_at_order is not None:
+        a.fault_at_order = [int(x) for x in a.fault_at_order.split(",")]
     return a
 
 
