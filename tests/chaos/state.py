@@ -159,6 +159,11 @@ class State:
                 last = self.pending(hold_ttl_grace)
             except (pymysql.MySQLError, KafkaException, OSError) as e:
                 last = {"error": f"{type(e).__name__}: {e}"}
+                if isinstance(e, KafkaException):
+                    # Seen once after kill -9 of a cluster's first bootstrap broker: this client's
+                    # metadata kept a topic without partitions ("Local: Unknown partition") for
+                    # minutes while the cluster and every group were healthy. Fresh clients.
+                    self.reset_kafka_clients()
             now = time.monotonic()
             if not last:
                 quiet_since = quiet_since or now
@@ -196,6 +201,10 @@ class State:
                 v = None
             out[k] = (t, v)
         return out
+
+    def reset_kafka_clients(self):
+        self.close()
+        self._admin = None
 
     def close(self):
         if self._consumer is not None:
