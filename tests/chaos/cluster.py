@@ -56,8 +56,13 @@ class KafkaView:
     """Leaders, replicas and consumer groups as the cluster reports them."""
 
     def __init__(self, bootstrap, state):
-        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.bootstrap = bootstrap
         self.state = state
+
+    @property
+    def admin(self):
+        # a new client per request (see State.fresh_kafka_clients)
+        return AdminClient({"bootstrap.servers": self.bootstrap})
 
     def metadata(self):
         return self.admin.list_topics(timeout=10)
@@ -74,6 +79,7 @@ class KafkaView:
     def busiest_leader(self):
         """(node id, {node: records in the partitions it leads}) over the stocksvr topics."""
         md = self.metadata()
+        self.state.reset_kafka_clients()
         load = {}
         for topic in TOPICS:
             t = md.topics.get(topic)
@@ -122,6 +128,7 @@ class KafkaView:
 def progress_counters(state):
     """(outbox rows sent, sum of committed offsets of every group): both must grow while a
     broker is down if the processors keep going."""
+    state.reset_kafka_clients()
     sent = state.query("SELECT COUNT(*) n FROM inventory_outbox WHERE status = %s", (state_mod.OUTBOX_SENT,))[0]["n"]
     committed = 0
     for g in state_mod.GROUP_TOPICS:

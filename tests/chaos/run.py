@@ -126,6 +126,7 @@ class Run:
         self.notes.append("`stocksvr bucket rebuild` " + ("exists: redis-empty can run" if self.rebuild_available
                           else "does not exist (issue 10): fault kind redis-empty stays off"))
         self.state = State(s.port["mariadb"], s.port["redis"], s.kafka_direct)
+        self.state.fresh_kafka_clients = a.kafka_brokers > 1
         self.producer = EventProducer(self.history, s.kafka_direct, s.registry_url, os.path.join(REPO, "schemas"))
         cfg = Config(ci=a.ci)
         if a.workers:
@@ -280,6 +281,8 @@ class Run:
         self.phase("replay: roles stopped, dump, every group to earliest, roles again, dump, compare")
         t0 = time.monotonic()
         s.stop_all_roles()
+        if self.state.fresh_kafka_clients:
+            self.state.reset_kafka_clients()
         before = replay_mod.dump(self.state)
         failures = replay_mod.reset_offsets(s, self.state, self.history)
         for group, topic, out in failures:

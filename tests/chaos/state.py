@@ -41,6 +41,11 @@ class State:
         self.kafka_bootstrap = kafka_bootstrap
         self._admin = None
         self._consumer = None
+        # A Kafka cluster run (issue 14) uses new Kafka clients for every probe: the Python
+        # client (confluent-kafka 2.16.1) crashed twice (segfault in librdkafka's rdk:main
+        # thread) and once kept a topic's partitions unknown for minutes, each time in a
+        # long-lived client after kill -9 of the broker it had bootstrapped from.
+        self.fresh_kafka_clients = False
 
     # ---- MySQL --------------------------------------------------------------------------
 
@@ -110,6 +115,8 @@ class State:
 
     def pending(self, hold_ttl_grace=45):
         """What keeps the system from being quiescent (empty dict = quiescent)."""
+        if self.fresh_kafka_clients:
+            self.reset_kafka_clients()
         p = {}
         rows = self.query("SELECT status, COUNT(*) n FROM inventory_outbox WHERE status <> %s GROUP BY status",
                           (OUTBOX_SENT,))
