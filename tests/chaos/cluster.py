@@ -96,7 +96,8 @@ class KafkaView:
         """group -> {"members": [client ids], "assigned": set((topic, partition))}"""
         out = {}
         groups = list(state_mod.GROUP_TOPICS)
-        futs = self.admin.describe_consumer_groups(groups, request_timeout=15)
+        admin = self.admin  # kept until the futures resolve (a destroyed client never resolves them)
+        futs = admin.describe_consumer_groups(groups, request_timeout=15)
         for g, fut in futs.items():
             d = fut.result(timeout=20)
             assigned = set()

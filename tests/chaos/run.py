@@ -201,6 +201,14 @@ class Run:
             self.faults.thread.join(timeout=400)
         self.phase("stopping faults and workload")
         self.faults.stop()
+        if a.fault_at_order is not None:
+            # A scale-out run tests its faults: one not injected, or not all of them, fails it.
+            for kind, detail in self.faults.failures:
+                self.anomaly("fault_not_injected", {"kind": kind}, detail)
+            injected = sum(self.faults.counts.values())
+            if injected < len(a.fault_at_order):
+                self.anomaly("fault_not_injected", {"points": a.fault_at_order},
+                             f"{injected} of {len(a.fault_at_order)} faults ran (the workload ended first?)")
         alive = self.workload.stop()
         if alive:
             self.notes.append(f"workload threads still running at stop: {alive}")
