@@ -22,7 +22,7 @@ import os
 import signal
 import time
 
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition  # noqa: F401
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 import state as state_mod
@@ -46,6 +46,20 @@ def configure(instances, kafka_brokers):
     if kafka_brokers > 1:
         system_mod.SERVERS[:] = [s for s in system_mod.SERVERS if s != "kafka"]
         system_mod.SERVERS.extend(["kafka"] + [f"kafka-{i}" for i in range(2, kafka_brokers + 1)])
+
+
+def retried(state, fn, deadline_s=60.0):
+    """fn() again (with new clients) while Kafka answers a retriable error, e.g. a group
+    coordinator still loading on the broker that took over from the killed one."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            return fn()
+        except KafkaException:
+            if time.monotonic() > end:
+                raise
+            state.reset_kafka_clients()
+            time.sleep(1.0)
 
 
 def broker_server(node_id):
@@ -140,28 +154,30 @@ def progress_counters(state):
 def kill_kafka_leader(faults, fid, kind):
     s, run = faults.system, faults.run_ref
     view = KafkaView(s.kafka_direct, run.state)
-    node, load = view.busiest_leader()
+    node, load = retried(run.state, view.busiest_leader)
     server = broker_server(node)
     pid = s.server_pid(server)
     if pid is None:
         raise RuntimeError(f"{server} is not running")
     down_for = round(faults.rng.uniform(8.0, 15.0), 1)
-    before = progress_counters(run.state)
+    before = retried(run.state, lambda: progress_counters(run.state))
     faults.start_record(fid, kind, server, pid=pid, node=node, records_led=load, down_for=down_for)
     os.kill(pid, signal.SIGKILL)
     t_kill = time.monotonic()
-    faults.hold(down_for)
-    during = progress_counters(run.state)
-    urp_down = len(view.under_replicated())
-    t0 = time.monotonic()
-    s.stack_up(server)
+    try:
+        faults.hold(down_for)
+        during = retried(run.state, lambda: progress_counters(run.state))
+        urp_down = len(retried(run.state, view.under_replicated))
+    finally:
+        t0 = time.monotonic()
+        s.stack_up(server)  # the broker comes back whatever the probes did
     restarted = time.monotonic() - t0
     # Catch-up: every partition back to its full ISR (the restarted broker fetched what it missed).
     deadline = time.monotonic() + 180
-    urp = view.under_replicated()
+    urp = retried(run.state, view.under_replicated)
     while urp and time.monotonic() < deadline:
         time.sleep(0.5)
-        urp = view.under_replicated()
+        urp = retried(run.state, view.under_replicated)
     catch_up = time.monotonic() - t0
     rec = dict(fault=fid, what="kill-kafka-leader", node=node, server=server, pid=pid, records_led=load,
                down_s=round(t0 - t_kill, 1), under_replicated_while_down=urp_down, restart_s=round(restarted, 1), catch_up_s=round(catch_up, 1),
@@ -191,7 +207,7 @@ def kill_instance(faults, fid, kind):
         raise RuntimeError(f"only {live} running")
     role = faults.rng.choice(live)
     prefix = f"chaos-{role}-"
-    groups_before = view.groups()
+    groups_before = retried(run.state, view.groups)
     faults.start_record(fid, kind, role, members_before={g: v["members"] for g, v in groups_before.items()})
     pid = s.kill_role(role)
     t0 = time.monotonic()
@@ -218,7 +234,7 @@ def kill_instance(faults, fid, kind):
             break
         time.sleep(1.0)
     secs = time.monotonic() - t0
-    groups_after = view.groups() if not pending else {}
+    groups_after = retried(run.state, view.groups) if not pending else {}
     shards = run.state.query("SELECT lease_owner, COUNT(*) n FROM inventory_reconcile_shard GROUP BY lease_owner")
     rec = dict(fault=fid, what="kill-instance", role=role, pid=pid, rebalanced=not pending,
                rebalance_s=round(secs, 1), pending=pending,
