@@ -2,7 +2,7 @@
 `stocksvr all` instances sharing one stack (`--instances 3`), with their two fault kinds:
 
   kill-kafka-leader  kill -9 the broker that leads the busiest partitions (most records in the
-                     partitions it leads, over every stocksvr topic); it stays down 8-15 s while
+                     partitions it leads, over every stocksvr topic); it stays down 18-25 s while
                      the processors must keep going on the other two brokers (outbox rows sent and
                      consumer offsets committed are counted while it is down), then
                      `scripts/stack up kafka-N` restarts it and the fault waits until no partition
@@ -159,7 +159,10 @@ def kill_kafka_leader(faults, fid, kind):
     pid = s.server_pid(server)
     if pid is None:
         raise RuntimeError(f"{server} is not running")
-    down_for = round(faults.rng.uniform(8.0, 15.0), 1)
+    # Longer than the controller's broker.session.timeout.ms (9 s) plus a margin: only then is
+    # the broker fenced, its partitions' ISRs shrunk and their leadership (and the group
+    # coordinators it held) moved, so the processors must have worked on the other two.
+    down_for = round(faults.rng.uniform(18.0, 25.0), 1)
     before = retried(run.state, lambda: progress_counters(run.state))
     faults.start_record(fid, kind, server, pid=pid, node=node, records_led=load, down_for=down_for)
     os.kill(pid, signal.SIGKILL)
