@@ -27,14 +27,25 @@ import signal
 import threading
 import time
 
+import cluster
 from system import ROLES
 
 ROLE_KINDS = [f"kill-{r}" for r in ROLES]
 STOP_KINDS = ["stop-mariadb", "stop-redis", "stop-kafka", "stop-registry"]
 TOXIC_KINDS = [f"{t}-{p}" for t in ("latency", "reset", "blackhole") for p in ("mysql", "redis", "kafka")]
 DEFAULT = ROLE_KINDS + STOP_KINDS + ["kill-kafka", "kill-redis", "redis-empty"] + TOXIC_KINDS
-ALL_KINDS = DEFAULT
+ALL_KINDS = DEFAULT + cluster.KINDS
 GROUPS = {"kill-role": ROLE_KINDS, "stop": STOP_KINDS, "toxic": TOXIC_KINDS, "all": DEFAULT}
+
+
+def reconfigure(kafka_brokers):
+    """After cluster.configure changed the roles: the role kinds follow, and a Kafka cluster
+    (no proxy in front of it) has no Kafka toxics."""
+    ROLE_KINDS[:] = [f"kill-{r}" for r in ROLES]
+    if kafka_brokers > 1:
+        TOXIC_KINDS[:] = [k for k in TOXIC_KINDS if not k.endswith("-kafka")]
+    DEFAULT[:] = ROLE_KINDS + STOP_KINDS + ["kill-kafka", "kill-redis", "redis-empty"] + TOXIC_KINDS
+    ALL_KINDS[:] = DEFAULT + cluster.KINDS
 
 
 def parse_kinds(spec):
@@ -57,7 +68,8 @@ def parse_kinds(spec):
 
 
 class Faults:
-    def __init__(self, system, history, seed, kinds, stop_cap, gap, rebuild_available):
+    def __init__(self, system, history, seed, kinds, stop_cap, gap, rebuild_available, once_at=None,
+                 run_ref=None):
         self.system = system
         self.history = history
         self.rng = random.Random(f"{seed}:faults")
@@ -65,6 +77,11 @@ class Faults:
         self.stop_cap = max(2.0, stop_cap)
         self.gap = gap
         self.rebuild_available = rebuild_available
+        # once_at: (callable giving the orders started so far, [N1, N2, ..]): one fault when each
+        # Ni is reached, then no more (the scale-out tests: kills mid-flow); with as many kinds as
+        # points, the kinds in the order given. run_ref: the Run (cluster kinds).
+        self.once_at = once_at
+        self.run_ref = run_ref
         self.stop_event = threading.Event()
         self.counts = {}
         self.seconds = {}
@@ -92,8 +109,23 @@ class Faults:
         return round(self.rng.uniform(2.0, self.stop_cap), 1)
 
     def loop(self):
-        while not self.stop_event.wait(self.rng.uniform(*self.gap)):
-            kind = self.rng.choice(self.kinds)
+        fired = 0
+        while True:
+            kind = None
+            if self.once_at is not None:
+                orders, points = self.once_at
+                if fired >= len(points):
+                    return
+                if self.stop_event.wait(0.5):
+                    return
+                if orders() < points[fired]:
+                    continue
+                if len(self.kinds) == len(points):
+                    kind = self.kinds[fired]
+                fired += 1
+            elif self.stop_event.wait(self.rng.uniform(*self.gap)):
+                return
+            kind = kind or self.rng.choice(self.kinds)
             self.n += 1
             fid = self.n
             t0 = time.monotonic()
@@ -115,6 +147,8 @@ class Faults:
 
     def run(self, kind, fid):
         s = self.system
+        if kind in cluster.KINDS:
+            return cluster.run_fault(self, kind, fid)
         if kind.startswith("kill-") and kind[5:] in ROLES:
             role = kind[5:]
             pause = round(self.rng.uniform(0.0, 3.0), 1)

@@ -21,6 +21,7 @@ import redis as redis_lib
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import cluster  # noqa: E402
 import faults as faults_mod  # noqa: E402
 import history as history_mod  # noqa: E402
 import replay as replay_mod  # noqa: E402
@@ -57,11 +58,21 @@ def parse_args(argv):
     ap.add_argument("--workers", type=int, help="concurrent order clients (default 6; --ci 4)")
     ap.add_argument("--no-replay", action="store_true", help="skip the replay-from-earliest comparison")
     ap.add_argument("--keep", action="store_true", help="leave the private stack running at the end")
+    ap.add_argument("--kafka-brokers", type=int, default=1, help="a Kafka cluster of N brokers (scripts/stack "
+                    "--kafka-brokers; topics with 3 replicas, min.insync.replicas 2; no Kafka proxy)")
+    ap.add_argument("--instances", type=int, default=0, help="run N `stocksvr all` processes (all-1..all-N, API on "
+                    "B+46..) instead of one process per role; Trys round-robin over them")
+    ap.add_argument("--orders", type=int, help="stop the workload after this many orders (or at --minutes)")
+    ap.add_argument("--fault-at-order", help="N[,N2,..]: inject one fault when N orders have started (and one at "
+                    "each further N), instead of a fault every --fault-gap; as many --faults kinds as points: "
+                    "in that order, else drawn")
     a = ap.parse_args(argv)
     a.stop_cap = a.stop_cap or (10.0 if a.ci else 60.0)
     a.fault_gap = tuple(float(x) for x in (a.fault_gap or ("3,8" if a.ci else "5,15")).split(","))
     a.quiesce_deadline = a.quiesce_deadline or (180.0 if a.ci else 420.0)
     a.hold_ttl = a.hold_ttl or (30 if a.ci else 60)
+    if a.fault_at_order is not None:
+        a.fault_at_order = [int(x) for x in a.fault_at_order.split(",")]
     return a
 
 
@@ -76,7 +87,9 @@ class Run:
             "STOCKSVR__RESERVATION__HOLD_TTL_SECS": str(a.hold_ttl),
             "STOCKSVR__LOG__FILTER": "info,librdkafka=warn,sqlx=warn",
         }
-        self.system = System(REPO, self.dir, a.port_base, a.cache, a.bin, self.history, settings)
+        self.system = System(REPO, self.dir, a.port_base, a.cache, a.bin, self.history, settings,
+                             kafka_brokers=a.kafka_brokers)
+        self.cluster_results = []  # what the scale-out faults saw (cluster.py)
         self.state = None
         self.faults = None
         self.workload = None
@@ -113,10 +126,13 @@ class Run:
         self.notes.append("`stocksvr bucket rebuild` " + ("exists: redis-empty can run" if self.rebuild_available
                           else "does not exist (issue 10): fault kind redis-empty stays off"))
         self.state = State(s.port["mariadb"], s.port["redis"], s.kafka_direct)
+        self.state.fresh_kafka_clients = a.kafka_brokers > 1
         self.producer = EventProducer(self.history, s.kafka_direct, s.registry_url, os.path.join(REPO, "schemas"))
         cfg = Config(ci=a.ci)
         if a.workers:
             cfg.workers = a.workers
+        cfg.max_orders = a.orders
+        cfg.round_robin = bool(a.instances)
         today = dt.datetime.now(dt.timezone.utc).date()
         reader = redis_lib.Redis(host="127.0.0.1", port=s.port["redis"], decode_responses=True,
                                  socket_timeout=2, socket_connect_timeout=2)
@@ -150,8 +166,9 @@ class Run:
         if "redis-empty" in kinds and not self.rebuild_available:
             kinds.remove("redis-empty")
             self.notes.append("redis-empty was asked for but removed: no `stocksvr bucket rebuild`")
+        once_at = None if a.fault_at_order is None else (lambda: self.workload.order_index, a.fault_at_order)
         self.faults = faults_mod.Faults(self.system, self.history, a.seed, kinds, a.stop_cap, a.fault_gap,
-                                        self.rebuild_available)
+                                        self.rebuild_available, once_at=once_at, run_ref=self)
         self.phase(f"workload for {a.minutes} min, seed {a.seed}, faults: {', '.join(kinds) or 'none'}")
         t0 = time.monotonic()
         self.workload.start()
@@ -159,6 +176,8 @@ class Run:
         end = t0 + a.minutes * 60
         next_report = t0 + 30
         while time.monotonic() < end:
+            if a.orders is not None and self.workload.order_index >= a.orders + self.workload.cfg.workers:
+                break  # every worker passed the last order number: the flow is done
             time.sleep(min(1.0, max(0.0, end - time.monotonic())))
             # A role that died by itself (not by a fault) is restarted, and recorded.
             # (Not while a fault holds the lock: it may be restarting that role itself.)
@@ -176,8 +195,20 @@ class Run:
                 log(f"  {int(time.monotonic() - t0)}s: orders {self.workload.order_index}, trys "
                     f"{c.get('try single', 0) + c.get('try order', 0)}, events acked {self.producer.acked}, "
                     f"faults {sum(self.faults.counts.values())}")
+        if a.fault_at_order is not None and self.faults.thread.is_alive():
+            # The one fault of a scale-out run finishes (restart, catch-up, rebalance) unhurried.
+            self.phase("waiting for the fault in progress to finish")
+            self.faults.thread.join(timeout=400)
         self.phase("stopping faults and workload")
         self.faults.stop()
+        if a.fault_at_order is not None:
+            # A scale-out run tests its faults: one not injected, or not all of them, fails it.
+            for kind, detail in self.faults.failures:
+                self.anomaly("fault_not_injected", {"kind": kind}, detail)
+            injected = sum(self.faults.counts.values())
+            if injected < len(a.fault_at_order):
+                self.anomaly("fault_not_injected", {"points": a.fault_at_order},
+                             f"{injected} of {len(a.fault_at_order)} faults ran (the workload ended first?)")
         alive = self.workload.stop()
         if alive:
             self.notes.append(f"workload threads still running at stop: {alive}")
@@ -258,6 +289,8 @@ class Run:
         self.phase("replay: roles stopped, dump, every group to earliest, roles again, dump, compare")
         t0 = time.monotonic()
         s.stop_all_roles()
+        if self.state.fresh_kafka_clients:
+            self.state.reset_kafka_clients()
         before = replay_mod.dump(self.state)
         failures = replay_mod.reset_offsets(s, self.state, self.history)
         for group, topic, out in failures:
@@ -326,6 +359,14 @@ class Run:
             an[check] = n
         table("anomalies (replay.*: rows or keys that differ)", sorted(an.items()), ("check", "count"))
         table("times", [(k, f"{v:.1f}s") for k, v in self.times.items()], ("phase", "seconds"))
+        if self.cluster_results:
+            lines.append("")
+            lines.append("scale-out faults (cluster.py):")
+            for r in self.cluster_results:
+                lines.append("  " + json.dumps({k: v for k, v in r.items() if k != "members_after"}, default=str))
+        if self.workload:
+            lines.append("")
+            lines.append(f"orders started: {min(self.workload.order_index, self.a.orders or 10**9)}")
         if getattr(self, "checker", None):
             table("state", list(self.checker.stats.items()), ("what", "n"))
         if self.faults and self.faults.failures:
@@ -365,6 +406,8 @@ class Run:
 
 def main(argv):
     a = parse_args(argv)
+    cluster.configure(a.instances, a.kafka_brokers)
+    faults_mod.reconfigure(a.kafka_brokers)
     # SIGTERM (a CI timeout, Ctrl-C of the wrapper) unwinds like Ctrl-C: the finally block below
     # still stops every process this run started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -41,6 +41,11 @@ class State:
         self.kafka_bootstrap = kafka_bootstrap
         self._admin = None
         self._consumer = None
+        # A Kafka cluster run (issue 14) uses new Kafka clients for every probe: the Python
+        # client (confluent-kafka 2.16.1) crashed twice (segfault in librdkafka's rdk:main
+        # thread) and once kept a topic's partitions unknown for minutes, each time in a
+        # long-lived client after kill -9 of the broker it had bootstrapped from.
+        self.fresh_kafka_clients = False
 
     # ---- MySQL --------------------------------------------------------------------------
 
@@ -110,6 +115,8 @@ class State:
 
     def pending(self, hold_ttl_grace=45):
         """What keeps the system from being quiescent (empty dict = quiescent)."""
+        if self.fresh_kafka_clients:
+            self.reset_kafka_clients()
         p = {}
         rows = self.query("SELECT status, COUNT(*) n FROM inventory_outbox WHERE status <> %s GROUP BY status",
                           (OUTBOX_SENT,))
@@ -159,6 +166,11 @@ class State:
                 last = self.pending(hold_ttl_grace)
             except (pymysql.MySQLError, KafkaException, OSError) as e:
                 last = {"error": f"{type(e).__name__}: {e}"}
+                if isinstance(e, KafkaException):
+                    # Seen once after kill -9 of a cluster's first bootstrap broker: this client's
+                    # metadata kept a topic without partitions ("Local: Unknown partition") for
+                    # minutes while the cluster and every group were healthy. Fresh clients.
+                    self.reset_kafka_clients()
             now = time.monotonic()
             if not last:
                 quiet_since = quiet_since or now
@@ -196,6 +208,10 @@ class State:
                 v = None
             out[k] = (t, v)
         return out
+
+    def reset_kafka_clients(self):
+        self.close()
+        self._admin = None
 
     def close(self):
         if self._consumer is not None:

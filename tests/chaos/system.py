@@ -24,8 +24,9 @@ ROLES = {
     "schedule": ("schedule", 45),
     "all": ("all", 46),
 }
-API_ROLES = ("order-lifecycle", "all")
-SERVERS = ("mariadb", "redis", "kafka", "registry")
+# Lists (changed in place by cluster.configure for `--instances N` / `--kafka-brokers N`).
+API_ROLES = ["order-lifecycle", "all"]
+SERVERS = ["mariadb", "redis", "kafka", "registry"]
 
 
 class StackError(RuntimeError):
@@ -33,7 +34,7 @@ class StackError(RuntimeError):
 
 
 class System:
-    def __init__(self, repo, run_dir, base, cache, binary, history, settings):
+    def __init__(self, repo, run_dir, base, cache, binary, history, settings, kafka_brokers=1):
         self.repo = repo
         self.run_dir = run_dir
         self.base = base
@@ -50,6 +51,11 @@ class System:
             STACK_PORT_BASE=str(base),
             STACK_KAFKA_PROXIED="1",
         )
+        # A Kafka cluster (issue 14): no proxy in front of it (toxiproxy forwards one broker
+        # only), every client bootstraps from the brokers' own ports; topics get 3 replicas.
+        self.kafka_brokers = kafka_brokers
+        if kafka_brokers > 1:
+            self.env.update(STACK_KAFKA_PROXIED="0", STACK_KAFKA_BROKERS=str(kafka_brokers))
         # Never inherit a caller's STOCKSVR__ settings (e.g. the shared stack's): every
         # value the roles and commands see is set below.
         for k in list(self.env):
@@ -64,7 +70,7 @@ class System:
         self.proxy_port = {"mysql": base + 107, "redis": base + 180, "kafka": base + 192}
         self.toxiproxy_api = f"http://127.0.0.1:{base + 174}"
         self.registry_url = f"http://127.0.0.1:{self.port['registry']}/apis/ccompat/v7"
-        self.kafka_direct = f"127.0.0.1:{self.port['kafka']}"
+        self.kafka_direct = ",".join(f"127.0.0.1:{self.port['kafka'] + 10 * i}" for i in range(kafka_brokers))
         self.procs = {}  # role -> Popen
         self.started_at = {}
 
@@ -134,6 +140,8 @@ class System:
             "STOCKSVR__KAFKA__TOPICS_FILE": os.path.join(self.repo, "topics.yaml"),
             "RUST_LOG": "warn",
         })
+        if self.kafka_brokers > 1:
+            env["STOCKSVR__KAFKA__TOPICS_ENVIRONMENT"] = "cluster"
         env.update(self.settings)
         return env
 
@@ -147,6 +155,8 @@ class System:
             "STOCKSVR__HTTP__LISTEN": f"127.0.0.1:{self.role_port(role)}",
             "STOCKSVR__KAFKA__CLIENT_ID": f"chaos-{role}",
         })
+        if self.kafka_brokers > 1:
+            env["STOCKSVR__KAFKA__BROKERS"] = self.kafka_direct
         env.pop("RUST_LOG", None)
         return env
 

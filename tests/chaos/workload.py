@@ -262,6 +262,10 @@ class Config:
         self.merchant_tick = (2.0, 6.0)
         self.max_closes = 2
         self.max_invalid = 6 if ci else 20
+        # Scale-out runs (issue 14): stop starting orders after this many (None: until the end
+        # of --minutes); Try requests round-robin over the API processes by order number.
+        self.max_orders = None
+        self.round_robin = False
 
 
 class Workload:
@@ -350,6 +354,8 @@ class Workload:
         rng = random.Random(f"{self.seed}:worker:{worker}")
         while not self.stop_event.is_set():
             idx = self.next_order()
+            if self.cfg.max_orders is not None and idx > self.cfg.max_orders:
+                return
             try:
                 self.run_order(idx, worker)
             except Exception as e:  # a workload bug must not silently stop a worker
@@ -383,6 +389,8 @@ class Workload:
             if pt.date() == self.date:  # a bucket exists only for today
                 order_type, processing_time = "SCHEDULED", rfc3339(pt)
         api_pick = rng.randrange(len(self.api_bases))
+        if cfg.round_robin:
+            api_pick = idx % len(self.api_bases)
 
         if rng.random() < cfg.p_late_try:
             return self.late_try(rng, order_id, merchant, items, order_type, processing_time, api_pick, worker)

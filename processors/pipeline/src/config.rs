@@ -131,6 +131,10 @@ pub struct KafkaSettings {
     /// they are. Lets several deployments (or a test, a benchmark, the demo) share one Kafka
     /// cluster without reading each other's records. 0-100 characters of `[A-Za-z0-9._-]`.
     pub topic_namespace: String,
+    /// The environment of the topics file whose replication factor and
+    /// `min.insync.replicas` `stocksvr topics apply` uses (`local`: one broker, `cluster`:
+    /// three brokers, 3 replicas, min.insync.replicas 2). Empty: the file's `environment`.
+    pub topics_environment: String,
     /// Timeout of admin and metadata requests, in milliseconds.
     pub request_timeout_ms: u64,
     /// Extra librdkafka properties for every client, with `_` standing for `.` so a key can
@@ -147,6 +151,7 @@ impl Default for KafkaSettings {
             group_prefix: "stocksvr".into(),
             topics_file: "topics.yaml".into(),
             topic_namespace: String::new(),
+            topics_environment: String::new(),
             request_timeout_ms: 10_000,
             properties: BTreeMap::new(),
         }

@@ -40,11 +40,23 @@ pub enum TopicsError {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TopicsFile {
-    replication_factor: i32,
+    /// The environment used when `kafka.topics_environment` is empty.
+    environment: String,
+    environments: BTreeMap<String, Environment>,
     #[serde(default)]
     defaults: BTreeMap<String, String>,
     dead_letter: DeadLetterRule,
     topics: Vec<TopicDecl>,
+}
+
+/// Replication of every topic in one environment (`local`: one broker; `cluster`: three).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Environment {
+    replication_factor: i32,
+    /// Written into every topic's `min.insync.replicas` (a topic's own `config` may override
+    /// it). With `acks=all` a write is acknowledged once this many replicas have it.
+    min_insync_replicas: i32,
 }
 
 /// Dead-letter topics are derived, not declared, so each one is guaranteed to exist with
@@ -212,23 +224,32 @@ impl Namespace {
 /// source topic of every dead-letter topic) inside the deployment's namespace.
 pub fn for_deployment(settings: &KafkaSettings) -> Result<Vec<TopicSpec>, TopicsError> {
     let ns = settings.namespace();
-    Ok(load(Path::new(&settings.topics_file))?
-        .into_iter()
-        .map(|spec| TopicSpec {
-            name: ns.topic(&spec.name),
-            dead_letter_of: spec.dead_letter_of.map(|t| ns.topic(&t)),
-            ..spec
-        })
-        .collect())
+    Ok(load_for(
+        Path::new(&settings.topics_file),
+        &settings.topics_environment,
+    )?
+    .into_iter()
+    .map(|spec| TopicSpec {
+        name: ns.topic(&spec.name),
+        dead_letter_of: spec.dead_letter_of.map(|t| ns.topic(&t)),
+        ..spec
+    })
+    .collect())
 }
 
-/// Reads and expands the file: defaults merged into each topic, dead-letter topics added.
+/// Reads and expands the file for its default environment: defaults merged into each
+/// topic, dead-letter topics added.
 pub fn load(path: &Path) -> Result<Vec<TopicSpec>, TopicsError> {
+    load_for(path, "")
+}
+
+/// As [`load`], for the environment `environment` of the file (empty: the file's default).
+pub fn load_for(path: &Path, environment: &str) -> Result<Vec<TopicSpec>, TopicsError> {
     let text = std::fs::read_to_string(path).map_err(|source| TopicsError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    parse(&text).map_err(|e| match e {
+    parse_for(&text, environment).map_err(|e| match e {
         TopicsError::Parse { source, .. } => TopicsError::Parse {
             path: path.display().to_string(),
             source,
@@ -237,16 +258,47 @@ pub fn load(path: &Path) -> Result<Vec<TopicSpec>, TopicsError> {
     })
 }
 
+/// Parses the file for its default environment.
 pub fn parse(text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
+    parse_for(text, "")
+}
+
+/// Parses the file for `environment` (empty: the file's `environment`).
+pub fn parse_for(text: &str, environment: &str) -> Result<Vec<TopicSpec>, TopicsError> {
     let file: TopicsFile = serde_yaml::from_str(text).map_err(|source| TopicsError::Parse {
         path: "<text>".into(),
         source,
     })?;
-    if file.replication_factor < 1 {
-        return Err(TopicsError::Invalid(
-            "replication_factor must be at least 1".into(),
-        ));
+    let env_name = if environment.is_empty() {
+        file.environment.as_str()
+    } else {
+        environment
+    };
+    let Some(env) = file.environments.get(env_name) else {
+        return Err(TopicsError::Invalid(format!(
+            "environment {env_name:?} is not declared (declared: {})",
+            file.environments
+                .keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    };
+    if env.replication_factor < 1 {
+        return Err(TopicsError::Invalid(format!(
+            "environment {env_name}: replication_factor must be at least 1"
+        )));
     }
+    if env.min_insync_replicas < 1 || env.min_insync_replicas > env.replication_factor {
+        return Err(TopicsError::Invalid(format!(
+            "environment {env_name}: min_insync_replicas must be from 1 to replication_factor"
+        )));
+    }
+    let mut defaults = file.defaults.clone();
+    defaults.insert(
+        "min.insync.replicas".into(),
+        env.min_insync_replicas.to_string(),
+    );
     let mut specs = Vec::new();
     for decl in &file.topics {
         if decl.partitions < 1 {
@@ -255,12 +307,12 @@ pub fn parse(text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
                 decl.name
             )));
         }
-        let mut config = file.defaults.clone();
+        let mut config = defaults.clone();
         config.extend(decl.config.clone());
         specs.push(TopicSpec {
             name: decl.name.clone(),
             partitions: decl.partitions,
-            replication_factor: file.replication_factor,
+            replication_factor: env.replication_factor,
             config: config.clone(),
             dead_letter_of: None,
         });
@@ -270,7 +322,7 @@ pub fn parse(text: &str) -> Result<Vec<TopicSpec>, TopicsError> {
             specs.push(TopicSpec {
                 name: format!("{}{}", decl.name, file.dead_letter.suffix),
                 partitions: decl.partitions,
-                replication_factor: file.replication_factor,
+                replication_factor: env.replication_factor,
                 config: dlt_config,
                 dead_letter_of: Some(decl.name.clone()),
             });
@@ -542,7 +594,14 @@ mod tests {
     use super::*;
 
     const FILE: &str = r#"
-replication_factor: 1
+environment: local
+environments:
+  local:
+    replication_factor: 1
+    min_insync_replicas: 1
+  cluster:
+    replication_factor: 3
+    min_insync_replicas: 2
 defaults:
   cleanup.policy: delete
   retention.ms: "604800000"
@@ -588,6 +647,27 @@ topics:
         assert_eq!(dlt.config["retention.ms"], "2592000000");
         assert_eq!(specs[2].config["retention.ms"], "86400000");
         assert_eq!(specs[2].config["cleanup.policy"], "delete");
+    }
+
+    #[test]
+    fn the_environment_sets_replication_and_min_insync_replicas() {
+        let local = parse(FILE).expect("parses");
+        assert!(local
+            .iter()
+            .all(|s| s.replication_factor == 1 && s.config["min.insync.replicas"] == "1"));
+        let cluster = parse_for(FILE, "cluster").expect("parses");
+        assert!(cluster
+            .iter()
+            .all(|s| s.replication_factor == 3 && s.config["min.insync.replicas"] == "2"));
+        assert!(parse_for(FILE, "prod")
+            .unwrap_err()
+            .to_string()
+            .contains("not declared"));
+        let bad = FILE.replace("min_insync_replicas: 2", "min_insync_replicas: 4");
+        assert!(parse_for(&bad, "cluster")
+            .unwrap_err()
+            .to_string()
+            .contains("min_insync_replicas"));
     }
 
     #[test]
@@ -651,6 +731,9 @@ topics:
         let topics_file = format!("{dir}/../../topics.yaml");
         let path = Path::new(&topics_file);
         let specs = load(path).expect("topics.yaml loads");
+        for env in ["local", "cluster"] {
+            load_for(path, env).expect("every environment of topics.yaml loads");
+        }
         for consumed in [
             "order.lifecycle.v1",
             "inventory.schedule.v1",

@@ -95,7 +95,7 @@ async fn topics_apply_creates_grows_and_then_changes_nothing() {
         std::fs::write(
             &file,
             format!(
-                "replication_factor: 1\ndefaults:\n  cleanup.policy: delete\ndead_letter:\n  suffix: .dlt\ntopics:\n  - name: {name}\n    partitions: {partitions}\n    dead_letter: true\n    config:\n      retention.ms: \"{retention}\"\n"
+                "environment: local\nenvironments:\n  local:\n    replication_factor: 1\n    min_insync_replicas: 1\ndefaults:\n  cleanup.policy: delete\ndead_letter:\n  suffix: .dlt\ntopics:\n  - name: {name}\n    partitions: {partitions}\n    dead_letter: true\n    config:\n      retention.ms: \"{retention}\"\n"
             ),
         )
         .expect("write topics file");

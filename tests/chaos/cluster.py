@@ -1,0 +1,259 @@
+"""Scale-out runs of the chaos suite (issue 14): a Kafka cluster (`--kafka-brokers 3`) and several
+`stocksvr all` instances sharing one stack (`--instances 3`), with their two fault kinds:
+
+  kill-kafka-leader  kill -9 the broker that leads the busiest partitions (most records in the
+                     partitions it leads, over every stocksvr topic); it stays down 18-25 s while
+                     the processors must keep going on the other two brokers (outbox rows sent and
+                     consumer offsets committed are counted while it is down), then
+                     `scripts/stack up kafka-N` restarts it and the fault waits until no partition
+                     is under-replicated (the broker caught up and rejoined every ISR).
+  kill-instance      kill -9 one `stocksvr all` instance and keep it down until the work has moved
+                     to the others: no member of any consumer group is from the dead instance and
+                     every partition of the group's topics is assigned again, and no unfinished
+                     WAL row is leased by the dead process (its lease expired and another instance
+                     took the operation over, or finished it). Then it is started again.
+
+Both record what they saw (`cluster_fault` records in the history) and the run turns a failure to
+catch up / rebalance / make progress into an anomaly (`kafka_catch_up`, `kafka_progress`,
+`rebalance`).
+"""
+
+import os
+import signal
+import time
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+import state as state_mod
+import system as system_mod
+
+KINDS = ["kill-kafka-leader", "kill-instance"]
+
+# Every topic of a run (no namespace in the chaos suite).
+TOPICS = ["order.lifecycle.v1", "inventory.schedule.v1", "inventory.stock-change.v1", "inventory.lifecycle.v1",
+          "order.lifecycle.v1.dlt", "inventory.schedule.v1.dlt", "inventory.stock-change.v1.dlt"]
+
+
+def configure(instances, kafka_brokers):
+    """Turn the module-level role and server lists into those of a scale-out run (in place: the
+    other modules imported the very objects)."""
+    if instances:
+        system_mod.ROLES.clear()
+        for i in range(1, instances + 1):
+            system_mod.ROLES[f"all-{i}"] = ("all", 45 + i)
+        system_mod.API_ROLES[:] = list(system_mod.ROLES)
+    if kafka_brokers > 1:
+        system_mod.SERVERS[:] = [s for s in system_mod.SERVERS if s != "kafka"]
+        system_mod.SERVERS.extend(["kafka"] + [f"kafka-{i}" for i in range(2, kafka_brokers + 1)])
+
+
+def retried(state, fn, deadline_s=60.0):
+    """fn() again (with new clients) while Kafka answers a retriable error, e.g. a group
+    coordinator still loading on the broker that took over from the killed one."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            return fn()
+        except KafkaException:
+            if time.monotonic() > end:
+                raise
+            state.reset_kafka_clients()
+            time.sleep(1.0)
+
+
+def broker_server(node_id):
+    return "kafka" if node_id == 1 else f"kafka-{node_id}"
+
+
+class KafkaView:
+    """Leaders, replicas and consumer groups as the cluster reports them."""
+
+    def __init__(self, bootstrap, state):
+        self.bootstrap = bootstrap
+        self.state = state
+
+    @property
+    def admin(self):
+        # a new client per request (see State.fresh_kafka_clients)
+        return AdminClient({"bootstrap.servers": self.bootstrap})
+
+    def metadata(self):
+        return self.admin.list_topics(timeout=10)
+
+    def under_replicated(self):
+        """[(topic, partition, replicas, isr)] of every partition whose ISR is short."""
+        out = []
+        for name, t in self.metadata().topics.items():
+            for p, pm in t.partitions.items():
+                if len(pm.isrs) < len(pm.replicas):
+                    out.append((name, p, list(pm.replicas), list(pm.isrs)))
+        return out
+
+    def busiest_leader(self):
+        """(node id, {node: records in the partitions it leads}) over the stocksvr topics."""
+        md = self.metadata()
+        self.state.reset_kafka_clients()
+        load = {}
+        for topic in TOPICS:
+            t = md.topics.get(topic)
+            if t is None or t.error is not None:
+                continue
+            for p, pm in t.partitions.items():
+                low, high = self.state.consumer().get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                load[pm.leader] = load.get(pm.leader, 0) + (high - low)
+        if not load:
+            raise RuntimeError("no partition leaders found")
+        return max(load, key=lambda n: (load[n], -n)), load
+
+    def groups(self):
+        """group -> {"members": [client ids], "assigned": set((topic, partition))}"""
+        out = {}
+        groups = list(state_mod.GROUP_TOPICS)
+        admin = self.admin  # kept until the futures resolve (a destroyed client never resolves them)
+        futs = admin.describe_consumer_groups(groups, request_timeout=15)
+        for g, fut in futs.items():
+            d = fut.result(timeout=20)
+            assigned = set()
+            members = []
+            for m in d.members:
+                members.append(m.client_id)
+                if m.assignment:
+                    for tp in m.assignment.topic_partitions:
+                        assigned.add((tp.topic, tp.partition))
+            out[g] = {"members": members, "assigned": assigned, "state": str(d.state)}
+        return out
+
+    def unassigned(self, groups):
+        """group -> partitions of its topics that no member holds."""
+        md = self.metadata()
+        out = {}
+        for g, topics in state_mod.GROUP_TOPICS.items():
+            want = set()
+            for topic in topics:
+                t = md.topics.get(topic)
+                if t is not None and t.error is None:
+                    want |= {(topic, p) for p in t.partitions}
+            missing = want - groups.get(g, {}).get("assigned", set())
+            if missing:
+                out[g] = sorted(f"{t}:{p}" for t, p in missing)
+        return out
+
+
+def progress_counters(state):
+    """(outbox rows sent, sum of committed offsets of every group): both must grow while a
+    broker is down if the processors keep going."""
+    state.reset_kafka_clients()
+    sent = state.query("SELECT COUNT(*) n FROM inventory_outbox WHERE status = %s", (state_mod.OUTBOX_SENT,))[0]["n"]
+    committed = 0
+    for g in state_mod.GROUP_TOPICS:
+        committed += sum(max(0, o) for o in state.committed(g).values())
+    return sent, committed
+
+
+def kill_kafka_leader(faults, fid, kind):
+    s, run = faults.system, faults.run_ref
+    view = KafkaView(s.kafka_direct, run.state)
+    node, load = retried(run.state, view.busiest_leader)
+    server = broker_server(node)
+    pid = s.server_pid(server)
+    if pid is None:
+        raise RuntimeError(f"{server} is not running")
+    # Longer than the controller's broker.session.timeout.ms (9 s) plus a margin: only then is
+    # the broker fenced, its partitions' ISRs shrunk and their leadership (and the group
+    # coordinators it held) moved, so the processors must have worked on the other two.
+    down_for = round(faults.rng.uniform(18.0, 25.0), 1)
+    before = retried(run.state, lambda: progress_counters(run.state))
+    faults.start_record(fid, kind, server, pid=pid, node=node, records_led=load, down_for=down_for)
+    os.kill(pid, signal.SIGKILL)
+    t_kill = time.monotonic()
+    try:
+        faults.hold(down_for)
+        during = retried(run.state, lambda: progress_counters(run.state))
+        urp_down = len(retried(run.state, view.under_replicated))
+    finally:
+        t0 = time.monotonic()
+        s.stack_up(server)  # the broker comes back whatever the probes did
+    restarted = time.monotonic() - t0
+    # Catch-up: every partition back to its full ISR (the restarted broker fetched what it missed).
+    deadline = time.monotonic() + 180
+    urp = retried(run.state, view.under_replicated)
+    while urp and time.monotonic() < deadline:
+        time.sleep(0.5)
+        urp = retried(run.state, view.under_replicated)
+    catch_up = time.monotonic() - t0
+    rec = dict(fault=fid, what="kill-kafka-leader", node=node, server=server, pid=pid, records_led=load,
+               down_s=round(t0 - t_kill, 1), under_replicated_while_down=urp_down, restart_s=round(restarted, 1), catch_up_s=round(catch_up, 1),
+               under_replicated_left=len(urp), outbox_sent_while_down=during[0] - before[0],
+               offsets_committed_while_down=during[1] - before[1])
+    s.history.record("cluster_fault", **rec)
+    run.cluster_results.append(rec)
+    if urp_down == 0:
+        run.anomaly("kafka_catch_up", {"server": server}, "no partition was under-replicated with the broker down "
+                    "(was it in any ISR? are the topics replicated?)")
+    if urp:
+        run.anomaly("kafka_catch_up", {"server": server}, f"{len(urp)} partitions still under-replicated "
+                    f"{catch_up:.0f}s after the restart: {urp[:5]}")
+    if during[0] - before[0] <= 0 or during[1] - before[1] <= 0:
+        run.anomaly("kafka_progress", {"server": server}, f"with {server} down for {down_for}s: outbox rows sent "
+                    f"+{during[0] - before[0]}, committed offsets +{during[1] - before[1]} (both must grow)")
+    return server, {"down_for": down_for}, (f"killed node {node} (pid {pid}, led {load}); restarted in "
+                                            f"{restarted:.1f}s; under-replicated partitions 0 after "
+                                            f"{catch_up:.1f}s" if not urp else f"{len(urp)} URP left")
+
+
+def kill_instance(faults, fid, kind):
+    s, run = faults.system, faults.run_ref
+    view = KafkaView(s.kafka_direct, run.state)
+    live = [r for r in system_mod.ROLES if s.role_alive(r)]
+    if len(live) < 2:
+        raise RuntimeError(f"only {live} running")
+    role = faults.rng.choice(live)
+    prefix = f"chaos-{role}-"
+    groups_before = retried(run.state, view.groups)
+    faults.start_record(fid, kind, role, members_before={g: v["members"] for g, v in groups_before.items()})
+    pid = s.kill_role(role)
+    t0 = time.monotonic()
+    deadline = t0 + 150
+    pending = {}
+    while time.monotonic() < deadline and not faults.stop_event.is_set():
+        pending = {}
+        try:
+            groups = view.groups()
+            stale = {g: [m for m in v["members"] if m.startswith(prefix)] for g, v in groups.items()}
+            stale = {g: m for g, m in stale.items() if m}
+            if stale:
+                pending["members_of_dead_instance"] = stale
+            missing = view.unassigned(groups)
+            if missing:
+                pending["unassigned"] = missing
+        except Exception as e:  # a group mid-rebalance may fail to describe: try again
+            pending["describe_error"] = f"{type(e).__name__}: {e}"
+        wal = run.state.query("SELECT COUNT(*) n FROM inventory_operation_wal WHERE status IN (10,20,40) "
+                              "AND lease_owner LIKE %s", (f"%:{pid}:%",))[0]["n"]
+        if wal:
+            pending["wal_leased_by_dead"] = wal
+        if not pending:
+            break
+        time.sleep(1.0)
+    secs = time.monotonic() - t0
+    groups_after = retried(run.state, view.groups) if not pending else {}
+    shards = run.state.query("SELECT lease_owner, COUNT(*) n FROM inventory_reconcile_shard GROUP BY lease_owner")
+    rec = dict(fault=fid, what="kill-instance", role=role, pid=pid, rebalanced=not pending,
+               rebalance_s=round(secs, 1), pending=pending,
+               members_after={g: v["members"] for g, v in groups_after.items()},
+               reconcile_shard_owners={str(r["lease_owner"]): r["n"] for r in shards})
+    s.history.record("cluster_fault", **{k: (sorted(v) if isinstance(v, set) else v) for k, v in rec.items()})
+    run.cluster_results.append(rec)
+    if pending and not faults.stop_event.is_set():
+        run.anomaly("rebalance", {"role": role, "pid": pid}, f"work not taken over {secs:.0f}s after kill -9: {pending}")
+    s.start_role(role)
+    return role, {}, f"killed pid {pid}; rebalanced in {secs:.1f}s; restarted"
+
+
+def run_fault(faults, kind, fid):
+    if kind == "kill-kafka-leader":
+        return kill_kafka_leader(faults, fid, kind)
+    if kind == "kill-instance":
+        return kill_instance(faults, fid, kind)
+    raise ValueError(kind)
