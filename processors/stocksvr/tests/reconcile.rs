@@ -255,6 +255,94 @@ async fn drift_behind_the_services_back_is_found_in_its_class_and_repaired_once(
     assert!(status.success(), "{}", tail(&log, 40));
 }
 
+/// What a Redis failover without `redis.wait_replicas` can leave (docs/redis-cluster.md): the
+/// promoted replica never saw the last Try, so the bucket is back at an older version, the
+/// Try's fence and op record are gone, and MySQL says RESERVED. The stock hash is put back to
+/// its state before the Try (DUMP/RESTORE, as a replica holds it), the reconciler must name
+/// the regressed version, the repair must hold the Try's units again with its fence (no
+/// re-selling what MySQL holds), and the order's Cancel must then release them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_lost_in_a_failover_are_found_by_their_version_and_held_again() {
+    let shop = shop(50).await;
+    let server = shop.server(&[("STOCKSVR__RESERVATION__WORKER_ID", "33")]);
+    wait_for_api(&server).await;
+    let pool = shop.env.pool();
+    let base = 93_000_000 + shop.merchant_id % 1_000_000 * 100;
+    let keys = bucket_of(&shop);
+    let bucket = keys.stock_bucket_id();
+    try_one(&server, &shop, base + 1, 3).await;
+    quiescent(&server, &shop, Duration::from_secs(90)).await;
+    assert_eq!(books_agree(&server, &shop, &pool).await, (50, 47, 3, 0));
+
+    // The replica's copy: the bucket before the next Try.
+    let mut redis = redis_conn(&shared_redis_url()).await;
+    let replica: Vec<u8> = redis::cmd("DUMP")
+        .arg(keys.stock_key())
+        .query_async(&mut redis)
+        .await
+        .expect("dump");
+    let lost = try_one(&server, &shop, base + 2, 4).await;
+    quiescent(&server, &shop, Duration::from_secs(90)).await;
+    assert_eq!(books_agree(&server, &shop, &pool).await, (50, 43, 7, 0));
+
+    // The failover: the master that acknowledged the Try is gone with it.
+    let _: () = redis::cmd("RESTORE")
+        .arg(keys.stock_key())
+        .arg(0)
+        .arg(replica)
+        .arg("REPLACE")
+        .query_async(&mut redis)
+        .await
+        .expect("restore");
+    let _: i64 = redis::cmd("DEL")
+        .arg(keys.fence_key(lost))
+        .arg(keys.op_key(&stocksvr_core::reservation::try_operation_id(lost)))
+        .query_async(&mut redis)
+        .await
+        .expect("del");
+    assert_eq!(
+        stock(&server, &shop).await,
+        (50, 47, 3, 0),
+        "Redis would sell the 4 units MySQL holds for the lost Try"
+    );
+
+    let (code, out, err) = reconcile(&shop, &["--bucket", &bucket]);
+    assert_eq!(code, 1, "a dry run with a difference exits 1:\n{out}{err}");
+    assert!(
+        out.contains("version_regressed"),
+        "the version going backwards is named:\n{out}{err}"
+    );
+    let (code, out, err) = reconcile(&shop, &["--bucket", &bucket, "--repair"]);
+    assert_eq!(code, 0, "every difference repaired:\n{out}{err}");
+    assert!(out.contains("REPAIRED"), "{out}{err}");
+    assert_eq!(
+        stock(&server, &shop).await,
+        (50, 43, 7, 0),
+        "the lost Try's units are held again"
+    );
+    assert_eq!(books_agree(&server, &shop, &pool).await, (50, 43, 7, 0));
+    let (code, out, err) = reconcile(&shop, &["--bucket", &bucket]);
+    assert_eq!(code, 0, "clean after the repair:\n{out}{err}");
+
+    // The restored fence makes the Cancel a real one, not an empty rollback.
+    failed(&shop, base + 2, &[lost]).await;
+    wait_count(
+        &server,
+        &pool,
+        &format!("SELECT COUNT(*) FROM inventory_reservation WHERE id = {lost} AND status = 60"),
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        books_agree(&server, &shop, &pool).await,
+        (50, 47, 3, 0),
+        "the Cancel released the 4 units"
+    );
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_repair_racing_five_hundred_trys_loses_its_version_and_is_computed_again() {
     let shop = shop(10_000).await;
