@@ -23,6 +23,13 @@ use stocksvr_pipeline::telemetry;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+// jemalloc purges freed pages on later allocations in the same arena, so a process that
+// went quiet after a burst would keep them: its background thread purges them after the
+// decay time (10 s) whether or not anything allocates. Read by jemalloc at its first
+// allocation (the name is the prefixed one tikv-jemalloc-sys builds on Linux).
+#[export_name = "_rjem_malloc_conf"]
+static MALLOC_CONF: &[u8; 23] = b"background_thread:true\0";
+
 #[derive(Parser)]
 #[command(
     name = "stocksvr",
