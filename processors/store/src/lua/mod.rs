@@ -298,8 +298,8 @@ impl LuaExecutor {
             .await
             .map_err(|e| ExecError::from_redis(operation_id, e))?;
         if acked < i64::from(wait.replicas) {
-            metrics::counter!(names::REDIS_UNKNOWN_OUTCOMES, "operation" => "replication_wait")
-                .increment(1);
+            // Counted in stocksvr_redis_unknown_outcomes_total by the step's retry, under the
+            // step's own operation, like any other unknown outcome.
             return Err(ExecError::Unknown {
                 operation_id: operation_id.to_string(),
                 source: redis::RedisError::from((
