@@ -7,6 +7,7 @@ use sqlx::{MySql, MySqlPool, QueryBuilder};
 use std::fmt;
 use std::str::FromStr;
 use stocksvr_store::deadline::Deadline;
+use stocksvr_store::one_off::OneOff;
 use stocksvr_telemetry::names;
 
 /// Upper bound of one `list` page, so one request cannot pull the whole table.
@@ -234,12 +235,7 @@ pub async fn list(pool: &MySqlPool, filter: &Filter) -> Result<Vec<ParkedSummary
     }
     q.push(" ORDER BY id LIMIT ")
         .push_bind(filter.limit.clamp(1, MAX_LIST_LIMIT));
-    let rows: Vec<SummaryRow> = q
-        .build_query_as()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await?;
+    let rows: Vec<SummaryRow> = q.one_off_as().fetch_all(pool).deadline().await?;
     rows.into_iter().map(ParkedSummary::try_from).collect()
 }
 

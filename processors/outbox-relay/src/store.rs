@@ -8,6 +8,7 @@ use sqlx::mysql::MySqlRow;
 use sqlx::{Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
 use std::time::Duration;
 use stocksvr_store::deadline::Deadline;
+use stocksvr_store::one_off::OneOff;
 
 /// `inventory_outbox.status` codes (see the migration).
 pub mod status {
@@ -187,12 +188,7 @@ async fn claim_on(
         ids.push_bind(row.id);
     }
     ids.push_unseparated(")");
-    update
-        .build()
-        .persistent(false)
-        .execute(&mut *tx)
-        .deadline()
-        .await?;
+    update.one_off().execute(&mut *tx).deadline().await?;
     tx.commit().deadline().await?;
     Ok(Claim {
         rows: claimed,
@@ -228,8 +224,7 @@ pub async fn mark(
         }
         ids.push_unseparated(")");
         marked.sent = update
-            .build()
-            .persistent(false)
+            .one_off()
             .execute(&mut *tx)
             .deadline()
             .await?
@@ -291,8 +286,7 @@ pub async fn purge_batch(
     }
     list.push_unseparated(")");
     let deleted = delete
-        .build()
-        .persistent(false)
+        .one_off()
         .execute(pool)
         .deadline()
         .await?

@@ -12,6 +12,7 @@ use chrono::NaiveDateTime;
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 use std::collections::{HashMap, HashSet};
 use stocksvr_store::deadline::Deadline;
+use stocksvr_store::one_off::OneOff;
 
 /// Claims `event_id` for `group`. `false`: this group already applied the event.
 pub async fn claim(
@@ -165,8 +166,7 @@ pub async fn advance_snapshot(
     now: NaiveDateTime,
 ) -> Result<SnapshotWrite, sqlx::Error> {
     let done = upsert_snapshots([(row, row.deficit)], row.deficit.is_some(), now)
-        .build()
-        .persistent(false)
+        .one_off()
         .execute(conn)
         .deadline()
         .await?;
@@ -232,8 +232,7 @@ pub async fn inboxed(
         }
         ids.push_unseparated(")");
         found.extend(
-            q.build_query_scalar::<String>()
-                .persistent(false)
+            q.one_off_scalar::<String>()
                 .fetch_all(&mut *conn)
                 .deadline()
                 .await?,
@@ -261,8 +260,7 @@ pub async fn claim_all(
             b.push_bind(*id).push_bind(group).push_bind(now);
         });
         claimed += q
-            .build()
-            .persistent(false)
+            .one_off()
             .execute(&mut *conn)
             .deadline()
             .await?
@@ -304,8 +302,7 @@ pub async fn book_all(
                 .push_bind(now);
         });
         booked += q
-            .build()
-            .persistent(false)
+            .one_off()
             .execute(&mut *conn)
             .deadline()
             .await?
@@ -333,8 +330,7 @@ pub async fn snapshot_versions(
         }
         ids.push_unseparated(") FOR UPDATE");
         found.extend(
-            q.build_query_as::<(String, u64)>()
-                .persistent(false)
+            q.one_off_as::<(String, u64)>()
                 .fetch_all(&mut *conn)
                 .deadline()
                 .await?,
@@ -362,8 +358,7 @@ pub async fn write_snapshots(
             .collect();
         for chunk in rows.chunks(ROWS_PER_STATEMENT) {
             affected += upsert_snapshots(chunk.iter().copied(), states_deficit, now)
-                .build()
-                .persistent(false)
+                .one_off()
                 .execute(&mut *conn)
                 .deadline()
                 .await?
@@ -403,8 +398,7 @@ pub async fn sync_all(
         q.push_bind(stocksvr_core::reservation::SyncStatus::Synced.code());
         q.push(", r.sync_status)");
         found += q
-            .build()
-            .persistent(false)
+            .one_off()
             .execute(&mut *conn)
             .deadline()
             .await?

@@ -20,7 +20,6 @@ use stocksvr_core::events::OrderType;
 use stocksvr_core::model::FencePhase;
 use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_reservation::{ReservationService, ServiceConfig, ServiceError, TryRequest};
-use stocksvr_store::baselines::Baseline;
 
 const BUCKETS: u64 = 50;
 const TOTAL: i64 = 30;
@@ -171,23 +170,7 @@ async fn a_master_killed_under_load_loses_no_acknowledged_try() {
     let victim_buckets = owners.values().filter(|p| **p == victim).count();
 
     for &dish in &dishes {
-        stocksvr_store::baselines::ensure_baseline(
-            &pool,
-            &Baseline {
-                stock_bucket_id: bucket(dish).stock_bucket_id(),
-                merchant_id,
-                dish_id: dish,
-                stock_date: today,
-                timezone: "UTC".into(),
-                total_stock: TOTAL,
-                baseline_version: 1,
-                stock_status: 1,
-                bucket_status: 10,
-                lost_at: None,
-            },
-        )
-        .await
-        .expect("baseline");
+        common::open_baseline(&pool, merchant_id, dish, today, TOTAL).await;
     }
 
     let request = |item: u64| TryRequest {

@@ -125,6 +125,28 @@ async fn books_agree(server: &Server, shop: &Shop, pool: &sqlx::MySqlPool) -> (i
     }
 }
 
+/// The order service's OrderCreatedFailed for `order_id`, then the wait until its one
+/// reservation is CANCELED.
+async fn cancel_order(
+    server: &Server,
+    shop: &Shop,
+    pool: &sqlx::MySqlPool,
+    order_id: u64,
+    reservation: u64,
+) {
+    failed(shop, order_id, &[reservation]).await;
+    wait_count(
+        server,
+        pool,
+        &format!(
+            "SELECT COUNT(*) FROM inventory_reservation WHERE id = {reservation} AND status = 60"
+        ),
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+}
+
 const REPAIR_ROWS: &str = "SELECT COUNT(*) FROM inventory_ledger WHERE action = 7";
 const REPAIR_OPS: &str = "SELECT COUNT(*) FROM inventory_operation_wal WHERE action = 3";
 
@@ -215,15 +237,7 @@ async fn drift_behind_the_services_back_is_found_in_its_class_and_repaired_once(
         .await
         .expect("del");
     detect_and_repair(&server, &shop, &pool, "records_missing").await;
-    failed(&shop, base + 2, &[b]).await;
-    wait_count(
-        &server,
-        &pool,
-        &format!("SELECT COUNT(*) FROM inventory_reservation WHERE id = {b} AND status = 60"),
-        1,
-        Duration::from_secs(60),
-    )
-    .await;
+    cancel_order(&server, &shop, &pool, base + 2, b).await;
     assert_eq!(
         books_agree(&server, &shop, &pool).await,
         (100, 95, 2, 3),
@@ -325,15 +339,7 @@ async fn writes_lost_in_a_failover_are_found_by_their_version_and_held_again() {
     assert_eq!(code, 0, "clean after the repair:\n{out}{err}");
 
     // The restored fence makes the Cancel a real one, not an empty rollback.
-    failed(&shop, base + 2, &[lost]).await;
-    wait_count(
-        &server,
-        &pool,
-        &format!("SELECT COUNT(*) FROM inventory_reservation WHERE id = {lost} AND status = 60"),
-        1,
-        Duration::from_secs(60),
-    )
-    .await;
+    cancel_order(&server, &shop, &pool, base + 2, lost).await;
     assert_eq!(
         books_agree(&server, &shop, &pool).await,
         (50, 47, 3, 0),

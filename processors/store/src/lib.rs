@@ -5,6 +5,7 @@ pub mod baselines;
 pub mod buckets;
 pub mod deadline;
 pub mod lua;
+pub mod one_off;
 pub mod order_events;
 pub mod outbox;
 pub mod reconcile;
@@ -41,10 +42,8 @@ pub enum StoreError {
 /// Connections are opened on first use: a process starts while MySQL is down and reports
 /// it through `/readyz` instead of exiting.
 ///
-/// Statements built row by row with `QueryBuilder` (one placeholder group per row or id) run
-/// with `persistent(false)`: each batch size is its own statement text, and cached they would
-/// stay prepared on every connection of the pool, in our memory and against MariaDB's
-/// `max_prepared_stmt_count`, and push the fixed statements out of the per-connection cache.
+/// Statements whose text depends on the batch run through [`one_off::OneOff`] so they are not
+/// kept prepared on the pool's connections.
 pub fn mysql_pool(
     url: &str,
     max_connections: u32,

@@ -2,6 +2,7 @@
 //! change they announce, published by the relay.
 
 use crate::deadline::Deadline;
+use crate::one_off::OneOff;
 use crate::reservations::now;
 use sqlx::{MySql, MySqlPool, Transaction};
 
@@ -40,12 +41,7 @@ pub async fn insert_outbox(
                 .push_bind(now)
                 .push_bind(now);
         });
-        query
-            .build()
-            .persistent(false)
-            .execute(&mut **tx)
-            .deadline()
-            .await?;
+        query.one_off().execute(&mut **tx).deadline().await?;
     }
     Ok(())
 }

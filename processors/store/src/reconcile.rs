@@ -5,6 +5,7 @@
 //! chunk, not per bucket.
 
 use crate::deadline::Deadline;
+use crate::one_off::OneOff;
 use crate::reservations::now;
 use chrono::{NaiveDate, NaiveDateTime, TimeDelta};
 use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
@@ -83,11 +84,7 @@ pub async fn live_buckets(
             .push_bind(after.to_string());
     }
     q.push(" ORDER BY stock_bucket_id LIMIT ").push_bind(limit);
-    q.build_query_as()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await
+    q.one_off_as().fetch_all(pool).deadline().await
 }
 
 /// The live buckets among `ids` (one chunk), in id order.
@@ -104,11 +101,7 @@ pub async fn live_buckets_by_id(
     );
     in_list(&mut q, ids);
     q.push(" ORDER BY stock_bucket_id");
-    q.build_query_as()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await
+    q.one_off_as().fetch_all(pool).deadline().await
 }
 
 /// The reservation table's view of one bucket.
@@ -187,13 +180,7 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
     );
     in_list(&mut q, buckets);
     q.push(" GROUP BY stock_bucket_id, status");
-    for row in q
-        .build()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await?
-    {
+    for row in q.one_off().fetch_all(pool).deadline().await? {
         let bucket: String = row.try_get("stock_bucket_id")?;
         let status: i8 = row.try_get("status")?;
         let n: i64 = row.try_get("n")?;
@@ -219,13 +206,7 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
     );
     in_list(&mut q, buckets);
     q.push(" GROUP BY stock_bucket_id");
-    for row in q
-        .build()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await?
-    {
+    for row in q.one_off().fetch_all(pool).deadline().await? {
         views.ledger.insert(
             row.try_get("stock_bucket_id")?,
             LedgerView {
@@ -244,13 +225,7 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
          deficit_stock, redis_version FROM dish_stock_snapshot WHERE stock_bucket_id IN ",
     );
     in_list(&mut q, buckets);
-    for row in q
-        .build()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await?
-    {
+    for row in q.one_off().fetch_all(pool).deadline().await? {
         views.snapshots.insert(
             row.try_get("stock_bucket_id")?,
             SnapshotView {
@@ -273,13 +248,7 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
     );
     in_list(&mut q, buckets);
     q.push(" GROUP BY stock_bucket_id, status");
-    for row in q
-        .build()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await?
-    {
+    for row in q.one_off().fetch_all(pool).deadline().await? {
         let bucket: String = row.try_get("stock_bucket_id")?;
         let status: i8 = row.try_get("status")?;
         let n: i64 = row.try_get("n")?;
@@ -302,13 +271,7 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
     );
     in_list(&mut q, buckets);
     q.push(" GROUP BY partition_key");
-    for row in q
-        .build()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await?
-    {
+    for row in q.one_off().fetch_all(pool).deadline().await? {
         views
             .outbox_unsent
             .insert(row.try_get("partition_key")?, row.try_get("n")?);
@@ -317,13 +280,7 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
     let mut q = QueryBuilder::<MySql>::new(UNBOOKED_SELECT);
     in_list(&mut q, buckets);
     q.push(UNBOOKED_TAIL);
-    for row in q
-        .build()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await?
-    {
+    for row in q.one_off().fetch_all(pool).deadline().await? {
         views
             .wal_unbooked
             .insert(row.try_get("stock_bucket_id")?, row.try_get("n")?);
@@ -420,11 +377,7 @@ pub async fn guarded_rows(
     );
     in_list(&mut q, buckets);
     q.push(" ORDER BY stock_bucket_id, id");
-    q.build_query_as()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await
+    q.one_off_as().fetch_all(pool).deadline().await
 }
 
 /// `rebuild_rows` of the given reservations of `bucket` (a repair restores their records).
@@ -447,11 +400,7 @@ pub async fn rows_by_id(
         list.push_bind(*id);
     }
     list.push_unseparated(") ORDER BY id");
-    q.build_query_as()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await
+    q.one_off_as().fetch_all(pool).deadline().await
 }
 
 /// The completed refunds of `reservation_ids` (operation id, reservation, quantity), to
@@ -473,11 +422,7 @@ pub async fn completed_refunds(
         list.push_bind(*id);
     }
     list.push_unseparated(") ORDER BY reservation_id, updated_at");
-    q.build_query_as()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await
+    q.one_off_as().fetch_all(pool).deadline().await
 }
 
 /// The highest bucket version MySQL knows of: the start of a rebuilt bucket must lie above
@@ -510,7 +455,7 @@ async fn ensure_shards(pool: &MySqlPool, shards: u32) -> Result<(), sqlx::Error>
     q.push_values(0..shards, |mut b, shard| {
         b.push_bind(shard).push_bind(epoch);
     });
-    q.build().persistent(false).execute(pool).deadline().await?;
+    q.one_off().execute(pool).deadline().await?;
     Ok(())
 }
 
@@ -608,11 +553,7 @@ pub async fn open_differences(
     );
     in_list(&mut q, buckets);
     q.push(" ORDER BY id");
-    q.build_query_as()
-        .persistent(false)
-        .fetch_all(pool)
-        .deadline()
-        .await
+    q.one_off_as().fetch_all(pool).deadline().await
 }
 
 /// A first sighting: SUSPECTED at `version`.

@@ -3,6 +3,7 @@
 //! same transaction, so an event exists if and only if the state change does.
 
 use crate::deadline::Deadline;
+use crate::one_off::OneOff;
 use crate::outbox::{insert_outbox, write_outbox, NewOutbox};
 use chrono::{NaiveDate, NaiveDateTime, Utc};
 use sqlx::{MySql, MySqlPool};
@@ -380,12 +381,7 @@ pub async fn insert_preparing_many(
             ") AS v WHERE NOT EXISTS \
              (SELECT 1 FROM inventory_order_fence f WHERE f.order_id = v.order_id)",
         );
-        query
-            .build()
-            .persistent(false)
-            .execute(pool)
-            .deadline()
-            .await
+        query.one_off().execute(pool).deadline().await
     })
     .await?
     .rows_affected();
@@ -402,8 +398,7 @@ pub async fn insert_preparing_many(
     }
     query.push(")");
     let present: std::collections::HashSet<u64> = query
-        .build_query_scalar::<u64>()
-        .persistent(false)
+        .one_off_scalar::<u64>()
         .fetch_all(pool)
         .deadline()
         .await?
@@ -638,12 +633,7 @@ async fn complete_group(
         query.push(" THEN ").push_bind(row.version);
     }
     query.push(" END");
-    let done = query
-        .build()
-        .persistent(false)
-        .execute(&mut *tx)
-        .deadline()
-        .await?;
+    let done = query.one_off().execute(&mut *tx).deadline().await?;
     if done.rows_affected() == items.len() as u64 {
         let outbox: Vec<NewOutbox> = items
             .iter()

@@ -137,24 +137,7 @@ impl Fixture {
     }
 
     pub async fn baseline(&self, date: NaiveDate, total: i64) {
-        let key = BucketKey::new(self.merchant_id, self.dish_id, date);
-        stocksvr_store::baselines::ensure_baseline(
-            &self.pool,
-            &Baseline {
-                stock_bucket_id: key.stock_bucket_id(),
-                merchant_id: self.merchant_id,
-                dish_id: self.dish_id,
-                stock_date: date,
-                timezone: "UTC".into(),
-                total_stock: total,
-                baseline_version: 1,
-                stock_status: 1,
-                bucket_status: 10,
-                lost_at: None,
-            },
-        )
-        .await
-        .expect("baseline");
+        open_baseline(&self.pool, self.merchant_id, self.dish_id, date, total).await;
     }
 
     pub fn keys(&self) -> BucketKey {
@@ -236,4 +219,37 @@ pub async fn make_due(pool: &sqlx::MySqlPool) {
         .execute(pool)
         .await
         .expect("due");
+}
+
+/// The baseline row of an open bucket of `total` units (UTC merchant), as the daily job or a
+/// bucket init writes it.
+pub async fn open_baseline(
+    pool: &sqlx::MySqlPool,
+    merchant_id: u64,
+    dish_id: u64,
+    date: NaiveDate,
+    total: i64,
+) {
+    stocksvr_store::baselines::ensure_baseline(
+        pool,
+        &open_baseline_row(merchant_id, dish_id, date, total),
+    )
+    .await
+    .expect("baseline");
+}
+
+/// The row [`open_baseline`] writes.
+pub fn open_baseline_row(merchant_id: u64, dish_id: u64, date: NaiveDate, total: i64) -> Baseline {
+    Baseline {
+        stock_bucket_id: BucketKey::new(merchant_id, dish_id, date).stock_bucket_id(),
+        merchant_id,
+        dish_id,
+        stock_date: date,
+        timezone: "UTC".into(),
+        total_stock: total,
+        baseline_version: 1,
+        stock_status: 1,
+        bucket_status: 10,
+        lost_at: None,
+    }
 }

@@ -48,18 +48,7 @@ impl Ops {
     }
 
     pub fn baseline(&self, date: NaiveDate, total: i64) -> Baseline {
-        Baseline {
-            stock_bucket_id: self.bucket(date),
-            merchant_id: self.merchant_id,
-            dish_id: self.dish_id,
-            stock_date: date,
-            timezone: "UTC".into(),
-            total_stock: total,
-            baseline_version: 1,
-            stock_status: 1,
-            bucket_status: 10,
-            lost_at: None,
-        }
+        super::open_baseline_row(self.merchant_id, self.dish_id, date, total)
     }
 
     pub fn bucket(&self, date: NaiveDate) -> String {
