@@ -188,6 +188,11 @@ pub struct ReconcileSettings {
     pub shards: u32,
     /// Seconds between two checks of one shard (so of one bucket).
     pub interval_secs: u64,
+    /// Seconds between two full checks of a bucket nothing touched: its every held
+    /// reservation's fence and op record in Redis, and its sums in MySQL. In between, a
+    /// scheduled pass skips a bucket whose Redis hash, snapshot version and baseline are
+    /// as at its last clean check (0: every pass checks every bucket in full).
+    pub full_check_secs: u64,
     /// Seconds an instance holds the shard it checks.
     pub lease_secs: u64,
     /// Buckets read per round trip to MySQL and Redis.
@@ -216,6 +221,7 @@ impl Default for ReconcileSettings {
         Self {
             shards: d.shards,
             interval_secs: d.interval.as_secs(),
+            full_check_secs: d.full_check.as_secs(),
             lease_secs: d.lease.num_seconds() as u64,
             chunk: d.chunk,
             auto_repair: d.auto_repair,
@@ -234,7 +240,9 @@ impl ReconcileSettings {
             shards: self.shards.max(1),
             lease: TimeDelta::seconds(self.lease_secs.max(1) as i64),
             interval: Duration::from_secs(self.interval_secs.max(1)),
+            full_check: Duration::from_secs(self.full_check_secs),
             chunk: self.chunk.clamp(1, 1000),
+            guard_page: crate::reconcile::ReconcileConfig::default().guard_page,
             auto_repair: self.auto_repair,
             max_repairs_per_pass: self.max_repairs_per_pass,
             settle: Duration::from_millis(self.settle_ms),

@@ -7,6 +7,8 @@
 //!   ledger follow; a second run finds the bucket clean (exit 0);
 //! - a repair computed before 500 concurrent Trys loses its version check and writes nothing;
 //!   computed again afterwards it applies, with no oversell and conservation;
+//! - a scheduled pass skips a bucket nothing touched since its last clean check, checks a
+//!   moved one again, and finds drift that moves no version at the next full check;
 //! - scheduled passes with automatic repair during a burst of in-flight reservations report
 //!   and repair nothing;
 //! - Redis killed and restarted empty in the middle of an order flow: Trys fail closed with
@@ -349,6 +351,137 @@ async fn writes_lost_in_a_failover_are_found_by_their_version_and_held_again() {
     assert!(status.success(), "{}", tail(&log, 40));
 }
 
+/// A reservation service of the test's own on the shop's database and the shared Redis,
+/// for driving the reconciler in-process.
+async fn service_in(
+    pool: &sqlx::MySqlPool,
+    worker_id: u16,
+) -> Arc<stocksvr_reservation::ReservationService> {
+    let lua = Arc::new(stocksvr_store::lua::LuaExecutor::new(
+        redis_conn(&shared_redis_url()).await,
+        Duration::from_secs(3600),
+    ));
+    Arc::new(stocksvr_reservation::ReservationService::new(
+        pool.clone(),
+        lua,
+        stocksvr_core::snowflake::SnowflakeGenerator::new(worker_id).expect("worker id"),
+        stocksvr_reservation::ServiceConfig::default(),
+    ))
+}
+
+/// One scheduled pass over the only shard, waiting out a pass of the server's that holds it.
+async fn pass(
+    reconciler: &stocksvr_reservation::reconcile::Reconciler,
+) -> stocksvr_reservation::reconcile::PassReport {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(report) = reconciler.pass_once().await.expect("pass") {
+            return report;
+        }
+        assert!(Instant::now() < deadline, "the shard was never free");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_checked_again() {
+    let shop = shop(50).await;
+    // The server's own passes: one at start, then not for an hour; the test makes the rest.
+    let server = shop.server(&[
+        ("STOCKSVR__RESERVATION__WORKER_ID", "35"),
+        ("STOCKSVR__RECONCILE__SHARDS", "1"),
+        ("STOCKSVR__RECONCILE__INTERVAL_SECS", "3600"),
+    ]);
+    wait_for_api(&server).await;
+    let pool = shop.env.pool();
+    let base = 95_000_000 + shop.merchant_id % 1_000_000 * 100;
+    let keys = bucket_of(&shop);
+    try_one(&server, &shop, base + 1, 3).await;
+    quiescent(&server, &shop, Duration::from_secs(90)).await;
+
+    let full_check = Duration::from_secs(20);
+    let reconciler = stocksvr_reservation::reconcile::Reconciler::new(
+        service_in(&pool, 36).await,
+        stocksvr_reservation::reconcile::ReconcileConfig {
+            shards: 1,
+            interval: Duration::ZERO,
+            full_check,
+            // A page of one held reservation: the full check below reads the bucket's two
+            // page by page, and finds the drift on the second page.
+            guard_page: 1,
+            ..Default::default()
+        },
+    );
+    let r = pass(&reconciler).await;
+    let full_at = Instant::now();
+    assert_eq!((r.checked, r.consistent, r.unchanged), (1, 1, 0), "{r:?}");
+    let r = pass(&reconciler).await;
+    assert_eq!(
+        (r.checked, r.consistent, r.unchanged),
+        (1, 1, 1),
+        "nothing moved: {r:?}"
+    );
+
+    // A Try moves the bucket's version: checked again (its numbers), and clean.
+    let second = try_one(&server, &shop, base + 2, 4).await;
+    quiescent(&server, &shop, Duration::from_secs(90)).await;
+    let r = pass(&reconciler).await;
+    assert_eq!(
+        (r.checked, r.consistent, r.unchanged),
+        (1, 1, 0),
+        "moved: {r:?}"
+    );
+
+    // Drift that moves no version (a fence deleted behind the service's back) waits for the
+    // full check, which reads every held reservation's fence.
+    let mut redis = redis_conn(&shared_redis_url()).await;
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(keys.fence_key(second))
+        .query_async(&mut redis)
+        .await
+        .expect("del");
+    assert_eq!(deleted, 1);
+    let r = pass(&reconciler).await;
+    assert!(
+        full_at.elapsed() < full_check,
+        "the steps above took longer than the full-check interval; the skip was not tested"
+    );
+    assert_eq!(
+        (r.unchanged, r.suspected),
+        (1, 0),
+        "skipped before the full check: {r:?}"
+    );
+    tokio::time::sleep(full_check.saturating_sub(full_at.elapsed())).await;
+    let r = pass(&reconciler).await;
+    assert_eq!(
+        (r.checked, r.unchanged, r.suspected),
+        (1, 0, 1),
+        "full check: {r:?}"
+    );
+    let kinds: Vec<String> = sqlx::query_scalar(
+        "SELECT kind FROM inventory_reconcile_difference WHERE stock_bucket_id = ?",
+    )
+    .bind(keys.stock_bucket_id())
+    .fetch_all(&pool)
+    .await
+    .expect("differences");
+    assert_eq!(kinds, ["records_missing"]);
+    let views: serde_json::Value = sqlx::query_scalar(
+        "SELECT views FROM inventory_reconcile_difference WHERE stock_bucket_id = ?",
+    )
+    .bind(keys.stock_bucket_id())
+    .fetch_one(&pool)
+    .await
+    .expect("views");
+    assert_eq!(
+        views["records_missing"],
+        serde_json::json!([second]),
+        "{views}"
+    );
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_repair_racing_five_hundred_trys_loses_its_version_and_is_computed_again() {
     let shop = shop(10_000).await;
@@ -369,16 +502,7 @@ async fn a_repair_racing_five_hundred_trys_loses_its_version_and_is_computed_aga
         .expect("hincrby");
 
     // The plan is computed at this version, before the Trys.
-    let lua = Arc::new(stocksvr_store::lua::LuaExecutor::new(
-        redis_conn(&shared_redis_url()).await,
-        Duration::from_secs(3600),
-    ));
-    let service = Arc::new(stocksvr_reservation::ReservationService::new(
-        pool.clone(),
-        lua,
-        stocksvr_core::snowflake::SnowflakeGenerator::new(33).expect("worker id"),
-        stocksvr_reservation::ServiceConfig::default(),
-    ));
+    let service = service_in(&pool, 33).await;
     let reconciler = stocksvr_reservation::reconcile::Reconciler::new(
         service.clone(),
         stocksvr_reservation::reconcile::ReconcileConfig::default(),

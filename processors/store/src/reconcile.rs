@@ -166,6 +166,23 @@ fn in_list<'a>(q: &mut QueryBuilder<'a, MySql>, buckets: &'a [String]) {
     list.push_unseparated(")");
 }
 
+/// The snapshot's Redis version of each of `buckets` that has a snapshot row: one indexed
+/// read, how a scheduled pass sees whether the projector booked anything since.
+pub async fn snapshot_versions(
+    pool: &MySqlPool,
+    buckets: &[String],
+) -> Result<HashMap<String, u64>, sqlx::Error> {
+    if buckets.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut q = QueryBuilder::<MySql>::new(
+        "SELECT stock_bucket_id, redis_version FROM dish_stock_snapshot WHERE stock_bucket_id IN ",
+    );
+    in_list(&mut q, buckets);
+    let rows: Vec<(String, u64)> = q.one_off_as().fetch_all(pool).deadline().await?;
+    Ok(rows.into_iter().collect())
+}
+
 /// Reads every MySQL view of `buckets` (a chunk: a few hundred ids) in seven statements.
 pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlViews, sqlx::Error> {
     let mut views = MysqlViews::default();
@@ -362,21 +379,36 @@ pub struct GuardedRow {
     pub created_at: NaiveDateTime,
 }
 
-/// The guarded reservations of `buckets`.
+/// The guarded reservations of `buckets`, ordered by bucket and id: at most `limit` of them,
+/// and with `after` (a bucket and an id) only that bucket's after that id.
 pub async fn guarded_rows(
     pool: &MySqlPool,
     buckets: &[String],
+    after: Option<(&str, u64)>,
+    limit: u32,
 ) -> Result<Vec<GuardedRow>, sqlx::Error> {
     if buckets.is_empty() {
         return Ok(Vec::new());
     }
     let mut q = QueryBuilder::<MySql>::new(
         "SELECT stock_bucket_id, id, status, quantity, refunded_quantity, created_at \
-         FROM inventory_reservation WHERE status IN (20, 25, 40) AND quantity > refunded_quantity \
-         AND stock_bucket_id IN ",
+         FROM inventory_reservation WHERE status IN (20, 25, 40) AND quantity > refunded_quantity ",
     );
-    in_list(&mut q, buckets);
-    q.push(" ORDER BY stock_bucket_id, id");
+    match after {
+        // One bucket through idx_stock_bucket (bucket, id): a range read, not a sort.
+        Some((bucket, id)) => {
+            q.push("AND stock_bucket_id = ")
+                .push_bind(bucket)
+                .push(" AND id > ")
+                .push_bind(id);
+        }
+        None => {
+            q.push("AND stock_bucket_id IN ");
+            in_list(&mut q, buckets);
+        }
+    }
+    q.push(" ORDER BY stock_bucket_id, id LIMIT ")
+        .push_bind(limit);
     q.one_off_as().fetch_all(pool).deadline().await
 }
 

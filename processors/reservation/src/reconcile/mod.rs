@@ -18,11 +18,12 @@ use chrono::{TimeDelta, Utc};
 use classify::{classify, BucketViews, DifferenceKind, InFlight, Verdict};
 use serde::Serialize;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_pipeline::periodic::{self, Cadence, Round};
-use stocksvr_store::lua::TargetNumbers;
+use stocksvr_store::lua::{StockNumbers, TargetNumbers};
 use stocksvr_store::reconcile::{self as store, BucketFilter, LiveBucket};
 use stocksvr_telemetry::names;
 use tokio::sync::watch;
@@ -35,8 +36,14 @@ pub struct ReconcileConfig {
     pub lease: TimeDelta,
     /// A shard is checked at most once per interval.
     pub interval: Duration,
+    /// A bucket unchanged since its last clean check is checked in full (fences, op
+    /// records, MySQL sums) only this often; zero: at every pass.
+    pub full_check: Duration,
     /// Buckets read per round trip.
     pub chunk: u32,
+    /// Held reservations whose fences and op records are read at once (bounds the memory
+    /// a full check of a hot bucket takes).
+    pub guard_page: u32,
     /// Scheduled passes repair confirmed differences and rebuild lost buckets themselves;
     /// otherwise they detect and alert only.
     pub auto_repair: bool,
@@ -58,7 +65,9 @@ impl Default for ReconcileConfig {
             shards: 16,
             lease: TimeDelta::seconds(120),
             interval: Duration::from_secs(60),
+            full_check: Duration::from_secs(900),
             chunk: 200,
+            guard_page: 5_000,
             auto_repair: false,
             max_repairs_per_pass: 10,
             settle: Duration::from_secs(2),
@@ -176,6 +185,8 @@ pub struct Checked {
 pub struct PassReport {
     pub shard: u32,
     pub checked: u64,
+    /// Checked buckets skipped as unchanged since their last clean check (also consistent).
+    pub unchanged: u64,
     pub consistent: u64,
     pub not_built: u64,
     pub held_back: u64,
@@ -190,7 +201,31 @@ pub struct Reconciler {
     service: Arc<ReservationService>,
     config: ReconcileConfig,
     owner: String,
+    /// Buckets this instance last found consistent, and what they looked like then.
+    clean: Mutex<HashMap<String, CleanMark>>,
 }
+
+/// What a scheduled pass compares to decide that nothing touched a bucket since its last
+/// clean check: every Lua step that moves a number bumps the Redis hash's version (and its
+/// `updated_at_ms`), the projector moves the snapshot's version with every booking, and a
+/// close or a baseline change moves the baseline row.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    redis: Option<StockNumbers>,
+    snapshot_version: Option<u64>,
+    baseline: (u64, i8, i64),
+}
+
+#[derive(Debug, Clone)]
+struct CleanMark {
+    seen: Seen,
+    /// When the fences and op records of its held reservations were last read.
+    full_at: Instant,
+}
+
+/// Buckets remembered as clean per instance (about 200 bytes each); beyond this, the rest
+/// are checked at every pass as if never seen, which costs time, not correctness.
+const MAX_CLEAN_MARKS: usize = 100_000;
 
 impl Reconciler {
     pub fn new(service: Arc<ReservationService>, config: ReconcileConfig) -> Self {
@@ -205,6 +240,7 @@ impl Reconciler {
             service,
             config,
             owner,
+            clean: Mutex::new(HashMap::new()),
         }
     }
 
@@ -216,6 +252,16 @@ impl Reconciler {
     pub async fn inspect(
         &self,
         buckets: Vec<LiveBucket>,
+    ) -> Result<Vec<Inspection>, ReconcileError> {
+        self.inspect_with(buckets, &|_| true).await
+    }
+
+    /// [`Self::inspect`], reading the fences and op records of held reservations only for
+    /// the buckets `full` names (the numbers of every bucket are compared either way).
+    async fn inspect_with(
+        &self,
+        buckets: Vec<LiveBucket>,
+        full: &(dyn Fn(&str) -> bool + Sync),
     ) -> Result<Vec<Inspection>, ReconcileError> {
         let pool = self.service.pool();
         let ids: Vec<String> = buckets.iter().map(|b| b.stock_bucket_id.clone()).collect();
@@ -261,7 +307,8 @@ impl Reconciler {
                 }
             }
         }
-        let missing = self.missing_records(&buckets, &ids).await?;
+        let guarded: Vec<String> = ids.iter().filter(|id| full(id)).cloned().collect();
+        let missing = self.missing_records(&buckets, &guarded).await?;
         let mut out = Vec::with_capacity(buckets.len());
         for (bucket, redis) in buckets.into_iter().zip(redis) {
             let id = bucket.stock_bucket_id.as_str();
@@ -318,9 +365,44 @@ impl Reconciler {
         buckets: &[LiveBucket],
         ids: &[String],
     ) -> Result<HashMap<String, Vec<u64>>, ReconcileError> {
+        let pool = self.service.pool();
+        let mut missing: HashMap<String, Vec<u64>> = HashMap::new();
+        // Usually one read covers the chunk. A chunk holding more (a hot dish holds a
+        // reservation per order of the day) is read page by page, bucket by bucket, so
+        // memory stays at one page of rows and Redis replies however big the bucket.
+        let limit = self.config.guard_page.max(1);
+        let rows = store::guarded_rows(pool, ids, None, limit + 1).await?;
+        if rows.len() <= limit as usize {
+            self.check_guards(buckets, &rows, &mut missing).await?;
+            return Ok(missing);
+        }
+        drop(rows);
+        for id in ids {
+            let mut after = 0;
+            loop {
+                let page = store::guarded_rows(pool, ids, Some((id, after)), limit).await?;
+                self.check_guards(buckets, &page, &mut missing).await?;
+                match page.last() {
+                    Some(last) if page.len() == limit as usize => after = last.id,
+                    _ => break,
+                }
+            }
+        }
+        Ok(missing)
+    }
+
+    /// Adds to `missing` the reservations of `rows` whose fence or op record is not right.
+    async fn check_guards(
+        &self,
+        buckets: &[LiveBucket],
+        rows: &[store::GuardedRow],
+        missing: &mut HashMap<String, Vec<u64>>,
+    ) -> Result<(), ReconcileError> {
         use stocksvr_core::model::FencePhase;
         use stocksvr_core::reservation::{try_operation_id, ReservationStatus};
-        let rows = store::guarded_rows(self.service.pool(), ids).await?;
+        if rows.is_empty() {
+            return Ok(());
+        }
         let keys: HashMap<&str, BucketKey> = buckets
             .iter()
             .map(|b| {
@@ -345,7 +427,6 @@ impl Reconciler {
             .map_err(|e| ReconcileError::Redis(e.to_string()))?;
         let op_ttl = TimeDelta::from_std(self.service.config().op_ttl).unwrap_or(TimeDelta::MAX);
         let op_window_start = Utc::now().naive_utc() - op_ttl;
-        let mut missing: HashMap<String, Vec<u64>> = HashMap::new();
         for (r, (fence, op_exists)) in rows.iter().zip(found) {
             let phase = if r.status == ReservationStatus::Confirmed.code() as i8 {
                 FencePhase::Confirmed
@@ -363,7 +444,7 @@ impl Reconciler {
                     .push(r.id);
             }
         }
-        Ok(missing)
+        Ok(())
     }
 
     /// Every live bucket matching `filter`, inspected chunk by chunk; `progress` hears the
@@ -613,6 +694,114 @@ impl Reconciler {
         }
     }
 
+    /// A scheduled pass's view of one chunk: the inspections of the buckets that moved since
+    /// their last clean check (or are due a full one), and how many did not move.
+    ///
+    /// A bucket nothing touched is skipped: reading its held reservations' fences and op
+    /// records would cost one Redis read per reservation at every pass, however idle the
+    /// service (it was most of the idle CPU). A bucket that moved has its numbers compared;
+    /// its fences and op records are read at most every `full_check`, or at once when its
+    /// numbers differ, so a repair always knows which records to restore.
+    async fn inspect_changed(
+        &self,
+        chunk: Vec<LiveBucket>,
+    ) -> Result<(Vec<Inspection>, u64), ReconcileError> {
+        let every = self.config.full_check;
+        if every.is_zero() {
+            return Ok((self.inspect(chunk).await?, 0));
+        }
+        let keys: Vec<BucketKey> = chunk
+            .iter()
+            .map(|b| BucketKey::new(b.merchant_id, b.dish_id, b.stock_date))
+            .collect();
+        let redis = self
+            .service
+            .lua()
+            .read_buckets(&keys)
+            .await
+            .map_err(|e| ReconcileError::Redis(e.to_string()))?;
+        let ids: Vec<String> = chunk.iter().map(|b| b.stock_bucket_id.clone()).collect();
+        let snapshots = store::snapshot_versions(self.service.pool(), &ids).await?;
+        let now = Instant::now();
+        let mut todo = Vec::new();
+        let mut seen = HashMap::new();
+        let mut full = HashSet::new();
+        let mut unchanged = 0;
+        {
+            let clean = self.clean.lock().unwrap_or_else(PoisonError::into_inner);
+            for (bucket, numbers) in chunk.into_iter().zip(redis) {
+                let id = bucket.stock_bucket_id.clone();
+                let now_seen = Seen {
+                    redis: numbers,
+                    snapshot_version: snapshots.get(&id).copied(),
+                    baseline: (
+                        bucket.baseline_version,
+                        bucket.bucket_status,
+                        bucket.total_stock,
+                    ),
+                };
+                match clean.get(&id) {
+                    Some(mark) if now.duration_since(mark.full_at) < every => {
+                        if mark.seen == now_seen && bucket.lost_at.is_none() {
+                            unchanged += 1;
+                            continue;
+                        }
+                    }
+                    _ => {
+                        full.insert(id.clone());
+                    }
+                }
+                seen.insert(id, now_seen);
+                todo.push(bucket);
+            }
+        }
+        let mut inspections = self.inspect_with(todo, &|id| full.contains(id)).await?;
+        let again: Vec<LiveBucket> = inspections
+            .iter()
+            .filter(|i| {
+                !full.contains(&i.bucket.stock_bucket_id)
+                    && matches!(i.verdict, Verdict::Differs(_) | Verdict::Lost)
+            })
+            .map(|i| i.bucket.clone())
+            .collect();
+        if !again.is_empty() {
+            for redone in self.inspect(again).await? {
+                full.insert(redone.bucket.stock_bucket_id.clone());
+                if let Some(slot) = inspections
+                    .iter_mut()
+                    .find(|i| i.bucket.stock_bucket_id == redone.bucket.stock_bucket_id)
+                {
+                    *slot = redone;
+                }
+            }
+        }
+        let mut clean = self.clean.lock().unwrap_or_else(PoisonError::into_inner);
+        for i in &inspections {
+            let id = &i.bucket.stock_bucket_id;
+            let mark = match (&i.verdict, seen.remove(id)) {
+                (Verdict::Consistent, Some(seen)) if i.bucket.lost_at.is_none() => {
+                    let full_at = if full.contains(id) {
+                        now
+                    } else {
+                        clean.get(id).map_or(now, |m| m.full_at)
+                    };
+                    Some(CleanMark { seen, full_at })
+                }
+                _ => None,
+            };
+            match mark {
+                Some(mark) if clean.contains_key(id) || clean.len() < MAX_CLEAN_MARKS => {
+                    clean.insert(id.clone(), mark);
+                }
+                Some(_) => {}
+                None => {
+                    clean.remove(id);
+                }
+            }
+        }
+        Ok((inspections, unchanged))
+    }
+
     /// One scheduled pass: leases a shard due for checking and compares its buckets,
     /// remembering sightings in MySQL. `None` when no shard is due.
     pub async fn pass_once(&self) -> Result<Option<PassReport>, ReconcileError> {
@@ -656,7 +845,10 @@ impl Reconciler {
             after = Some(last.stock_bucket_id.clone());
             let full = chunk.len() as u32 == self.config.chunk;
             let ids: Vec<String> = chunk.iter().map(|b| b.stock_bucket_id.clone()).collect();
-            let inspections = self.inspect(chunk).await?;
+            let (inspections, unchanged) = self.inspect_changed(chunk).await?;
+            report.checked += unchanged;
+            report.consistent += unchanged;
+            report.unchanged += unchanged;
             let open = store::open_differences(pool, &ids).await?;
             for i in inspections {
                 report.checked += 1;
