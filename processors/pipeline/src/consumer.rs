@@ -319,11 +319,16 @@ pub async fn run(
     // librdkafka prefetches up to 64 MB and 100,000 records per consumer by default: with
     // several consumers in one process that is hundreds of MB held after a backlog was read
     // (the allocator keeps the pages). A few MB still keeps a batch ready behind the one
-    // being applied, which is all a loop that commits after the effect can use. The
-    // operator's `kafka.properties` win.
+    // being applied, which is all a loop that commits after the effect can use. The queue
+    // bound is only checked before a fetch, and one fetch answer may carry 50 MB (1 MB per
+    // partition): while a fresh group caught up on a backlog that was most of the process's
+    // memory, in librdkafka's own (glibc) heap. 1 MB per answer still carries thousands of
+    // our events. The operator's `kafka.properties` win.
     for (key, value) in [
         ("queued.max.messages.kbytes", "4096"),
         ("queued.min.messages", "2000"),
+        ("fetch.max.bytes", "1048576"),
+        ("max.partition.fetch.bytes", "262144"),
     ] {
         if client.get(key).is_none() {
             client.set(key, value);
