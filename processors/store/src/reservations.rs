@@ -436,7 +436,7 @@ pub async fn begin_step(
     version: u32,
     step: &Step<'_>,
 ) -> Result<bool, sqlx::Error> {
-    Ok(begin_step_at(conn, id, from, version, step, now()).await?)
+    begin_step_at(conn, id, from, version, step, now()).await
 }
 
 /// [`begin_step`] writing `now` as `updated_at`, so the caller can build the row it left
