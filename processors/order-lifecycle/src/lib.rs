@@ -25,15 +25,17 @@ pub use plan::{plan, Known, Op, OrderEvent};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stocksvr_core::events::{topics, EventKind};
 use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_pipeline::config::KafkaSettings;
-use stocksvr_pipeline::consumer::{Applied, Failure, LoopConfig, Record, RecordHandler};
+use stocksvr_pipeline::consumer::{
+    self, Applied, Dependency, Failure, Handler, LoopConfig, Record,
+};
 use stocksvr_pipeline::periodic::{self, Cadence, Round};
-use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError};
+use stocksvr_reservation::{Coalescer, IntentOutcome, ReservationService, ServiceError};
 use stocksvr_store::order_events::{self, DeferredStatus, NewDeferred};
 use stocksvr_store::reservations::Reservation;
 use stocksvr_store::wheel::TimeWheel;
@@ -44,12 +46,15 @@ pub const NAME: &str = "order-lifecycle";
 
 /// Order events handed to the handler at once, and how many orders of them are handled at
 /// the same time (an order's own events stay in sequence). One order at a time caps the
-/// processor at one order's round trips (about 6 ms: 164 confirms/s on the bench machine);
-/// eight at once keep well inside the MySQL pool (`mysql.max_connections`, 16) that the
-/// Try API shares in `stocksvr all`. Every order event goes through the inbox, so one
-/// handled again after a cut batch changes nothing.
+/// processor at one order's round trips (about 6 ms: 164 confirms/s on the bench machine).
+/// An order holds at most one MySQL connection at a time, and only for its own reads: its
+/// writes (the step CAS, the completion, the inbox row) wait in group-commit queues, whose
+/// groups hold the connections. So sixteen orders at once stay inside the MySQL pool
+/// (`mysql.max_connections`, 16) that the Try API shares in `stocksvr all`, and the more
+/// orders wait in a queue the larger (and fewer) the groups. Every order event goes through
+/// the inbox, so one handled again after a cut batch changes nothing.
 pub const MAX_BATCH: usize = 64;
-pub const CONCURRENT_ORDERS: usize = 8;
+pub const CONCURRENT_ORDERS: usize = 16;
 
 pub fn loop_config(kafka: &KafkaSettings) -> LoopConfig {
     LoopConfig {
@@ -73,6 +78,43 @@ pub struct OrderLifecycle {
     group: String,
     /// Where a parked scheduled reservation gets its timer; None: left to the schedule scan.
     wheel: Option<TimeWheel>,
+    /// Inbox rows of the orders in flight, written together; None outside a Tokio runtime
+    /// (each row is then written alone).
+    inbox: Option<Coalescer<String, Result<(), String>>>,
+}
+
+/// What the handler reads once for a whole batch instead of once per event. Both sets only
+/// ever grow during the batch from what this handler itself writes (an order's events are
+/// all handled here, one after another), so they answer as the per-event queries would.
+struct BatchState {
+    /// Inbox keys of the batch's events handled before, and of those handled since.
+    handled: Mutex<HashSet<String>>,
+    /// The batch's orders with parked events, and those parked since.
+    parked: Mutex<HashSet<u64>>,
+}
+
+impl BatchState {
+    fn handled(&self, event_id: &str) -> bool {
+        lock(&self.handled).contains(&order_events::inbox_key(event_id))
+    }
+
+    fn note_handled(&self, event_id: &str) {
+        lock(&self.handled).insert(order_events::inbox_key(event_id));
+    }
+
+    fn has_parked(&self, order_id: u64) -> bool {
+        lock(&self.parked).contains(&order_id)
+    }
+
+    fn note_parked(&self, order_id: u64) {
+        lock(&self.parked).insert(order_id);
+    }
+}
+
+/// The sets are only touched between awaits, so a poisoned lock (a panic in another order's
+/// task, which fails the batch anyway) still holds consistent data.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What applying one event came to.
@@ -85,10 +127,30 @@ enum Outcome {
 
 impl OrderLifecycle {
     pub fn new(service: Arc<ReservationService>, group: impl Into<String>) -> Self {
+        let group = group.into();
+        let inbox = tokio::runtime::Handle::try_current().is_ok().then(|| {
+            let pool = service.pool().clone();
+            let consumer_group = group.clone();
+            // One group in flight: the inbox INSERT is short, and a second would only split
+            // the queue that forms behind the first.
+            Coalescer::spawn(MAX_BATCH, 1, move |event_ids: Vec<String>| {
+                let pool = pool.clone();
+                let consumer_group = consumer_group.clone();
+                async move {
+                    let written =
+                        order_events::mark_handled_many(&pool, &event_ids, &consumer_group).await;
+                    // sqlx errors do not clone: each event gets the error's text, and the
+                    // caller classifies the inbox write as an unavailable MySQL.
+                    let answer = written.map_err(|e| e.to_string());
+                    event_ids.iter().map(|_| answer.clone()).collect()
+                }
+            })
+        });
         Self {
             service,
-            group: group.into(),
+            group,
             wheel: None,
+            inbox,
         }
     }
 
@@ -129,18 +191,65 @@ impl OrderLifecycle {
             .map_err(|e| Failure::Invalid(format!("order_id {}: {e}", event.order_id())))
     }
 
+    /// Reads what the batch's records need from the inbox and the parked events, in one
+    /// query each.
+    async fn prepare(&self, batch: &[Record]) -> Result<BatchState, Failure> {
+        let mut event_ids = Vec::with_capacity(batch.len());
+        let mut orders = Vec::with_capacity(batch.len());
+        for record in batch {
+            // An undecodable record is judged (dead-lettered) when its turn comes.
+            if let Ok(event) = Self::decode(record) {
+                if let Ok(order_id) = Self::order_id(&event) {
+                    event_ids.push(event.event_id().to_string());
+                    orders.push(order_id);
+                }
+            }
+        }
+        orders.sort_unstable();
+        orders.dedup();
+        let pool = self.service.pool();
+        let ids: Vec<&str> = event_ids.iter().map(String::as_str).collect();
+        let handled = order_events::handled_many(pool, &ids, &self.group)
+            .await
+            .map_err(|e| Failure::from_sqlx(&e))?;
+        let parked = order_events::orders_waiting(pool, &self.group, &orders)
+            .await
+            .map_err(|e| Failure::from_sqlx(&e))?;
+        Ok(BatchState {
+            handled: Mutex::new(handled),
+            parked: Mutex::new(parked),
+        })
+    }
+
+    /// Records `event_id` in the inbox, in a group with the other orders' events in flight.
+    async fn mark_handled(&self, event_id: &str) -> Result<(), Failure> {
+        match &self.inbox {
+            Some(inbox) => match inbox.submit(event_id.to_string()).await {
+                Some(Ok(())) => Ok(()),
+                Some(Err(reason)) => Err(Failure::unavailable(
+                    Dependency::Mysql,
+                    format!("recording the event in the inbox: {reason}"),
+                )),
+                None => Err(Failure::unavailable(
+                    Dependency::Mysql,
+                    "the inbox group-commit worker stopped",
+                )),
+            },
+            None => order_events::mark_handled(self.service.pool(), event_id, &self.group)
+                .await
+                .map_err(|e| Failure::from_sqlx(&e)),
+        }
+    }
+
     #[tracing::instrument(skip_all, fields(topic = record.topic(), partition = record.partition(), offset = record.offset(), event = %record.event.full_name, event_id, order_id))]
-    async fn one(&self, record: &Record) -> Result<Applied, Failure> {
+    async fn one(&self, record: &Record, batch: &BatchState) -> Result<Applied, Failure> {
         let event = Self::decode(record)?;
         let span = tracing::Span::current();
         span.record("event_id", event.event_id());
         span.record("order_id", event.order_id());
         let order_id = Self::order_id(&event)?;
         let pool = self.service.pool();
-        if order_events::handled(pool, event.event_id(), &self.group)
-            .await
-            .map_err(|e| Failure::from_sqlx(&e))?
-        {
+        if batch.handled(event.event_id()) {
             return Ok(Applied::Duplicate);
         }
         let applied = match self.apply(&event, order_id).await? {
@@ -163,6 +272,7 @@ impl OrderLifecycle {
                 )
                 .await
                 .map_err(|e| Failure::from_sqlx(&e))?;
+                batch.note_parked(order_id);
                 if parked {
                     tracing::info!(
                         order_id,
@@ -174,10 +284,9 @@ impl OrderLifecycle {
                 Applied::Deferred
             }
         };
-        order_events::mark_handled(pool, event.event_id(), &self.group)
-            .await
-            .map_err(|e| Failure::from_sqlx(&e))?;
-        if applied != Applied::Deferred {
+        self.mark_handled(event.event_id()).await?;
+        batch.note_handled(event.event_id());
+        if applied != Applied::Deferred && batch.has_parked(order_id) {
             // This event may be what a parked one of the order waits for.
             self.redrive(order_id).await?;
         }
@@ -191,6 +300,7 @@ impl OrderLifecycle {
             .list_order(order_id)
             .await
             .map_err(|e| e.failure())?;
+        let mut read: HashMap<u64, Reservation> = HashMap::with_capacity(rows.len());
         let known: HashMap<u64, Known> = rows
             .iter()
             .map(|r| {
@@ -203,6 +313,7 @@ impl OrderLifecycle {
                 )
             })
             .collect();
+        read.extend(rows.into_iter().map(|r| (r.id, r)));
         let ops = plan(event, &known).map_err(Failure::Invalid)?;
         let outcomes: Vec<(u64, Op, Result<IntentOutcome, ServiceError>)> = match event {
             // The order fails as a whole: fence and cancel decisions in one transaction.
@@ -219,25 +330,37 @@ impl OrderLifecycle {
                     Err(e) => return Err(e.failure()),
                 }
             }
+            // The reservations of one order are independent of each other: their steps run
+            // at once, so they also share the step groups. Confirm and MarkCreated decide
+            // first on the rows just read (a lost CAS reads them again).
             _ => {
-                let mut outcomes = Vec::with_capacity(ops.len());
-                for (id, op) in ops {
-                    let result = match &op {
-                        Op::Confirm => self.service.confirm(id).await,
-                        Op::MarkCreated => self.service.mark_created(id).await,
-                        Op::Cancel => self.service.cancel(id).await,
-                        Op::Refund {
-                            refund_id,
-                            quantity,
-                        } => {
-                            self.service
-                                .refund(id, refund_id.as_deref(), *quantity)
-                                .await
-                        }
-                    };
-                    outcomes.push((id, op, result));
-                }
-                outcomes
+                futures::future::join_all(ops.into_iter().map(|(id, op)| {
+                    let row = read.remove(&id);
+                    async move {
+                        let result = match (&op, row) {
+                            (Op::Confirm, Some(row)) => self.service.confirm_read(row).await,
+                            (Op::Confirm, None) => self.service.confirm(id).await,
+                            (Op::MarkCreated, Some(row)) => {
+                                self.service.mark_created_read(row).await
+                            }
+                            (Op::MarkCreated, None) => self.service.mark_created(id).await,
+                            (Op::Cancel, _) => self.service.cancel(id).await,
+                            (
+                                Op::Refund {
+                                    refund_id,
+                                    quantity,
+                                },
+                                _,
+                            ) => {
+                                self.service
+                                    .refund(id, refund_id.as_deref(), *quantity)
+                                    .await
+                            }
+                        };
+                        (id, op, result)
+                    }
+                }))
+                .await
             }
         };
         let mut applied = Applied::Duplicate;
@@ -383,13 +506,20 @@ impl OrderLifecycle {
     }
 }
 
-impl RecordHandler for OrderLifecycle {
-    fn handle_one<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, Result<Applied, Failure>> {
-        self.one(record).boxed()
-    }
-
-    fn concurrency(&self) -> usize {
-        CONCURRENT_ORDERS
+/// Handled as a [`stocksvr_pipeline::consumer::RecordHandler`] would be (an order's events
+/// in partition order, `CONCURRENT_ORDERS` orders at once), after one inbox query and one
+/// parked-events query for the whole batch.
+impl Handler for OrderLifecycle {
+    fn handle<'a>(
+        &'a self,
+        batch: &'a [Record],
+    ) -> BoxFuture<'a, Result<Vec<Result<Applied, Failure>>, Failure>> {
+        async move {
+            let state = self.prepare(batch).await?;
+            let state = &state;
+            Ok(consumer::by_key(batch, CONCURRENT_ORDERS, |record| self.one(record, state)).await)
+        }
+        .boxed()
     }
 }
 

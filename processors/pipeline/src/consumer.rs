@@ -132,67 +132,82 @@ impl<T: RecordHandler> Handler for T {
         &'a self,
         batch: &'a [Record],
     ) -> BoxFuture<'a, Result<Vec<Result<Applied, Failure>>, Failure>> {
-        async move {
-            let width = self.concurrency().max(1);
-            if width == 1 || batch.len() == 1 {
-                let mut results = Vec::with_capacity(batch.len());
-                for record in batch {
-                    let result = self.handle_one(record).await;
-                    let stop = matches!(result, Err(Failure::Unavailable { .. }));
-                    results.push(result);
-                    if stop {
-                        break;
-                    }
-                }
-                return Ok(results);
+        async move { Ok(by_key(batch, self.concurrency(), |record| self.handle_one(record)).await) }
+            .boxed()
+    }
+}
+
+/// What [`RecordHandler`] does with a batch, for a [`Handler`] that prepares the batch first
+/// (one query for all its records, say) and then handles record by record: records of
+/// different keys `width` at a time, records of one (topic, partition, key) one after
+/// another in partition order. The results are in batch order up to the first record whose
+/// dependency is unavailable (its result is the last one), as [`Handler::handle`] answers.
+pub async fn by_key<'a, F, Fut>(
+    batch: &'a [Record],
+    width: usize,
+    handle_one: F,
+) -> Vec<Result<Applied, Failure>>
+where
+    F: Fn(&'a Record) -> Fut,
+    Fut: std::future::Future<Output = Result<Applied, Failure>>,
+{
+    let width = width.max(1);
+    if width == 1 || batch.len() == 1 {
+        let mut results = Vec::with_capacity(batch.len());
+        for record in batch {
+            let result = handle_one(record).await;
+            let stop = matches!(result, Err(Failure::Unavailable { .. }));
+            results.push(result);
+            if stop {
+                break;
             }
-            // One chain of batch positions per (topic, partition, key), in partition order.
-            let mut chains: Vec<Vec<usize>> = Vec::new();
-            let mut chain_of: HashMap<(&str, i32, Option<&[u8]>), usize> = HashMap::new();
-            for (i, record) in batch.iter().enumerate() {
-                let key = (record.topic(), record.partition(), record.message.key());
-                let chain = *chain_of.entry(key).or_insert_with(|| {
-                    chains.push(Vec::new());
-                    chains.len() - 1
-                });
-                chains[chain].push(i);
-            }
-            let outcomes: Vec<Vec<(usize, Result<Applied, Failure>)>> =
-                futures::stream::iter(chains.into_iter().map(|chain| async move {
-                    let mut done = Vec::with_capacity(chain.len());
-                    for i in chain {
-                        let result = self.handle_one(&batch[i]).await;
-                        let stop = matches!(result, Err(Failure::Unavailable { .. }));
-                        done.push((i, result));
-                        if stop {
-                            break;
-                        }
-                    }
-                    done
-                }))
-                .buffer_unordered(width)
-                .collect()
-                .await;
-            let mut slots: Vec<Option<Result<Applied, Failure>>> =
-                batch.iter().map(|_| None).collect();
-            for (i, result) in outcomes.into_iter().flatten() {
-                slots[i] = Some(result);
-            }
-            // The results in batch order up to the first record that could not be handled:
-            // the loop stores offsets up to there and retries from it.
-            let mut results = Vec::with_capacity(batch.len());
-            for slot in slots {
-                let Some(result) = slot else { break };
+        }
+        return results;
+    }
+    // One chain of batch positions per (topic, partition, key), in partition order.
+    let mut chains: Vec<Vec<usize>> = Vec::new();
+    let mut chain_of: HashMap<(&str, i32, Option<&[u8]>), usize> = HashMap::new();
+    for (i, record) in batch.iter().enumerate() {
+        let key = (record.topic(), record.partition(), record.message.key());
+        let chain = *chain_of.entry(key).or_insert_with(|| {
+            chains.push(Vec::new());
+            chains.len() - 1
+        });
+        chains[chain].push(i);
+    }
+    let handle_one = &handle_one;
+    let outcomes: Vec<Vec<(usize, Result<Applied, Failure>)>> =
+        futures::stream::iter(chains.into_iter().map(|chain| async move {
+            let mut done = Vec::with_capacity(chain.len());
+            for i in chain {
+                let result = handle_one(&batch[i]).await;
                 let stop = matches!(result, Err(Failure::Unavailable { .. }));
-                results.push(result);
+                done.push((i, result));
                 if stop {
                     break;
                 }
             }
-            Ok(results)
-        }
-        .boxed()
+            done
+        }))
+        .buffer_unordered(width)
+        .collect()
+        .await;
+    let mut slots: Vec<Option<Result<Applied, Failure>>> = batch.iter().map(|_| None).collect();
+    for (i, result) in outcomes.into_iter().flatten() {
+        slots[i] = Some(result);
     }
+    // The results in batch order up to the first record that could not be handled: the
+    // loop stores offsets up to there and retries from it.
+    let mut results = Vec::with_capacity(batch.len());
+    for slot in slots {
+        let Some(result) = slot else { break };
+        let stop = matches!(result, Err(Failure::Unavailable { .. }));
+        results.push(result);
+        if stop {
+            break;
+        }
+    }
+    results
 }
 
 #[derive(Debug, Clone)]

@@ -22,6 +22,9 @@ pub mod view;
 
 pub use error::ServiceError;
 pub use operations::{OpsConfig, OpsError, StockOps};
+/// Group commit without a timer, for other processors' batched writes (the order-lifecycle
+/// inbox, say).
+pub use service::group::Coalescer;
 pub use service::{
     IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest, REJECTED_ORDER_FAILED,
 };

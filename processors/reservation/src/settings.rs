@@ -28,10 +28,12 @@ pub struct ReservationSettings {
     /// Milliseconds the Try path keeps a merchant's time zone and a bucket's baseline row
     /// (0 to 2000; 0 reads them for every Try).
     pub try_cache_ms: u64,
-    /// Largest group of concurrent Trys written with one INSERT and committed in one
-    /// transaction (group commit); 1 writes each Try alone.
+    /// Largest group written together by group commit: concurrent Trys inserted with one
+    /// INSERT, steps begun with one CAS (Confirm, Cancel) and steps completed in one
+    /// transaction (all but refunds); 1 writes each row alone.
     pub try_group_max: usize,
-    /// Groups written at the same time, each on one MySQL connection.
+    /// Groups each of the three group-commit workers writes at the same time, each on one
+    /// MySQL connection.
     pub try_groups_in_flight: usize,
 }
 

@@ -3,10 +3,12 @@
 //! event already handled when a topic is replayed.
 
 use crate::deadline::Deadline;
+use crate::one_off::OneOff;
 use crate::outbox::{insert_outbox, NewOutbox};
 use crate::reservations::{now, NewReservation, Reservation};
 use chrono::{NaiveDateTime, TimeDelta};
 use sqlx::{MySql, MySqlPool, Transaction};
+use std::collections::HashSet;
 use stocksvr_core::reservation::ReservationStatus;
 
 /// Writes the order fence of a failed order inside the caller's transaction (the one that
@@ -324,6 +326,78 @@ pub async fn mark_handled(
     .deadline()
     .await?;
     Ok(())
+}
+
+/// Of `event_ids`, the inbox keys ([`inbox_key`]) `consumer_group` handled before: one
+/// query for a whole batch instead of one [`handled`] per event.
+pub async fn handled_many(
+    pool: &MySqlPool,
+    event_ids: &[&str],
+    consumer_group: &str,
+) -> Result<HashSet<String>, sqlx::Error> {
+    if event_ids.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let mut query = sqlx::QueryBuilder::<MySql>::new(
+        "SELECT event_id FROM inventory_consumer_inbox WHERE consumer_group = ",
+    );
+    query.push_bind(consumer_group).push(" AND event_id IN (");
+    let mut keys = query.separated(", ");
+    for id in event_ids {
+        keys.push_bind(inbox_key(id));
+    }
+    query.push(")");
+    let rows: Vec<(String,)> = query.one_off_as().fetch_all(pool).deadline().await?;
+    Ok(rows.into_iter().map(|(k,)| k).collect())
+}
+
+/// [`mark_handled`] for several events in one statement (each already durable).
+pub async fn mark_handled_many(
+    pool: &MySqlPool,
+    event_ids: &[String],
+    consumer_group: &str,
+) -> Result<(), sqlx::Error> {
+    if event_ids.is_empty() {
+        return Ok(());
+    }
+    let now = now();
+    let mut query = sqlx::QueryBuilder::<MySql>::new(
+        "INSERT IGNORE INTO inventory_consumer_inbox (event_id, consumer_group, consumed_at) ",
+    );
+    query.push_values(event_ids, |mut row, id| {
+        row.push_bind(inbox_key(id))
+            .push_bind(consumer_group)
+            .push_bind(now);
+    });
+    query.one_off().execute(pool).deadline().await?;
+    Ok(())
+}
+
+/// Of `order_ids`, those with a waiting (parked) event: one query for a whole batch instead
+/// of one [`waiting_of_order`] per order.
+pub async fn orders_waiting(
+    pool: &MySqlPool,
+    consumer_group: &str,
+    order_ids: &[u64],
+) -> Result<HashSet<u64>, sqlx::Error> {
+    if order_ids.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let mut query = sqlx::QueryBuilder::<MySql>::new(
+        "SELECT DISTINCT order_id FROM inventory_deferred_event WHERE status = ",
+    );
+    query
+        .push_bind(DeferredStatus::Waiting.code())
+        .push(" AND consumer_group = ")
+        .push_bind(consumer_group)
+        .push(" AND order_id IN (");
+    let mut ids = query.separated(", ");
+    for id in order_ids {
+        ids.push_bind(*id);
+    }
+    query.push(")");
+    let rows: Vec<(u64,)> = query.one_off_as().fetch_all(pool).deadline().await?;
+    Ok(rows.into_iter().map(|(o,)| o).collect())
 }
 
 fn cut(s: &str, max: usize) -> &str {

@@ -6,8 +6,16 @@
 //! goes out at once, and under load the groups grow with the queue: the wait a request
 //! sees is at most the write in front of it.
 
+use super::ReservationService;
+use crate::error::ServiceError;
+use chrono::NaiveDateTime;
+use sqlx::MySqlPool;
 use std::future::Future;
 use std::sync::Arc;
+use stocksvr_store::reservations::{
+    self as repo, Begin, Completion, InsertOutcome, NewReservation, Reservation,
+};
+use stocksvr_telemetry::names;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 type Job<T, R> = (T, oneshot::Sender<R>);
@@ -69,6 +77,136 @@ impl<T: Send + 'static, R: Send + 'static> Coalescer<T, R> {
         self.queue.send((item, reply)).ok()?;
         answer.await.ok()
     }
+}
+
+/// The group-commit workers of the reservation service. Each row in a group keeps the
+/// single-row path's recovery semantics: a group's write is one transaction, and when any of
+/// its rows lost its CAS it is rolled back and every row is written alone, so a crash at
+/// any point leaves each row where the recovery worker finishes it.
+///
+/// - `inserts`: the Try's PREPARING rows (one INSERT);
+/// - `begins`: the CAS into an intermediate status of Confirm and Cancel (one UPDATE);
+/// - `commits`: the completion of any step but a refund's (Try, Confirm, Cancel, the
+///   recovery worker's resumes, MarkCreated): one UPDATE and one INSERT of the outbox rows.
+///
+/// All share the MySQL pool: each group in flight holds one connection, so `in_flight`
+/// bounds what group commit can take from it (three workers at `in_flight` each).
+pub(super) struct StepGroups {
+    pub(super) inserts:
+        Coalescer<NewReservation, Result<(NaiveDateTime, InsertOutcome), sqlx::Error>>,
+    begins: Coalescer<Begin, Result<Option<Reservation>, sqlx::Error>>,
+    commits: Coalescer<(Reservation, Completion), Result<Option<Reservation>, sqlx::Error>>,
+}
+
+impl StepGroups {
+    pub(super) fn start(pool: &MySqlPool, max_group: usize, in_flight: usize) -> Self {
+        let insert_pool = pool.clone();
+        let inserts = Coalescer::spawn(max_group, in_flight, move |rows: Vec<NewReservation>| {
+            let pool = insert_pool.clone();
+            async move {
+                metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "insert")
+                    .record(rows.len() as f64);
+                match repo::insert_preparing_many(&pool, &rows).await {
+                    Ok((at, outcomes)) => outcomes.into_iter().map(|o| Ok((at, o))).collect(),
+                    Err(e) => rows.iter().map(|_| Err(copy_error(&e))).collect(),
+                }
+            }
+        });
+        let begin_pool = pool.clone();
+        let begins = Coalescer::spawn(max_group, in_flight, move |items: Vec<Begin>| {
+            let pool = begin_pool.clone();
+            async move {
+                metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "begin")
+                    .record(items.len() as f64);
+                match repo::begin_steps(&pool, &items).await {
+                    Ok(begun) => begun.into_iter().map(Ok).collect(),
+                    Err(e) => items.iter().map(|_| Err(copy_error(&e))).collect(),
+                }
+            }
+        });
+        let commit_pool = pool.clone();
+        let commits = Coalescer::spawn(
+            max_group,
+            in_flight,
+            move |items: Vec<(Reservation, Completion)>| {
+                let pool = commit_pool.clone();
+                async move {
+                    metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "commit")
+                        .record(items.len() as f64);
+                    let refs: Vec<(&Reservation, &Completion)> =
+                        items.iter().map(|(r, c)| (r, c)).collect();
+                    match repo::complete_steps(&pool, &refs).await {
+                        Ok(landed) => landed.into_iter().map(Ok).collect(),
+                        Err(e) => items.iter().map(|_| Err(copy_error(&e))).collect(),
+                    }
+                }
+            },
+        );
+        Self {
+            inserts,
+            begins,
+            commits,
+        }
+    }
+}
+
+impl ReservationService {
+    /// The CAS of `begin.row` into its intermediate status, in a group with concurrent ones
+    /// when group commit is on. Returns the row as the CAS left it (built from the CAS, not
+    /// read back), None when another actor moved the row first.
+    pub(super) async fn begin_grouped(
+        &self,
+        begin: Begin,
+    ) -> Result<Option<Reservation>, ServiceError> {
+        Ok(match &self.groups {
+            Some(groups) => groups
+                .begins
+                .submit(begin)
+                .await
+                .unwrap_or_else(|| Err(worker_gone()))?,
+            None => repo::begin_steps(&self.pool, std::slice::from_ref(&begin))
+                .await?
+                .pop()
+                .flatten(),
+        })
+    }
+
+    /// Commits a step's completion (any but a refund's, which writes its refund row too), in
+    /// a group with concurrent ones when group commit is on. Returns the row as committed,
+    /// None when the CAS was lost (another actor finished first).
+    pub(super) async fn complete_grouped(
+        &self,
+        row: Reservation,
+        completion: &Completion,
+    ) -> Result<Option<Reservation>, ServiceError> {
+        Ok(match &self.groups {
+            Some(groups) => groups
+                .commits
+                .submit((row, completion.clone()))
+                .await
+                .unwrap_or_else(|| Err(worker_gone()))?,
+            None => repo::complete_one(&self.pool, &row, completion).await?,
+        })
+    }
+}
+
+/// One failed group write, told to each of its rows: the same kind of error (so it is
+/// classified the same way: a lost connection or timeout is an unavailable dependency).
+fn copy_error(e: &sqlx::Error) -> sqlx::Error {
+    let kind = match e {
+        sqlx::Error::Io(io) => io.kind(),
+        sqlx::Error::PoolTimedOut => std::io::ErrorKind::TimedOut,
+        _ => std::io::ErrorKind::Other,
+    };
+    sqlx::Error::Io(std::io::Error::new(kind, e.to_string()))
+}
+
+/// The group worker stopped (the runtime is shutting down): to the caller, MySQL is gone.
+pub(super) fn worker_gone() -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::BrokenPipe,
+        "a group-commit worker stopped",
+    ))
 }
 
 #[cfg(test)]

@@ -7,8 +7,7 @@ use crate::error::ServiceError;
 use crate::outbox;
 use std::time::Instant;
 use stocksvr_core::reservation::{self as rules, Decision, Intent, ReservationStatus};
-use stocksvr_store::deadline::Deadline;
-use stocksvr_store::reservations::{self as repo, Completion, Step};
+use stocksvr_store::reservations::{self as repo, Begin, Completion, Reservation, Step};
 use stocksvr_telemetry::names;
 
 /// CAS races are bounded: each lost race means another actor moved the row, and a handful
@@ -18,17 +17,30 @@ const MAX_CAS_ROUNDS: usize = 8;
 impl ReservationService {
     /// Instant `OrderCreated` and a due scheduled order.
     pub async fn confirm(&self, id: u64) -> Result<IntentOutcome, ServiceError> {
-        self.apply(id, Intent::Confirm, None).await
+        self.apply(id, Intent::Confirm, None, None).await
+    }
+
+    /// [`Self::confirm`] of a row the caller has just read (the order's reservations, say):
+    /// the first decision is taken on it instead of reading it again. A stale row only costs
+    /// a lost CAS, after which the row is read and the intent decided again.
+    pub async fn confirm_read(&self, row: Reservation) -> Result<IntentOutcome, ServiceError> {
+        self.apply(row.id, Intent::Confirm, None, Some(row)).await
     }
 
     /// Scheduled `OrderCreated`: RESERVED -> CREATED_RESERVED; no Redis step.
     pub async fn mark_created(&self, id: u64) -> Result<IntentOutcome, ServiceError> {
-        self.apply(id, Intent::MarkCreated, None).await
+        self.apply(id, Intent::MarkCreated, None, None).await
+    }
+
+    /// [`Self::mark_created`] of a row the caller has just read (see [`Self::confirm_read`]).
+    pub async fn mark_created_read(&self, row: Reservation) -> Result<IntentOutcome, ServiceError> {
+        self.apply(row.id, Intent::MarkCreated, None, Some(row))
+            .await
     }
 
     /// `OrderCreatedFailed` only.
     pub async fn cancel(&self, id: u64) -> Result<IntentOutcome, ServiceError> {
-        self.apply(id, Intent::Cancel, None).await
+        self.apply(id, Intent::Cancel, None, None).await
     }
 
     /// `OrderCreatedFailed`: the order failed. In one transaction the order fence is written
@@ -108,19 +120,21 @@ impl ReservationService {
                 Intent::Refund
             },
             Some((refund_id, quantity)),
+            None,
         )
         .await
     }
 
-    #[tracing::instrument(skip(self, refund), fields(reservation_id = id, ?intent), err)]
+    #[tracing::instrument(skip(self, refund, read), fields(reservation_id = id, ?intent), err)]
     async fn apply(
         &self,
         id: u64,
         intent: Intent,
         refund: Option<(Option<&str>, Option<u32>)>,
+        read: Option<Reservation>,
     ) -> Result<IntentOutcome, ServiceError> {
         let started = Instant::now();
-        let result = self.apply_inner(id, intent, refund).await;
+        let result = self.apply_inner(id, intent, refund, read).await;
         let outcome = match &result {
             Ok(IntentOutcome::Done { already: true, .. }) => "already_done",
             Ok(IntentOutcome::Done { .. }) => "done",
@@ -141,6 +155,7 @@ impl ReservationService {
         id: u64,
         intent: Intent,
         refund: Option<(Option<&str>, Option<u32>)>,
+        mut read: Option<Reservation>,
     ) -> Result<IntentOutcome, ServiceError> {
         let refund_id = refund.and_then(|(r, _)| r);
         let requested_op = match intent {
@@ -153,7 +168,11 @@ impl ReservationService {
         // order service are never empty, so "" cannot collide with one.
         let refund_key = refund_id.unwrap_or("");
         for _ in 0..MAX_CAS_ROUNDS {
-            let row = self.load(id).await?;
+            // The caller's row for the first decision only: after a lost CAS it is stale.
+            let row = match read.take() {
+                Some(row) if row.id == id => row,
+                _ => self.load(id).await?,
+            };
             let status = row.status()?;
             // A refund request that already committed returns its first result, whatever
             // happened to the row since (the refund row is written in the completing TX).
@@ -196,15 +215,14 @@ impl ReservationService {
                                 reject_reason: None,
                                 outbox: Vec::new(),
                             };
-                            if repo::complete_step(&self.pool, id, status, row.version, &completion)
-                                .await?
-                            {
+                            if let Some(row) = self.complete_grouped(row, &completion).await? {
                                 return Ok(IntentOutcome::Done {
-                                    reservation: Box::new(self.load(id).await?),
+                                    reservation: Box::new(row),
                                     already: false,
                                 });
                             }
-                            false
+                            // Lost the CAS: another actor moved the row; decide again.
+                            continue;
                         }
                         ReservationStatus::Refunding => {
                             let held = row.held();
@@ -222,28 +240,34 @@ impl ReservationService {
                                 pending_quantity: quantity,
                                 resume_status: Some(status),
                             };
-                            stocksvr_store::refunds::begin_refund(
+                            if stocksvr_store::refunds::begin_refund(
                                 &self.pool, &row, status, refund_key, &step,
                             )
                             .await?
+                            {
+                                Some(self.load(id).await?)
+                            } else {
+                                None
+                            }
                         }
                         _ => {
-                            let step = Step {
-                                to,
-                                operation_id: &requested_op,
-                                pending_quantity: if to == ReservationStatus::Canceling {
-                                    row.quantity
-                                } else {
-                                    row.held()
-                                },
-                                resume_status: None,
+                            let pending_quantity = if to == ReservationStatus::Canceling {
+                                row.quantity
+                            } else {
+                                row.held()
                             };
-                            let mut conn = self.pool.acquire().deadline().await?;
-                            repo::begin_step(&mut conn, id, status, row.version, &step).await?
+                            self.begin_grouped(Begin {
+                                row,
+                                to,
+                                operation_id: requested_op.clone(),
+                                pending_quantity,
+                                resume_status: None,
+                            })
+                            .await?
                         }
                     };
-                    if started {
-                        let row = self.run_step(self.load(id).await?).await?;
+                    if let Some(row) = started {
+                        let row = self.run_step(row).await?;
                         return Ok(IntentOutcome::Done {
                             reservation: Box::new(row),
                             already: false,

@@ -11,7 +11,7 @@
 
 pub(crate) mod cache;
 mod completion;
-mod group;
+pub(crate) mod group;
 mod intents;
 mod step;
 mod try_path;
@@ -56,10 +56,12 @@ pub struct ServiceConfig {
     /// How long the Try path keeps a merchant's time zone and a bucket's baseline row
     /// (at most [`cache::MAX_TTL`]); zero reads them for every Try.
     pub try_cache_ttl: Duration,
-    /// Largest group of Trys written with one INSERT and committed in one transaction;
-    /// 1 writes each Try alone.
+    /// Largest group written together by group commit: Trys inserted with one INSERT, steps
+    /// begun with one CAS (Confirm, Cancel), steps completed in one transaction (all but
+    /// refunds); 1 writes each row alone.
     pub try_group_max: usize,
-    /// Groups written at the same time (each holds one MySQL connection).
+    /// Groups written at the same time by each of the three group-commit workers (each
+    /// group holds one MySQL connection).
     pub try_groups_in_flight: usize,
 }
 
@@ -132,8 +134,9 @@ pub struct ReservationService {
     baselines: Arc<cache::TtlCache<String, stocksvr_store::baselines::Baseline>>,
     /// One Try per (order_item_id, dish_id) at a time in this process.
     turns: cache::Turns<(u64, u64)>,
-    /// Group commit of the Try path; None outside a Tokio runtime or with groups of one.
-    groups: Option<try_path::TryGroups>,
+    /// Group commit (the Try path, step begins and completions); None outside a Tokio
+    /// runtime or with groups of one.
+    groups: Option<group::StepGroups>,
 }
 
 impl ReservationService {
@@ -148,7 +151,7 @@ impl ReservationService {
             .with_baseline_cache(baselines.clone());
         let groups = (config.try_group_max > 1 && tokio::runtime::Handle::try_current().is_ok())
             .then(|| {
-                try_path::TryGroups::start(&pool, config.try_group_max, config.try_groups_in_flight)
+                group::StepGroups::start(&pool, config.try_group_max, config.try_groups_in_flight)
             });
         Self {
             timezones: cache::TtlCache::new(config.try_cache_ttl),

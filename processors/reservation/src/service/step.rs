@@ -70,7 +70,8 @@ impl ReservationService {
         self.finish_step(prepared).await
     }
 
-    /// Commits what [`Self::prepare_step`] decided, alone, and answers the row as it is now.
+    /// Commits what [`Self::prepare_step`] decided (in a group with concurrent completions
+    /// when group commit is on) and answers the row as it is now.
     pub(super) async fn finish_step(
         &self,
         prepared: Prepared,
@@ -92,7 +93,7 @@ impl ReservationService {
                         None
                     }
                 } else {
-                    repo::complete_one(&self.pool, &row, &completion).await?
+                    self.complete_grouped(row.clone(), &completion).await?
                 };
                 self.landed(row.id, landed, &completion).await
             }

@@ -1,14 +1,12 @@
 //! Try (seed §6): idempotent on (order_item_id, dish_id). A repeat returns the first outcome
 //! (finishing a Try left PREPARING); a CANCELED reservation is never revived.
 
-use super::group::Coalescer;
 use super::step::Prepared;
 use super::{error_label, ReservationService, TryReply, TryRequest};
 use crate::error::ServiceError;
 use crate::failpoint;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use chrono_tz::Tz;
-use sqlx::MySqlPool;
 use std::time::Instant;
 use stocksvr_core::bucket::{self, BucketKey, BucketState};
 use stocksvr_core::events::OrderType;
@@ -211,12 +209,12 @@ impl ReservationService {
                     .inserts
                     .submit(new.clone())
                     .await
-                    .unwrap_or_else(|| Err(worker_gone()))?;
+                    .unwrap_or_else(|| Err(super::group::worker_gone()))?;
                 (at, vec![outcome])
             }
             None => repo::insert_preparing_many(&self.pool, std::slice::from_ref(new)).await?,
         };
-        let outcome = outcomes.pop().ok_or_else(worker_gone)?;
+        let outcome = outcomes.pop().ok_or_else(super::group::worker_gone)?;
         Ok((at, outcome))
     }
 
@@ -227,14 +225,7 @@ impl ReservationService {
         completion: Completion,
     ) -> Result<Reservation, ServiceError> {
         let id = row.id;
-        let landed = match &self.groups {
-            Some(groups) => groups
-                .commits
-                .submit((row, completion.clone()))
-                .await
-                .unwrap_or_else(|| Err(worker_gone()))?,
-            None => repo::complete_one(&self.pool, &row, &completion).await?,
-        };
+        let landed = self.complete_grouped(row, &completion).await?;
         self.landed(id, landed, &completion).await
     }
 
@@ -298,67 +289,4 @@ impl ReservationService {
             created: false,
         })
     }
-}
-
-/// The two group-commit workers of the Try path: PREPARING inserts and RESERVED commits.
-/// Each row in a group keeps the single-row path's recovery semantics: a crash between the
-/// stages leaves every row PREPARING with its operation id, for the recovery worker.
-pub(super) struct TryGroups {
-    inserts: Coalescer<NewReservation, Result<(NaiveDateTime, InsertOutcome), sqlx::Error>>,
-    commits: Coalescer<(Reservation, Completion), Result<Option<Reservation>, sqlx::Error>>,
-}
-
-impl TryGroups {
-    pub(super) fn start(pool: &MySqlPool, max_group: usize, in_flight: usize) -> Self {
-        let insert_pool = pool.clone();
-        let inserts = Coalescer::spawn(max_group, in_flight, move |rows: Vec<NewReservation>| {
-            let pool = insert_pool.clone();
-            async move {
-                metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "insert")
-                    .record(rows.len() as f64);
-                match repo::insert_preparing_many(&pool, &rows).await {
-                    Ok((at, outcomes)) => outcomes.into_iter().map(|o| Ok((at, o))).collect(),
-                    Err(e) => rows.iter().map(|_| Err(copy_error(&e))).collect(),
-                }
-            }
-        });
-        let commit_pool = pool.clone();
-        let commits = Coalescer::spawn(
-            max_group,
-            in_flight,
-            move |items: Vec<(Reservation, Completion)>| {
-                let pool = commit_pool.clone();
-                async move {
-                    metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "commit")
-                        .record(items.len() as f64);
-                    let refs: Vec<(&Reservation, &Completion)> =
-                        items.iter().map(|(r, c)| (r, c)).collect();
-                    match repo::complete_steps(&pool, &refs).await {
-                        Ok(landed) => landed.into_iter().map(Ok).collect(),
-                        Err(e) => items.iter().map(|_| Err(copy_error(&e))).collect(),
-                    }
-                }
-            },
-        );
-        Self { inserts, commits }
-    }
-}
-
-/// One failed group write, told to each of its Trys: the same kind of error (so it is
-/// classified the same way: a lost connection or timeout is an unavailable dependency).
-fn copy_error(e: &sqlx::Error) -> sqlx::Error {
-    let kind = match e {
-        sqlx::Error::Io(io) => io.kind(),
-        sqlx::Error::PoolTimedOut => std::io::ErrorKind::TimedOut,
-        _ => std::io::ErrorKind::Other,
-    };
-    sqlx::Error::Io(std::io::Error::new(kind, e.to_string()))
-}
-
-/// The group worker stopped (the runtime is shutting down): to the caller, MySQL is gone.
-fn worker_gone() -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(
-        std::io::ErrorKind::BrokenPipe,
-        "the Try group-commit worker stopped",
-    ))
 }
