@@ -16,10 +16,10 @@ from system import BenchError
 
 def _count_pending(b, topic=None):
     """Outbox rows not sent yet (of one topic: its logical name, as the rows keep it)."""
-    sql = "SELECT COUNT(*) FROM inventory_outbox WHERE status <> %s"
-    args = [pipeline.SENT]
+    sql = f"SELECT COUNT(*) {pipeline.UNSENT_FROM}"
+    args = []
     if topic:
-        sql += " AND topic = %s"
+        sql += " AND o.topic = %s"
         args.append(topic)
     return b.db.one(sql, args)
 
@@ -72,7 +72,7 @@ def part_pipeline(b):
               note=f"{lt - t_start:.1f} s from process start; pending left {left}; RSS {rec['rss_after_mb']:.0f} MB")
     b.stop_role(relay)
     if left:
-        b.notes.append(f"{left} outbox rows still not SENT after the relay's published counter reached the backlog")
+        b.notes.append(f"{left} outbox rows still not sent after the relay's published counter reached the backlog")
 
     sizes = {}
     for logical in ("inventory.stock-change.v1", "inventory.lifecycle.v1"):
