@@ -234,6 +234,12 @@ def kill_instance(faults, fid, kind):
                               "AND lease_owner LIKE %s", (f"%:{pid}:%",))[0]["n"]
         if wal:
             pending["wal_leased_by_dead"] = wal
+        # The outbox relay's lead (lease name <host>-<pid>-...): another instance takes it over
+        # once the dead one's lease runs out (relay.claim_lease_secs).
+        led = run.state.query("SELECT COUNT(*) n FROM inventory_outbox_relay WHERE owner LIKE %s",
+                              (f"%-{pid}-%",))[0]["n"]
+        if led:
+            pending["relay_led_by_dead"] = led
         if not pending:
             break
         time.sleep(1.0)
