@@ -276,7 +276,7 @@ def wait_quiet(b, timeout=300, orders=False):
     while time.time() - t0 < timeout:
         if b.all is not None:
             b.revive(b.all, "while the bench waited for the outbox and the projector")
-        pending = b.db.one("SELECT COUNT(*) FROM inventory_outbox WHERE status <> %s", (pipeline.SENT,))
+        pending = b.db.one(f"SELECT COUNT(*) {pipeline.UNSENT_FROM}")
         lag = pipeline.group_lag(b.a.brokers, group, topic) if pending == 0 else None
         if orders and lag == 0:
             lag = pipeline.group_lag(b.a.brokers, f"{b.group_prefix}.order-lifecycle", f"{b.ns}.order.lifecycle.v1")

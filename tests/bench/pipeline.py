@@ -14,7 +14,11 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from system import BenchError, metric_sum
 
-SENT = 30  # inventory_outbox.status (processors/outbox-relay/src/store.rs)
+# inventory_outbox rows not sent yet (processors/outbox-relay/src/store.rs, UNSENT): the
+# relay's scan leaves a published row PENDING (10) and moves the high-water mark in
+# inventory_outbox_relay over it; the retry path marks SENT (30).
+UNSENT_FROM = ("FROM inventory_outbox o JOIN inventory_outbox_relay c ON c.id = 1 "
+               "WHERE ((o.id > c.hwm AND o.status = 10) OR o.status IN (20, 40))")
 PENDING = 10
 
 

@@ -144,7 +144,8 @@ def progress_counters(state):
     """(outbox rows sent, sum of committed offsets of every group): both must grow while a
     broker is down if the processors keep going."""
     state.reset_kafka_clients()
-    sent = state.query("SELECT COUNT(*) n FROM inventory_outbox WHERE status = %s", (state_mod.OUTBOX_SENT,))[0]["n"]
+    sent = state.query("SELECT COUNT(*) n FROM inventory_outbox o JOIN inventory_outbox_relay c ON c.id = 1 "
+                       f"WHERE {state_mod.OUTBOX_SENT_WHERE}")[0]["n"]
     committed = 0
     for g in state_mod.GROUP_TOPICS:
         committed += sum(max(0, o) for o in state.committed(g).values())
@@ -233,6 +234,12 @@ def kill_instance(faults, fid, kind):
                               "AND lease_owner LIKE %s", (f"%:{pid}:%",))[0]["n"]
         if wal:
             pending["wal_leased_by_dead"] = wal
+        # The outbox relay's lead (lease name <host>-<pid>-...): another instance takes it over
+        # once the dead one's lease runs out (relay.claim_lease_secs).
+        led = run.state.query("SELECT COUNT(*) n FROM inventory_outbox_relay WHERE owner LIKE %s",
+                              (f"%-{pid}-%",))[0]["n"]
+        if led:
+            pending["relay_led_by_dead"] = led
         if not pending:
             break
         time.sleep(1.0)

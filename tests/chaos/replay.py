@@ -23,6 +23,7 @@ EXCLUDED_TABLES = {
     "snowflake_worker_lease",  # each process start leases a worker id: processes, not data
     "_sqlx_migrations",        # installed_on / execution_time of the migrations
     "inventory_reconcile_shard",  # reconciler shard leases: which process checks what, until when
+    "inventory_outbox_relay",     # the relay's leader lease (owner, epoch, until when) and mark
 }
 EXCLUDED_HASH_FIELDS = {"updated_at", "operated_at"}  # Redis: stock hash and fence / op record
 

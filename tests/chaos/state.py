@@ -20,7 +20,12 @@ LEDGER_ACTION = {1: "INIT", 2: "TRY", 3: "CONFIRM", 4: "CANCEL", 5: "ADJUST", 6:
                  8: "REBUILD"}
 WAL_ACTION = {1: "INIT_BUCKET", 2: "ADJUST", 3: "REPAIR", 4: "CLOSE", 5: "ARCHIVE", 6: "REBUILD"}
 WAL_STATUS = {10: "INIT", 20: "EXECUTING", 30: "SUCCEEDED", 40: "RETRY", 50: "DEAD"}
-OUTBOX_SENT = 30
+# inventory_outbox rows not sent yet (processors/outbox-relay/src/store.rs, UNSENT): the
+# relay's scan leaves a published row PENDING (10) and moves the high-water mark over it;
+# the retry path marks SENT (30). Use as `FROM inventory_outbox o JOIN
+# inventory_outbox_relay c ON c.id = 1 WHERE ...`.
+OUTBOX_UNSENT = "((o.id > c.hwm AND o.status = 10) OR o.status IN (20, 40))"
+OUTBOX_SENT_WHERE = "((o.id <= c.hwm AND o.status = 10) OR o.status = 30)"
 
 # The consumer group of each processor and the topics it reads (dead-letter: every *.dlt).
 GROUP_TOPICS = {
@@ -118,8 +123,9 @@ class State:
         if self.fresh_kafka_clients:
             self.reset_kafka_clients()
         p = {}
-        rows = self.query("SELECT status, COUNT(*) n FROM inventory_outbox WHERE status <> %s GROUP BY status",
-                          (OUTBOX_SENT,))
+        rows = self.query("SELECT o.status, COUNT(*) n FROM inventory_outbox o "
+                          "JOIN inventory_outbox_relay c ON c.id = 1 "
+                          f"WHERE {OUTBOX_UNSENT} GROUP BY o.status")
         if rows:
             p["outbox"] = {str(r["status"]): r["n"] for r in rows}
         rows = self.query("SELECT status, COUNT(*) n FROM inventory_reservation WHERE status IN (10,30,50,80) "

@@ -461,14 +461,14 @@ def pipeline():
          "s",
          [q("clamp_max(max(stocksvr_outbox_backlog) / clamp_min(sum(rate("
             "stocksvr_outbox_published_total[5m])), 1e-9), 86400)", "outbox")], min=0)
-    b.ts("Batch publish time and publish delay p50 / p99", "Time to publish one claimed "
-         "batch (encode, send, acknowledgements, mark SENT); delay from an outbox row "
-         "created to sent.", "s",
+    b.ts("Batch publish time and publish delay p50 / p99", "Time to publish one batch "
+         "(encode, send, acknowledgements, then the high-water mark or the retry marks); "
+         "delay from an outbox row created to sent.", "s",
          [q(hist("stocksvr_outbox_batch_publish_seconds", "", 0.5, INST), "batch p50"),
           q(hist("stocksvr_outbox_batch_publish_seconds", "", 0.99, INST), "batch p99"),
           q(hist("stocksvr_outbox_publish_delay_seconds", "", 0.5), "delay p50"),
           q(hist("stocksvr_outbox_publish_delay_seconds", "", 0.99), "delay p99")])
-    b.ts("Outbox purged", "SENT rows deleted by the purge after their retention, per 15 "
+    b.ts("Outbox purged", "Sent rows deleted by the purge after their retention, per 15 "
          "min. 0 for a long time while traffic flows means the purge does not run and "
          "inventory_outbox grows.", "short",
          [q(f"sum(increase(stocksvr_outbox_purged_total{{{INST}}}[15m]))", "purged")], min=0)

@@ -19,9 +19,9 @@ pub struct RelayConfig {
     /// Longest sleep when idle: empty rounds double the sleep up to this (seed 003's
     /// adaptive polling: fast under backlog, easy on the database when idle).
     pub max_poll: Duration,
-    /// How long a claimed (SENDING) row belongs to this relay. `next_retry_at` holds the
-    /// lease expiry; after it another relay may claim the row again, which is what recovers
-    /// rows from a relay that crashed mid-batch.
+    /// How long a lease lasts: the leader's (renewed by every round; another relay takes
+    /// over once it runs out) and that of a row claimed by the retry path (SENDING,
+    /// `next_retry_at` holds its expiry; after it another relay may claim the row again).
     pub claim_lease: Duration,
     /// Longest wait for the broker's acknowledgements of one batch. Must stay below
     /// `claim_lease`, or a slow batch could be claimed by a second relay while the first
@@ -39,6 +39,13 @@ pub struct RelayConfig {
     pub purge_every: Duration,
     /// How often the backlog gauges are refreshed (one cheap query each time).
     pub gauge_every: Duration,
+    /// Only when the database refuses `information_schema.INNODB_TRX` (no PROCESS
+    /// privilege): an id missing below visible rows is taken as never written once it has
+    /// been missing this long. A transaction that commits an outbox row later than this
+    /// after the gap was seen has that row skipped by the scan (it is not published), so
+    /// keep this well above the longest transaction. With the privilege, a gap closes as
+    /// soon as every transaction that could own it has ended.
+    pub gap_timeout: Duration,
 }
 
 impl Default for RelayConfig {
@@ -55,6 +62,7 @@ impl Default for RelayConfig {
             purge_batch: 500,
             purge_every: Duration::from_secs(60),
             gauge_every: Duration::from_secs(1),
+            gap_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -92,6 +100,9 @@ impl RelayConfig {
         if self.purge_every.is_zero() || self.gauge_every.is_zero() {
             return fail("purge_every and gauge_every must be above zero");
         }
+        if self.gap_timeout.is_zero() {
+            return fail("gap_timeout must be above zero");
+        }
         Ok(())
     }
 }
@@ -108,7 +119,8 @@ pub struct RelaySettings {
     /// Longest sleep while idle (empty rounds double the sleep up to this), in milliseconds.
     /// A commit in the same process wakes the relay at once, whatever the sleep.
     pub max_poll_ms: u64,
-    /// Seconds a claimed row belongs to this relay before another may claim it again.
+    /// Seconds a lease lasts: the leader's (another relay takes over once it runs out) and
+    /// that of a row claimed for a retry.
     pub claim_lease_secs: u64,
     /// Longest wait for the broker's acknowledgements of one batch, in seconds; below the lease.
     pub publish_timeout_secs: u64,
@@ -124,6 +136,9 @@ pub struct RelaySettings {
     pub purge_every_secs: u64,
     /// Milliseconds between two refreshes of the backlog gauges.
     pub gauge_every_ms: u64,
+    /// Only without the PROCESS privilege: seconds after which a missing outbox id is taken
+    /// as never written (a row committed later than that is not published).
+    pub gap_timeout_secs: u64,
 }
 
 impl Default for RelaySettings {
@@ -141,6 +156,7 @@ impl Default for RelaySettings {
             purge_batch: c.purge_batch,
             purge_every_secs: c.purge_every.as_secs(),
             gauge_every_ms: c.gauge_every.as_millis() as u64,
+            gap_timeout_secs: c.gap_timeout.as_secs(),
         }
     }
 }
@@ -160,6 +176,7 @@ impl RelaySettings {
             purge_batch: self.purge_batch,
             purge_every: Duration::from_secs(self.purge_every_secs),
             gauge_every: Duration::from_millis(self.gauge_every_ms),
+            gap_timeout: Duration::from_secs(self.gap_timeout_secs),
         };
         c.validate()?;
         Ok(c)

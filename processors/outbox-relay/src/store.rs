@@ -1,6 +1,11 @@
-//! The relay's SQL against `inventory_outbox`. Every comparison with a stored time uses the
-//! database clock (`NOW(3)`), as do the rows' `sent_at` and leases, so relays on hosts with
-//! skewed clocks still agree on which lease has expired.
+//! The relay's SQL against `inventory_outbox` and `inventory_outbox_relay`. Every comparison
+//! with a stored time uses the database clock (`NOW(3)`), as do the rows' `sent_at` and the
+//! leases, so relays on hosts with skewed clocks still agree on which lease has expired.
+//!
+//! Two paths publish. The leader's scan reads new rows by primary key above its cursor and
+//! writes nothing per row: once a prefix is acknowledged, one UPDATE moves the high-water
+//! mark (`hwm`). The per-row path (`claim`/`mark`) only takes rows that failed (RETRY) and
+//! SENDING rows of a relay that died mid-claim; it leases them row by row as before.
 
 use crate::schedule::truncate_error;
 use chrono::{NaiveDateTime, SubsecRound, TimeDelta};
@@ -12,11 +17,12 @@ use stocksvr_store::one_off::OneOff;
 
 /// `inventory_outbox.status` codes (see the migration).
 pub mod status {
-    /// Written by the local transaction; waiting for its first publish.
+    /// Written by the local transaction. Stays so when the leader's scan publishes it: the
+    /// row is sent once its id is at or below the high-water mark.
     pub const PENDING: i8 = 10;
-    /// Claimed by a relay until `next_retry_at` (the lease expiry).
+    /// Claimed by the retry path until `next_retry_at` (the lease expiry).
     pub const SENDING: i8 = 20;
-    /// Acknowledged by the broker.
+    /// Acknowledged by the broker after a retry (the scan does not write this).
     pub const SENT: i8 = 30;
     /// A publish failed; tried again from `next_retry_at`.
     pub const RETRY: i8 = 40;
@@ -70,6 +76,21 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// True when the retry path has work: a due RETRY row or a SENDING row whose lease ran out.
+/// Two index probes without locks, so an idle relay does not open the claim's transaction.
+pub async fn retry_due(pool: &MySqlPool) -> Result<bool, sqlx::Error> {
+    let due: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM inventory_outbox FORCE INDEX (idx_publish) \
+         WHERE status IN (?, ?) AND next_retry_at <= NOW(3) LIMIT 1",
+    )
+    .bind(status::SENDING)
+    .bind(status::RETRY)
+    .fetch_optional(pool)
+    .deadline()
+    .await?;
+    Ok(due.is_some())
+}
+
 /// InnoDB may pick two concurrent claims as a deadlock victim (SKIP LOCKED skips locked rows,
 /// not the index gaps its range scan also locks). Nothing was claimed then: the claim is
 /// simply run again, a few times, before the error goes up to the relay's own retry.
@@ -104,8 +125,8 @@ pub async fn claim(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Clai
 /// rows and locks only those. READ COMMITTED drops InnoDB's gap locks on that range, which
 /// would otherwise make the services' outbox inserts wait behind the claim.
 ///
-/// Expired leases go first (a relay died mid-batch: the oldest work), then due retries,
-/// then new rows; retries back off, so they cannot crowd new rows out for long.
+/// Expired leases go first (a relay died mid-batch: the oldest work), then due retries. New
+/// (PENDING) rows are not claimed here: the leader's scan publishes them.
 async fn claim_once(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Claim, sqlx::Error> {
     let mut conn = pool.acquire().deadline().await?;
     let claimed = claim_on(&mut conn, limit, lease).await;
@@ -129,13 +150,13 @@ async fn claim_on(
         .await?;
     let mut tx = conn.begin().deadline().await?;
     let mut rows: Vec<MySqlRow> = Vec::new();
-    for wanted in [status::SENDING, status::RETRY, status::PENDING] {
+    for wanted in [status::SENDING, status::RETRY] {
         let room = limit.saturating_sub(rows.len() as u32);
         if room == 0 {
             break;
         }
-        // For all three statuses next_retry_at is when the row is due: the first attempt,
-        // the next retry, or the end of a lease.
+        // For both statuses next_retry_at is when the row is due: the next retry, or the end
+        // of a lease.
         rows.extend(
             sqlx::query(
                 "SELECT id, event_id, event_type, topic, partition_key, payload, retry_count, \
@@ -162,18 +183,7 @@ async fn claim_on(
     let lease_until = (db_now + to_delta(lease)).trunc_subsecs(3);
     let mut claimed = Vec::with_capacity(rows.len());
     for row in &rows {
-        claimed.push(ClaimedRow {
-            id: row.try_get("id")?,
-            event_id: row.try_get("event_id")?,
-            event_type: row.try_get("event_type")?,
-            topic: row.try_get("topic")?,
-            partition_key: row.try_get("partition_key")?,
-            payload: row
-                .try_get::<serde_json::Value, _>("payload")
-                .map_err(|e| format!("payload is not readable JSON: {e}")),
-            retry_count: row.try_get("retry_count")?,
-            created_at: row.try_get("created_at")?,
-        });
+        claimed.push(claimed_row(row)?);
     }
     // Publishing in id order keeps one key's events in the order they were written.
     claimed.sort_by_key(|row| row.id);
@@ -193,6 +203,21 @@ async fn claim_on(
     Ok(Claim {
         rows: claimed,
         lease_until,
+    })
+}
+
+fn claimed_row(row: &MySqlRow) -> Result<ClaimedRow, sqlx::Error> {
+    Ok(ClaimedRow {
+        id: row.try_get("id")?,
+        event_id: row.try_get("event_id")?,
+        event_type: row.try_get("event_type")?,
+        topic: row.try_get("topic")?,
+        partition_key: row.try_get("partition_key")?,
+        payload: row
+            .try_get::<serde_json::Value, _>("payload")
+            .map_err(|e| format!("payload is not readable JSON: {e}")),
+        retry_count: row.try_get("retry_count")?,
+        created_at: row.try_get("created_at")?,
     })
 }
 
@@ -251,35 +276,300 @@ pub async fn mark(
     Ok(marked)
 }
 
-/// Deletes up to `limit` SENT rows whose `sent_at` is older than `retention`, oldest
-/// first, and returns how many it found to delete (the loop's stop signal) and deleted.
+/// The relay row: the persisted mark and who holds the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub hwm: u64,
+    pub owner: Option<String>,
+    pub epoch: u64,
+    /// The lease ran out by the database clock (or nobody holds it).
+    pub free: bool,
+}
+
+/// Reads the relay row (one primary-key lookup, no lock).
+pub async fn cursor(pool: &MySqlPool) -> Result<Cursor, sqlx::Error> {
+    let (hwm, owner, epoch, free): (u64, Option<String>, u64, bool) = sqlx::query_as(
+        "SELECT hwm, owner, epoch, owner IS NULL OR lease_until < NOW(3) \
+         FROM inventory_outbox_relay WHERE id = 1",
+    )
+    .fetch_one(pool)
+    .deadline()
+    .await?;
+    Ok(Cursor {
+        hwm,
+        owner,
+        epoch,
+        free,
+    })
+}
+
+/// Takes the lease if it is free (or already `owner`'s: a relay resuming after an error),
+/// as a compare-and-set on the epoch it read, and bumps the epoch so every write of a
+/// previous holder is fenced off. Returns the new epoch and the mark to scan from.
+pub async fn acquire(
+    pool: &MySqlPool,
+    owner: &str,
+    seen_epoch: u64,
+    lease: Duration,
+) -> Result<Option<(u64, u64)>, sqlx::Error> {
+    let taken = sqlx::query(
+        "UPDATE inventory_outbox_relay SET owner = ?, epoch = epoch + 1, \
+         lease_until = NOW(3) + INTERVAL ? MICROSECOND, updated_at = NOW(3) \
+         WHERE id = 1 AND epoch = ? AND (owner IS NULL OR owner = ? OR lease_until < NOW(3))",
+    )
+    .bind(owner)
+    .bind(micros(lease))
+    .bind(seen_epoch)
+    .bind(owner)
+    .execute(pool)
+    .deadline()
+    .await?
+    .rows_affected();
+    if taken != 1 {
+        return Ok(None);
+    }
+    // The epoch is ours alone now: nobody else can change the row while the lease holds.
+    let (hwm, epoch): (u64, u64) = sqlx::query_as(
+        "SELECT hwm, epoch FROM inventory_outbox_relay WHERE id = 1 AND owner = ? AND epoch = ?",
+    )
+    .bind(owner)
+    .bind(seen_epoch + 1)
+    .fetch_one(pool)
+    .deadline()
+    .await?;
+    Ok(Some((epoch, hwm)))
+}
+
+/// Moves the mark up to `hwm` (never down) and renews the lease, only while `owner` still
+/// holds `epoch`. False when the lease was taken over: the caller is no longer the leader.
+/// The driver reports matched rows (CLIENT_FOUND_ROWS), so a renewal that changes nothing
+/// visible still counts as held.
+pub async fn advance(
+    pool: &MySqlPool,
+    owner: &str,
+    epoch: u64,
+    hwm: u64,
+    lease: Duration,
+) -> Result<bool, sqlx::Error> {
+    let held = sqlx::query(
+        "UPDATE inventory_outbox_relay SET hwm = GREATEST(hwm, ?), \
+         lease_until = NOW(3) + INTERVAL ? MICROSECOND, updated_at = NOW(3) \
+         WHERE id = 1 AND owner = ? AND epoch = ?",
+    )
+    .bind(hwm)
+    .bind(micros(lease))
+    .bind(owner)
+    .bind(epoch)
+    .execute(pool)
+    .deadline()
+    .await?
+    .rows_affected();
+    Ok(held == 1)
+}
+
+/// Gives the lease up (a clean stop), so another relay takes over at once.
+pub async fn release(pool: &MySqlPool, owner: &str, epoch: u64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE inventory_outbox_relay SET owner = NULL, lease_until = NOW(3), \
+         updated_at = NOW(3) WHERE id = 1 AND owner = ? AND epoch = ?",
+    )
+    .bind(owner)
+    .bind(epoch)
+    .execute(pool)
+    .deadline()
+    .await?;
+    Ok(())
+}
+
+/// A row read by the scan, with its status: only PENDING rows are published by the scan
+/// (the others belong to the retry path or were sent by it).
+#[derive(Debug, Clone)]
+pub struct ScannedRow {
+    pub row: ClaimedRow,
+    pub status: i8,
+}
+
+const SCAN_COLUMNS: &str = "SELECT id, event_id, event_type, topic, partition_key, payload, \
+     retry_count, created_at, status FROM inventory_outbox FORCE INDEX (PRIMARY) ";
+
+fn scanned_row(row: &MySqlRow) -> Result<ScannedRow, sqlx::Error> {
+    Ok(ScannedRow {
+        row: claimed_row(row)?,
+        status: row.try_get("status")?,
+    })
+}
+
+/// Up to `limit` committed rows above `after`, in id order: a primary-key range read, no
+/// lock taken and nothing written.
+pub async fn scan(
+    pool: &MySqlPool,
+    after: u64,
+    limit: u32,
+) -> Result<Vec<ScannedRow>, sqlx::Error> {
+    let rows = sqlx::query(&format!("{SCAN_COLUMNS}WHERE id > ? ORDER BY id LIMIT ?"))
+        .bind(after)
+        .bind(limit)
+        .fetch_all(pool)
+        .deadline()
+        .await?;
+    rows.iter().map(scanned_row).collect()
+}
+
+/// The rows that are now visible inside the id ranges `(lo, hi)` (both ends included), in
+/// id order: the re-read of open gaps.
+pub async fn read_ranges(
+    pool: &MySqlPool,
+    ranges: &[(u64, u64)],
+) -> Result<Vec<ScannedRow>, sqlx::Error> {
+    if ranges.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query = QueryBuilder::<MySql>::new(SCAN_COLUMNS);
+    query.push("WHERE ");
+    for (i, (lo, hi)) in ranges.iter().enumerate() {
+        if i > 0 {
+            query.push(" OR ");
+        }
+        query
+            .push("id BETWEEN ")
+            .push_bind(*lo)
+            .push(" AND ")
+            .push_bind(*hi);
+    }
+    query.push(" ORDER BY id");
+    let rows = query.one_off().fetch_all(pool).deadline().await?;
+    rows.iter().map(scanned_row).collect()
+}
+
+/// The ids of the InnoDB transactions open on the server that could still make an
+/// allocated outbox id visible (`information_schema.INNODB_TRX`, which needs the PROCESS
+/// privilege). InnoDB refreshes that table at most every 100 ms, so a reading may miss a
+/// transaction younger than that: the caller only uses readings made well after the gap it
+/// judges was seen.
 ///
-/// Two statements on purpose: a `DELETE … ORDER BY … LIMIT` is planned through
-/// `idx_publish` with a filesort of every SENT row (and locks what it reads), while this
-/// SELECT walks `idx_purge` (status, sent_at) in order and stops after `limit` entries; the
-/// DELETE then touches only those rows by primary key. A row purged meanwhile by another
-/// relay is simply not deleted twice.
+/// Only transactions that wrote something (`trx_rows_modified`, the undo records: the row
+/// of an allocated id has one from its insert until commit or rollback) or are running a
+/// statement (an INSERT between allocating its id and writing its row, or waiting for a
+/// lock) can still fill a gap. An idle read-only transaction (a consistent dump, a session
+/// left in BEGIN) cannot, and would otherwise hold the mark for as long as it stays open.
+/// A statement rolled back to its savepoint (INSERT IGNORE of a duplicate) leaves no undo
+/// record, and its id never appears, so it rightly no longer counts.
+///
+/// Only sessions whose default database is this one (or none, or whose session is gone:
+/// an XA transaction prepared and detached) count: every service writes the outbox through
+/// a connection to its database, and a long transaction of another application on a shared
+/// server would otherwise hold the mark. The one case this misses, a session using another
+/// default database that writes `<this db>.inventory_outbox` by its qualified name, is not
+/// something stocksvr does (docs/runbook.md).
+pub async fn open_transactions(pool: &MySqlPool) -> Result<Vec<u64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT t.trx_id FROM information_schema.INNODB_TRX t \
+         LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+         WHERE (t.trx_rows_modified > 0 OR t.trx_query IS NOT NULL) \
+           AND (p.ID IS NULL OR p.DB IS NULL OR p.DB = DATABASE())",
+    )
+    .fetch_all(pool)
+    .deadline()
+    .await
+}
+
+/// True when the server refused a query for lack of a privilege (PROCESS for INNODB_TRX).
+pub fn is_access_denied(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            // 1227 ER_SPECIFIC_ACCESS_DENIED_ERROR, 1142 ER_TABLEACCESS_DENIED_ERROR,
+            // 1044 ER_DBACCESS_DENIED_ERROR.
+            .is_some_and(|e| matches!(e.number(), 1227 | 1142 | 1044)),
+        _ => false,
+    }
+}
+
+/// Puts rows the scan could not publish into RETRY with backoff and the reason, so the
+/// mark can pass them and the retry path takes them over. Only rows still PENDING: a row
+/// already taken by the retry path keeps its state.
+pub async fn retry_later(pool: &MySqlPool, failed: &[Failure]) -> Result<u64, sqlx::Error> {
+    if failed.is_empty() {
+        return Ok(0);
+    }
+    let mut tx = stocksvr_store::deadline::begin(pool).await?;
+    let mut retried = 0;
+    for failure in failed {
+        retried += sqlx::query(
+            "UPDATE inventory_outbox SET status = ?, retry_count = retry_count + 1, \
+             next_retry_at = NOW(3) + INTERVAL ? MICROSECOND, last_error = ? \
+             WHERE id = ? AND status = ?",
+        )
+        .bind(status::RETRY)
+        .bind(micros(failure.retry_after))
+        .bind(truncate_error(&failure.reason))
+        .bind(failure.id)
+        .bind(status::PENDING)
+        .execute(&mut *tx)
+        .deadline()
+        .await?
+        .rows_affected();
+    }
+    tx.commit().deadline().await?;
+    Ok(retried)
+}
+
+/// One purge step: what it deleted and where the next step starts (`None`: stop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Purged {
+    pub deleted: u64,
+    pub next: Option<u64>,
+}
+
+/// Deletes sent rows (PENDING at or below the mark, or SENT) created more than `retention`
+/// ago, walking the primary key upward from `after` over at most `limit` rows.
+///
+/// Ids follow creation time, so the walk stops at the first sent row still inside the
+/// retention: everything above it is as young or younger. Rows kept on the way (RETRY,
+/// SENDING) are stepped over, so one stuck row never stops the purge. Reading first and
+/// deleting by primary key keeps the DELETE's locks to the rows it removes.
 pub async fn purge_batch(
     pool: &MySqlPool,
     retention: Duration,
+    after: u64,
     limit: u32,
-) -> Result<(usize, u64), sqlx::Error> {
-    let ids: Vec<u64> = sqlx::query_scalar(
-        "SELECT id FROM inventory_outbox FORCE INDEX (idx_purge) \
-         WHERE status = ? AND sent_at < NOW(3) - INTERVAL ? MICROSECOND \
-         ORDER BY sent_at, id LIMIT ?",
+) -> Result<Purged, sqlx::Error> {
+    let rows: Vec<(u64, i8, bool)> = sqlx::query_as(
+        "SELECT o.id, o.status, o.created_at < NOW(3) - INTERVAL ? MICROSECOND \
+         FROM inventory_outbox o FORCE INDEX (PRIMARY) \
+         JOIN inventory_outbox_relay c ON c.id = 1 \
+         WHERE o.id > ? AND o.id <= c.hwm ORDER BY o.id LIMIT ?",
     )
-    .bind(status::SENT)
     .bind(micros(retention))
+    .bind(after)
     .bind(limit)
     .fetch_all(pool)
     .deadline()
     .await?;
-    if ids.is_empty() {
-        return Ok((0, 0));
+    let sent = |s: i8| s == status::PENDING || s == status::SENT;
+    let mut ids = Vec::new();
+    let mut last = after;
+    let mut young = false;
+    for (id, status, old) in &rows {
+        if sent(*status) && !*old {
+            young = true;
+            break;
+        }
+        if sent(*status) {
+            ids.push(*id);
+        }
+        last = *id;
     }
-    let mut delete = QueryBuilder::<MySql>::new("DELETE FROM inventory_outbox WHERE status = ");
-    delete.push_bind(status::SENT).push(" AND id IN (");
+    let next = (!young && rows.len() == limit as usize).then_some(last);
+    if ids.is_empty() {
+        return Ok(Purged { deleted: 0, next });
+    }
+    let mut delete = QueryBuilder::<MySql>::new("DELETE FROM inventory_outbox WHERE status IN (");
+    delete
+        .push_bind(status::PENDING)
+        .push(", ")
+        .push_bind(status::SENT)
+        .push(") AND id IN (");
     let mut list = delete.separated(", ");
     for id in &ids {
         list.push_bind(*id);
@@ -291,10 +581,10 @@ pub async fn purge_batch(
         .deadline()
         .await?
         .rows_affected();
-    Ok((ids.len(), deleted))
+    Ok(Purged { deleted, next })
 }
 
-/// Size and age of the backlog (rows not SENT).
+/// Size and age of the backlog: rows not sent yet (PENDING above the mark, SENDING, RETRY).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Backlog {
     pub rows: u64,
@@ -302,16 +592,32 @@ pub struct Backlog {
     pub oldest_age: Duration,
 }
 
-/// Counts unsent rows from the `(status, next_retry_at)` index alone and reads the creation
-/// time of the lowest unsent id by primary key: two index lookups, cheap enough to run
-/// every second even with a large backlog.
+/// The rows not sent yet, as a WHERE clause on `inventory_outbox o` joined with the relay
+/// row `c` (tests and tools count the backlog with it).
+pub const UNSENT: &str = "((o.id > c.hwm AND o.status = 10) OR o.status IN (20, 40))";
+
+/// Counts unsent rows: PENDING above the mark by primary key (the rows at or below it are
+/// mostly PENDING too, so `idx_publish` would read them all) and SENDING/RETRY rows through
+/// `idx_publish`; then reads the creation time of the lowest unsent id by primary key. A
+/// handful of index lookups, cheap enough to run every second even with a large backlog.
 pub async fn backlog(pool: &MySqlPool) -> Result<Backlog, sqlx::Error> {
     let (rows, age_micros): (i64, Option<i64>) = sqlx::query_as(
-        "SELECT b.n, TIMESTAMPDIFF(MICROSECOND, o.created_at, NOW(3)) \
-         FROM (SELECT COUNT(*) AS n, MIN(id) AS min_id FROM inventory_outbox \
-               WHERE status IN (?, ?, ?)) b \
+        "SELECT CAST(b.above + b.retry AS SIGNED), TIMESTAMPDIFF(MICROSECOND, o.created_at, NOW(3)) \
+         FROM (SELECT \
+                 (SELECT COUNT(*) FROM inventory_outbox FORCE INDEX (PRIMARY) \
+                   WHERE id > c.hwm AND status = ?) AS above, \
+                 (SELECT COUNT(*) FROM inventory_outbox FORCE INDEX (idx_publish) \
+                   WHERE status IN (?, ?)) AS retry, \
+                 LEAST(COALESCE((SELECT MIN(id) FROM inventory_outbox FORCE INDEX (PRIMARY) \
+                                  WHERE id > c.hwm AND status = ?), 18446744073709551615), \
+                       COALESCE((SELECT MIN(id) FROM inventory_outbox FORCE INDEX (idx_publish) \
+                                  WHERE status IN (?, ?)), 18446744073709551615)) AS min_id \
+               FROM inventory_outbox_relay c WHERE c.id = 1) b \
          LEFT JOIN inventory_outbox o ON o.id = b.min_id",
     )
+    .bind(status::PENDING)
+    .bind(status::SENDING)
+    .bind(status::RETRY)
     .bind(status::PENDING)
     .bind(status::SENDING)
     .bind(status::RETRY)

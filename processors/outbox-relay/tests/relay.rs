@@ -40,15 +40,21 @@ async fn rows_are_published_keyed_and_decode_back_to_their_payload() -> Result<(
         }
     );
     for row in &rows {
+        assert!(stack.is_sent(&row.event_id).await?, "{}", row.event_id);
         let state = stack.state(&row.event_id).await?;
-        assert_eq!(state.status, status::SENT, "{}", row.event_id);
-        assert!(state.sent_at.is_some(), "SENT without sent_at");
+        // The scan writes nothing per row: the mark alone says they are sent.
+        assert_eq!(state.status, status::PENDING, "{}", row.event_id);
         assert_eq!(state.retry_count, 0);
     }
     assert_eq!(
+        stack.hwm().await?,
+        stack.id_of(&rows[3].event_id).await?,
+        "the mark is on the last row"
+    );
+    assert_eq!(
         relay.relay_once().await?.claimed,
         0,
-        "a SENT row is claimed again"
+        "a sent row is read again"
     );
 
     let records = stack.read_topic().await?;
@@ -117,7 +123,7 @@ async fn two_running_relays_publish_each_event_exactly_once() -> Result<()> {
     let b = tokio::spawn(stack.relay(config)?.run(stopped));
 
     let all_sent = eventually(Duration::from_secs(90), || async {
-        stack.count(status::SENT).await.ok() == Some(500)
+        stack.unsent().await.ok() == Some(0)
     })
     .await;
     stop.send(true)?;
@@ -126,11 +132,7 @@ async fn two_running_relays_publish_each_event_exactly_once() -> Result<()> {
             .await
             .context("relay did not stop")???;
     }
-    assert!(
-        all_sent,
-        "only {} of 500 rows SENT",
-        stack.count(status::SENT).await?
-    );
+    assert!(all_sent, "{} of 500 rows not sent", stack.unsent().await?);
 
     let records = stack.read_topic().await?;
     let mut seen: HashMap<String, usize> = HashMap::new();
@@ -176,8 +178,8 @@ async fn a_drain_publishes_round_after_round_and_keeps_each_keys_order() -> Resu
             failed: 0
         }
     );
-    assert_eq!(stack.count(status::SENT).await?, 1_050);
-    assert_eq!(relay.drain(16).await?.claimed, 0, "nothing left to claim");
+    assert_eq!(stack.unsent().await?, 0);
+    assert_eq!(relay.drain(16).await?.claimed, 0, "nothing left to publish");
 
     // Rounds overlap, yet one key's records sit in their partition in the order the rows
     // were written (insert order is id order).
@@ -210,12 +212,24 @@ async fn a_drain_publishes_round_after_round_and_keeps_each_keys_order() -> Resu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_claims_never_overlap() -> Result<()> {
+async fn concurrent_retry_claims_never_overlap() -> Result<()> {
     let stack = Stack::new().await?;
     let rows: Vec<_> = (0..300)
         .map(|_| stack.row("InventoryRedisReserved"))
         .collect::<Result<_>>()?;
     stack.insert(&rows).await?;
+    // Every row failed once and is due again: the per-row retry path is the one several
+    // relays share (new rows go through the leader alone), so it is what runs concurrently.
+    // The mark is over them, as the leader leaves it after putting them into RETRY.
+    sqlx::query(
+        "UPDATE inventory_outbox SET status = 40, retry_count = 1, \
+         next_retry_at = NOW(3) - INTERVAL 1 SECOND",
+    )
+    .execute(&stack.pool)
+    .await?;
+    sqlx::query("UPDATE inventory_outbox_relay SET hwm = (SELECT MAX(id) FROM inventory_outbox)")
+        .execute(&stack.pool)
+        .await?;
     let config = RelayConfig {
         batch_size: 20,
         ..fast_config()
@@ -232,7 +246,7 @@ async fn concurrent_claims_never_overlap() -> Result<()> {
             start.wait().await;
             let mut claimed = 0;
             loop {
-                let report = relay.relay_once().await?;
+                let report = relay.retry_once().await?;
                 assert_eq!(report.sent, report.claimed);
                 claimed += report.claimed;
                 if report.claimed == 0 {
@@ -287,7 +301,12 @@ async fn a_row_that_does_not_fit_its_schema_is_retried_and_does_not_block_others
         }
     );
     for ok in [&before, &after] {
-        assert_eq!(stack.state(&ok.event_id).await?.status, status::SENT);
+        assert!(stack.is_sent(&ok.event_id).await?);
+    }
+    // The mark passes the failed rows: the retry path owns them now.
+    assert_eq!(stack.hwm().await?, stack.id_of(&after.event_id).await?);
+    for failed in [&bad, &unknown] {
+        assert!(!stack.is_sent(&failed.event_id).await?);
     }
     let state = stack.state(&bad.event_id).await?;
     assert_eq!(state.status, status::RETRY);
@@ -346,7 +365,7 @@ async fn publish_delay_and_produced_records_are_measured_per_acknowledged_row() 
     assert_eq!((report.sent, report.failed), (2, 1));
     let mut delays = capture.histogram(names::OUTBOX_PUBLISH_DELAY_SECONDS, &[]);
     delays.sort_by(f64::total_cmp);
-    assert_eq!(delays.len(), 2, "one sample per SENT row: {delays:?}");
+    assert_eq!(delays.len(), 2, "one sample per sent row: {delays:?}");
     // Millisecond columns: allow their rounding on either side.
     assert!(
         delays[0] >= 0.0 && delays[0] <= since_insert + 0.002,
@@ -416,37 +435,46 @@ async fn a_sending_row_with_an_expired_lease_is_published_by_the_next_relay() ->
 #[tokio::test]
 async fn purge_deletes_only_sent_rows_past_the_retention() -> Result<()> {
     let stack = Stack::new().await?;
-    let old_pending = stack.row("InventoryReserved")?;
+    let old_retry = stack.row("InventoryReserved")?;
+    let old_sending = stack.row("InventoryReserved")?;
     let old_sent: Vec<_> = (0..7)
         .map(|_| stack.row("InventoryReserved"))
         .collect::<Result<_>>()?;
     let recent_sent = stack.row("InventoryReserved")?;
-    let old_retry = stack.row("InventoryReserved")?;
-    let old_sending = stack.row("InventoryReserved")?;
-    stack.insert(std::slice::from_ref(&old_pending)).await?;
-    stack.insert(&old_sent).await?;
+    let old_pending = stack.row("InventoryReserved")?;
+    // Lowest ids first: the rows the purge must step over without stopping.
     stack
-        .insert(&[recent_sent.clone(), old_retry.clone(), old_sending.clone()])
+        .insert(&[old_retry.clone(), old_sending.clone()])
         .await?;
+    stack.insert(&old_sent).await?;
+    stack.insert(std::slice::from_ref(&recent_sent)).await?;
+    // Everything so far is under the mark (published by the scan); old_pending is above.
+    sqlx::query("UPDATE inventory_outbox_relay SET hwm = (SELECT MAX(id) FROM inventory_outbox)")
+        .execute(&stack.pool)
+        .await?;
+    stack.insert(std::slice::from_ref(&old_pending)).await?;
     stack
         .exec(
             "UPDATE inventory_outbox SET created_at = NOW(3) - INTERVAL 30 DAY WHERE event_id = ?",
             &old_pending.event_id,
         )
         .await?;
-    for row in &old_sent {
-        stack
-            .exec(
-                "UPDATE inventory_outbox SET status = 30, sent_at = NOW(3) - INTERVAL 8 DAY \
-                 WHERE event_id = ?",
-                &row.event_id,
-            )
-            .await?;
+    for (i, row) in old_sent.iter().enumerate() {
+        // One of them was sent by the retry path (SENT), the others by the scan (PENDING
+        // under the mark): both kinds are purged.
+        let status = if i == 3 { 30 } else { 10 };
+        sqlx::query(
+            "UPDATE inventory_outbox SET status = ?, created_at = NOW(3) - INTERVAL 8 DAY \
+             WHERE event_id = ?",
+        )
+        .bind(status)
+        .bind(&row.event_id)
+        .execute(&stack.pool)
+        .await?;
     }
     stack
         .exec(
-            "UPDATE inventory_outbox SET status = 30, sent_at = NOW(3) - INTERVAL 6 DAY \
-             WHERE event_id = ?",
+            "UPDATE inventory_outbox SET created_at = NOW(3) - INTERVAL 6 DAY WHERE event_id = ?",
             &recent_sent.event_id,
         )
         .await?;
@@ -464,7 +492,8 @@ async fn purge_deletes_only_sent_rows_past_the_retention() -> Result<()> {
             &old_sending.event_id,
         )
         .await?;
-    // Batches of 3 over 7 rows: the purge must loop until a batch comes back short.
+    // Batches of 3 over 9 rows: the purge must loop until it reaches a row inside the
+    // retention.
     let relay = stack.relay(RelayConfig {
         purge_batch: 3,
         ..fast_config()
@@ -481,20 +510,23 @@ async fn purge_deletes_only_sent_rows_past_the_retention() -> Result<()> {
     }
     for (row, expected) in [
         (&old_pending, status::PENDING),
-        (&recent_sent, status::SENT),
+        (&recent_sent, status::PENDING),
         (&old_retry, status::RETRY),
         (&old_sending, status::SENDING),
     ] {
         assert_eq!(stack.state(&row.event_id).await?.status, expected);
     }
+    assert!(stack.is_sent(&recent_sent.event_id).await?);
+    assert!(!stack.is_sent(&old_pending.event_id).await?);
     assert_eq!(relay.purge_once().await?, 0);
 
-    // The backlog gauges' query: three unsent rows, the oldest created 30 days ago.
+    // The backlog gauges' query: three unsent rows (PENDING above the mark, RETRY,
+    // SENDING); the age is that of the lowest unsent id (the RETRY row, 9 days).
     let backlog = relay.refresh_backlog().await?;
     assert_eq!(backlog.rows, 3);
     let days = backlog.oldest_age.as_secs_f64() / 86_400.0;
     assert!(
-        (29.9..30.1).contains(&days),
+        (8.9..9.1).contains(&days),
         "oldest unsent row is {days} days old"
     );
     Ok(())
@@ -518,9 +550,8 @@ async fn a_notification_publishes_at_once_despite_a_long_poll() -> Result<()> {
     let unannounced = stack.row("InventoryReserved")?;
     stack.insert(std::slice::from_ref(&unannounced)).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        stack.state(&unannounced.event_id).await?.status,
-        status::PENDING,
+    assert!(
+        !stack.is_sent(&unannounced.event_id).await?,
         "the relay should be asleep; the test proves nothing otherwise"
     );
 
@@ -528,18 +559,172 @@ async fn a_notification_publishes_at_once_despite_a_long_poll() -> Result<()> {
     stack.insert(std::slice::from_ref(&announced)).await?;
     waker.notify_one();
     let published = eventually(Duration::from_secs(5), || async {
-        stack
-            .state(&announced.event_id)
-            .await
-            .is_ok_and(|s| s.status == status::SENT)
+        stack.is_sent(&announced.event_id).await.unwrap_or(false)
     })
     .await;
-    assert!(published, "not SENT within 5 s of notify_one()");
+    assert!(published, "not sent within 5 s of notify_one()");
 
     // Stopping interrupts the 30 s sleep too.
     stop.send(true)?;
     tokio::time::timeout(Duration::from_secs(5), running)
         .await
         .context("relay did not stop promptly")???;
+    Ok(())
+}
+
+/// An outbox row whose transaction is still open when later rows commit: its id is a gap
+/// below published rows. The mark must stay under it, even once the gap is old enough to
+/// be judged against the open transactions, and the row is published once it commits.
+#[tokio::test]
+async fn the_mark_waits_below_a_row_whose_transaction_is_still_open() -> Result<()> {
+    let stack = Stack::new().await?;
+    let first = stack.row("InventoryReserved")?;
+    stack.insert(std::slice::from_ref(&first)).await?;
+    let late = stack.row("InventoryReserved")?;
+    let mut open = stack.pool.begin().await?;
+    stocksvr_store::outbox::insert_outbox(&mut open, std::slice::from_ref(&late)).await?;
+    let later: Vec<_> = (0..3)
+        .map(|_| stack.row("InventoryRedisReserved"))
+        .collect::<Result<_>>()?;
+    stack.insert(&later).await?;
+    let relay = stack.relay(fast_config())?;
+
+    let report = relay.relay_once().await?;
+    assert_eq!((report.claimed, report.sent), (4, 4));
+    let first_id = stack.id_of(&first.event_id).await?;
+    assert_eq!(stack.hwm().await?, first_id, "the mark passed an open gap");
+    // Past the delay after which a gap is judged against INNODB_TRX: the open transaction
+    // is listed, so the gap stays open however many rounds run.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for _ in 0..3 {
+        assert_eq!(relay.relay_once().await?.claimed, 0);
+    }
+    assert_eq!(stack.hwm().await?, first_id, "the mark passed an open gap");
+    assert_eq!(stack.read_topic().await?.len(), 4);
+
+    open.commit().await?;
+    let late_id = stack.id_of(&late.event_id).await?;
+    assert!(late_id < stack.id_of(&later[0].event_id).await?);
+    let report = relay.relay_once().await?;
+    assert_eq!(
+        (report.claimed, report.sent),
+        (1, 1),
+        "the late row is published"
+    );
+    let top = stack.id_of(&later[2].event_id).await?;
+    assert_eq!(stack.hwm().await?, top);
+    assert_eq!(stack.unsent().await?, 0);
+    let records = stack.read_topic().await?;
+    assert_eq!(records.len(), 5);
+    assert_eq!(
+        records
+            .iter()
+            .filter(|r| r.event_ids == [late.event_id.clone()])
+            .count(),
+        1
+    );
+    Ok(())
+}
+
+/// A rolled-back insert leaves a hole in the ids. Once no transaction that could fill it is
+/// open, it is closed as never written and the mark moves over it.
+#[tokio::test]
+async fn a_rolled_back_insert_leaves_a_hole_the_mark_moves_over() -> Result<()> {
+    let stack = Stack::new().await?;
+    let first = stack.row("InventoryReserved")?;
+    stack.insert(std::slice::from_ref(&first)).await?;
+    let mut undone = stack.pool.begin().await?;
+    stocksvr_store::outbox::insert_outbox(&mut undone, &[stack.row("InventoryReserved")?]).await?;
+    undone.rollback().await?;
+    let after = stack.row("InventoryRedisReserved")?;
+    stack.insert(std::slice::from_ref(&after)).await?;
+    let (first_id, after_id) = (
+        stack.id_of(&first.event_id).await?,
+        stack.id_of(&after.event_id).await?,
+    );
+    assert!(after_id > first_id + 1, "the rollback left no hole");
+    let relay = stack.relay(fast_config())?;
+
+    let report = relay.relay_once().await?;
+    assert_eq!((report.claimed, report.sent), (2, 2));
+    // Just seen: not judged yet, so the mark waits below the hole.
+    assert_eq!(stack.hwm().await?, first_id);
+    // Other tests' transactions on the shared server may delay the close; none lasts long.
+    let moved = eventually(Duration::from_secs(30), || async {
+        relay.relay_once().await.is_ok() && stack.hwm().await.ok() == Some(after_id)
+    })
+    .await;
+    assert!(moved, "the mark stayed at {}", stack.hwm().await?);
+    assert_eq!(stack.unsent().await?, 0);
+    assert_eq!(
+        stack.read_topic().await?.len(),
+        2,
+        "nothing published twice"
+    );
+    Ok(())
+}
+
+/// Two relays: only the lease holder publishes. When its lease runs out, the other takes
+/// over from the mark and nothing is lost; the old leader, stalled meanwhile, publishes
+/// duplicates at worst and cannot move the mark any more.
+#[tokio::test]
+async fn a_second_relay_takes_over_from_the_mark_when_the_lease_runs_out() -> Result<()> {
+    let stack = Stack::new().await?;
+    let batch =
+        |n: usize| -> Result<Vec<_>> { (0..n).map(|_| stack.row("InventoryReserved")).collect() };
+    let (one, two, three) = (batch(5)?, batch(4)?, batch(3)?);
+    stack.insert(&one).await?;
+    let a = stack.relay(fast_config())?;
+    let b = stack.relay(fast_config())?;
+
+    assert_eq!(a.relay_once().await?.sent, 5);
+    assert!(a.is_leader());
+    stack.insert(&two).await?;
+    assert_eq!(
+        b.relay_once().await?.claimed,
+        0,
+        "b published while a leads"
+    );
+    assert!(!b.is_leader());
+    assert_eq!(stack.read_topic().await?.len(), 5);
+    let mark_one = stack.hwm().await?;
+    assert_eq!(mark_one, stack.id_of(&one[4].event_id).await?);
+
+    // a stalls (it still believes it leads); its lease runs out and b takes over from the
+    // mark: batch two, not batch one again.
+    stack.expire_lease().await?;
+    assert_eq!(b.relay_once().await?.sent, 4);
+    assert!(b.is_leader());
+    let mark_two = stack.id_of(&two[3].event_id).await?;
+    assert_eq!(stack.hwm().await?, mark_two);
+
+    // a wakes up with a round: it may publish what it had not (duplicates of two, three),
+    // but its write of the mark is fenced off and it stops leading.
+    stack.insert(&three).await?;
+    a.relay_once().await?;
+    assert!(!a.is_leader(), "a kept leading after the takeover");
+    assert_eq!(
+        stack.hwm().await?,
+        mark_two,
+        "the stale leader moved the mark"
+    );
+    assert_eq!(b.relay_once().await?.sent, 3);
+    assert_eq!(stack.hwm().await?, stack.id_of(&three[2].event_id).await?);
+    assert_eq!(stack.unsent().await?, 0);
+
+    let records = stack.read_topic().await?;
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for record in &records {
+        *seen.entry(record.event_ids[0].clone()).or_default() += 1;
+    }
+    for row in one.iter().chain(&two).chain(&three) {
+        assert!(seen.contains_key(&row.event_id), "{} lost", row.event_id);
+    }
+    for row in &one {
+        assert_eq!(
+            seen[&row.event_id], 1,
+            "published before the takeover, once"
+        );
+    }
     Ok(())
 }

@@ -13,6 +13,7 @@ const TABLES: &[&str] = &[
     "inventory_ledger",
     "inventory_operation_wal",
     "inventory_outbox",
+    "inventory_outbox_relay",
     "inventory_consumer_inbox",
     "merchant_settings",
     "inventory_dead_letter",

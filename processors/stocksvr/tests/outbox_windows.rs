@@ -1,9 +1,9 @@
 //! Seed §10.2 windows 5 and 6 from the reservation service to the ledger: the outbox rows a
 //! real Try, Confirm, partial Refund and Cancel committed are relayed by a relay that dies
-//! twice (failpoints, live in test builds only): once after claiming and before publishing
-//! (window 5: MySQL committed, Kafka not sent), once after the broker's acknowledgement and
-//! before marking the rows SENT (window 6: every event is on Kafka twice under the same
-//! event_id). The next relay publishes what was left; the projector, consuming all of it,
+//! twice (failpoints, live in test builds only): once after reading the rows and before
+//! publishing (window 5: MySQL committed, Kafka not sent), once after the broker's
+//! acknowledgement and before moving the high-water mark over the rows (window 6: every
+//! event is on Kafka twice under the same event_id). The next relay publishes what was left; the projector, consuming all of it,
 //! books exactly one ledger row per Redis operation and dedupes every copy in its inbox.
 //! The mapping of every §10.2 window to its tests is in
 //! `processors/reservation/tests/failure_windows.rs`.
@@ -22,7 +22,7 @@ use stocksvr_core::reservation::{
 };
 use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_failpoint::{is_injected, scenario, Action};
-use stocksvr_outbox_relay::{status, OutboxRelay, RelayConfig};
+use stocksvr_outbox_relay::{status, OutboxRelay, RelayConfig, UNSENT};
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::consumer::{self, Applied, Failure, Handler, Record};
@@ -80,15 +80,26 @@ async fn outbox_statuses(pool: &sqlx::MySqlPool) -> BTreeMap<i8, i64> {
     rows.into_iter().collect()
 }
 
-/// The dead relay's lease runs out (instead of waiting its 30 s).
+/// The dead relay's leader lease runs out (instead of waiting its 30 s).
 async fn expire_leases(pool: &sqlx::MySqlPool) {
     sqlx::query(
-        "UPDATE inventory_outbox SET next_retry_at = NOW(3) - INTERVAL 1 SECOND WHERE status = ?",
+        "UPDATE inventory_outbox_relay SET lease_until = NOW(3) - INTERVAL 1 SECOND WHERE id = 1",
     )
-    .bind(status::SENDING)
     .execute(pool)
     .await
     .expect("expire leases");
+}
+
+/// The persisted high-water mark and the rows not sent yet (PENDING above the mark,
+/// SENDING, RETRY).
+async fn mark_and_unsent(pool: &sqlx::MySqlPool) -> (u64, i64) {
+    sqlx::query_as(&format!(
+        "SELECT c.hwm, (SELECT COUNT(*) FROM inventory_outbox o WHERE {UNSENT}) \
+         FROM inventory_outbox_relay c WHERE c.id = 1"
+    ))
+    .fetch_one(pool)
+    .await
+    .expect("mark")
 }
 
 /// Records on `topic` (sum of the partitions' high watermarks).
@@ -212,28 +223,34 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
         .in_namespace(kafka.namespace())
     };
 
-    // Window 5: the relay claims every row and dies before publishing.
+    // Window 5: the relay takes the lead, reads every row and dies before publishing.
     fp.arm("relay.before_publish", Action::Crash);
     let died = relay().relay_once().await;
     assert!(matches!(&died, Err(e) if is_injected(e)), "{died:?}");
     fp.disarm_all();
     assert_eq!(
         outbox_statuses(&pool).await,
-        BTreeMap::from([(status::SENDING, rows)]),
-        "claimed under a lease, nothing marked"
+        BTreeMap::from([(status::PENDING, rows)]),
+        "read without a per-row write"
+    );
+    assert_eq!(
+        mark_and_unsent(&pool).await,
+        (0, rows),
+        "the mark did not move"
     );
     assert_eq!(records_on(&stock_topic) + records_on(&lifecycle_topic), 0);
 
-    // Window 6: the next relay (once the lease ran out) publishes every row and dies after
-    // the broker's acknowledgement, before marking them SENT.
+    // Window 6: the next relay (once the dead leader's lease ran out) publishes every row
+    // and dies after the broker's acknowledgement, before moving the mark over them.
     expire_leases(&pool).await;
     fp.arm("relay.after_publish", Action::Crash);
     let died = relay().relay_once().await;
     assert!(matches!(&died, Err(e) if is_injected(e)), "{died:?}");
     fp.disarm_all();
     assert_eq!(
-        outbox_statuses(&pool).await,
-        BTreeMap::from([(status::SENDING, rows)])
+        mark_and_unsent(&pool).await,
+        (0, rows),
+        "the mark did not move"
     );
     assert_eq!(
         records_on(&stock_topic) + records_on(&lifecycle_topic),
@@ -241,17 +258,19 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
         "on Kafka, not marked"
     );
 
-    // A third relay publishes them all again, same event ids, and marks them SENT.
+    // A third relay publishes them all again, same event ids, from the mark, and moves it
+    // over them.
     expire_leases(&pool).await;
     let report = relay().relay_once().await.expect("relay");
     assert_eq!(
         (report.claimed, report.sent),
         (rows as usize, rows as usize)
     );
-    assert_eq!(
-        outbox_statuses(&pool).await,
-        BTreeMap::from([(status::SENT, rows)])
-    );
+    let (top,): (u64,) = sqlx::query_as("SELECT MAX(id) FROM inventory_outbox")
+        .fetch_one(&pool)
+        .await
+        .expect("max id");
+    assert_eq!(mark_and_unsent(&pool).await, (top, 0));
     assert_eq!(records_on(&stock_topic), 2 * stock_rows, "each event twice");
     assert_eq!(relay().relay_once().await.expect("relay").claimed, 0);
     drop(fp);

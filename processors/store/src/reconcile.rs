@@ -280,11 +280,18 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
         }
     }
 
-    // Unsent rows are few (the relay keeps the backlog near zero): the status range of
-    // idx_publish, filtered by key.
+    // Unsent rows are few (the relay keeps the backlog near zero): PENDING rows above the
+    // relay's high-water mark (a primary-key range; the rows below it stay PENDING once
+    // published) and the SENDING/RETRY range of idx_publish, filtered by key.
     let mut q = QueryBuilder::<MySql>::new(
-        "SELECT partition_key, COUNT(*) AS n FROM inventory_outbox \
-         WHERE status IN (10, 20, 40) AND partition_key IN ",
+        "SELECT partition_key, COUNT(*) AS n FROM ( \
+           SELECT o.partition_key FROM inventory_outbox_relay c \
+             JOIN inventory_outbox o FORCE INDEX (PRIMARY) ON o.id > c.hwm \
+             WHERE c.id = 1 AND o.status = 10 \
+           UNION ALL \
+           SELECT partition_key FROM inventory_outbox FORCE INDEX (idx_publish) \
+             WHERE status IN (20, 40)) u \
+         WHERE partition_key IN ",
     );
     in_list(&mut q, buckets);
     q.push(" GROUP BY partition_key");

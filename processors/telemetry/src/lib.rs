@@ -227,9 +227,9 @@ catalog! {
     OUTBOX_PUBLISH_DELAY_SECONDS = "stocksvr_outbox_publish_delay_seconds", Histogram, "seconds", [],
         "Delay from an outbox row created (its transaction) to the broker's acknowledgement of its record.";
     OUTBOX_BATCH_PUBLISH_SECONDS = "stocksvr_outbox_batch_publish_seconds", Histogram, "seconds", [],
-        "Time to publish one claimed batch of outbox rows (encode, send, acknowledgements, mark SENT).";
+        "Time to publish one batch of outbox rows (encode, send, acknowledgements, then the high-water mark or the retry marks).";
     OUTBOX_PURGED = "stocksvr_outbox_purged_total", Counter, "rows", [],
-        "SENT outbox rows deleted by the purge after their retention.";
+        "Sent outbox rows deleted by the purge after their retention.";
     PROJECTOR_EVENTS_PROJECTED = "stocksvr_projector_events_projected_total", Counter, "events", [label("event")],
         "Stock-change events booked by the projector, by event name.";
     PROJECTOR_DUPLICATES = "stocksvr_projector_duplicates_total", Counter, "events", [],

@@ -13,7 +13,7 @@ use serde_json::Value as Json;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use stocksvr_outbox_relay::{OutboxRelay, RelayConfig, EVENT_ID_HEADER};
+use stocksvr_outbox_relay::{OutboxRelay, RelayConfig, EVENT_ID_HEADER, UNSENT};
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::config::InfraSettings;
@@ -128,6 +128,59 @@ impl Stack {
                 .fetch_one(&self.pool)
                 .await?,
         )
+    }
+
+    /// True when the row counts as sent: at or below the mark and still PENDING (the
+    /// leader's scan published it), or SENT (the retry path did).
+    pub async fn is_sent(&self, event_id: &str) -> Result<bool> {
+        let sent: bool = sqlx::query_scalar(&format!(
+            "SELECT NOT {UNSENT} FROM inventory_outbox o JOIN inventory_outbox_relay c \
+             ON c.id = 1 WHERE o.event_id = ?"
+        ))
+        .bind(event_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(sent)
+    }
+
+    /// Rows not sent yet.
+    pub async fn unsent(&self) -> Result<i64> {
+        Ok(sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM inventory_outbox o JOIN inventory_outbox_relay c \
+             ON c.id = 1 WHERE {UNSENT}"
+        ))
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    /// The persisted high-water mark.
+    pub async fn hwm(&self) -> Result<u64> {
+        Ok(
+            sqlx::query_scalar("SELECT hwm FROM inventory_outbox_relay WHERE id = 1")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// The outbox id of a row.
+    pub async fn id_of(&self, event_id: &str) -> Result<u64> {
+        Ok(
+            sqlx::query_scalar("SELECT id FROM inventory_outbox WHERE event_id = ?")
+                .bind(event_id)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// The leader's lease runs out now, as if its relay had died.
+    pub async fn expire_lease(&self) -> Result<()> {
+        sqlx::query(
+            "UPDATE inventory_outbox_relay SET lease_until = NOW(3) - INTERVAL 1 SECOND \
+             WHERE id = 1",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     /// Runs `sql` with the event id bound as its only parameter.

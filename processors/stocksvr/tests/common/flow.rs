@@ -154,7 +154,8 @@ pub async fn quiescent(server: &Server, shop: &Shop, within: Duration) {
     let pool = &shop.env.pool();
     for sql in [
         "SELECT COUNT(*) FROM inventory_reservation WHERE status IN (10, 30, 50, 80)",
-        "SELECT COUNT(*) FROM inventory_outbox WHERE status <> 30",
+        "SELECT COUNT(*) FROM inventory_outbox o JOIN inventory_outbox_relay c ON c.id = 1 \
+             WHERE (o.id > c.hwm AND o.status = 10) OR o.status IN (20, 40)",
         "SELECT COUNT(*) FROM inventory_deferred_event WHERE status = 10",
         "SELECT COUNT(*) FROM inventory_reservation WHERE sync_status = 10 AND expected_redis_version IS NOT NULL",
         "SELECT COUNT(*) FROM inventory_operation_wal WHERE status IN (10, 20, 40)",
