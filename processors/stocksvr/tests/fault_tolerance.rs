@@ -213,13 +213,7 @@ async fn processors_survive_kill_9_and_rebalance_without_double_effects() {
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut state = (0i64, 0i64, Value::Null);
     while Instant::now() < deadline {
-        let (unsent,): (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM inventory_outbox o JOIN inventory_outbox_relay c ON c.id = 1 \
-             WHERE (o.id > c.hwm AND o.status = 10) OR o.status IN (20, 40)",
-        )
-        .fetch_one(&pool)
-        .await
-        .expect("outbox");
+        let unsent = common::flow::unsent_outbox(&pool).await;
         // The Trys' own bucket: near midnight the daily job also prepares tomorrow's
         // bucket of the dish, and that initialisation is booked too.
         let (ledger,): (i64,) = sqlx::query_as(

@@ -342,13 +342,7 @@ async fn order_events_from_a_python_producer_drive_reservations() {
     .expect("outbox");
     assert_eq!(ledger, operations, "one ledger row per operation");
     assert_eq!(ledger, changes, "every Redis operation booked once");
-    let (unsent,): (i64,) = sqlx::query_as(
-        "SELECT COUNT(*) FROM inventory_outbox o JOIN inventory_outbox_relay c ON c.id = 1 \
-             WHERE (o.id > c.hwm AND o.status = 10) OR o.status IN (20, 40)",
-    )
-    .fetch_one(&pool)
-    .await
-    .expect("outbox");
+    let unsent = common::flow::unsent_outbox(&pool).await;
     assert_eq!(unsent, 0, "every outbox row published");
 
     let (status, log) = server.terminate();

@@ -253,31 +253,39 @@ impl Reconciler {
         &self,
         buckets: Vec<LiveBucket>,
     ) -> Result<Vec<Inspection>, ReconcileError> {
-        self.inspect_with(buckets, &|_| true).await
+        let redis = self.read_redis(&buckets).await?;
+        self.inspect_with(buckets, redis, &|_| true).await
     }
 
-    /// [`Self::inspect`], reading the fences and op records of held reservations only for
-    /// the buckets `full` names (the numbers of every bucket are compared either way).
+    /// The stock hashes of `buckets`, in their order (`None`: no key).
+    async fn read_redis(
+        &self,
+        buckets: &[LiveBucket],
+    ) -> Result<Vec<Option<StockNumbers>>, ReconcileError> {
+        let keys: Vec<BucketKey> = buckets.iter().map(bucket_key).collect();
+        self.service
+            .lua()
+            .read_buckets(&keys)
+            .await
+            .map_err(|e| ReconcileError::Redis(e.to_string()))
+    }
+
+    /// [`Self::inspect`] on the stock hashes `redis` already read (one per bucket), reading
+    /// the fences and op records of held reservations only for the buckets `full` names
+    /// (the numbers of every bucket are compared either way).
     async fn inspect_with(
         &self,
         buckets: Vec<LiveBucket>,
+        redis: Vec<Option<StockNumbers>>,
         full: &(dyn Fn(&str) -> bool + Sync),
     ) -> Result<Vec<Inspection>, ReconcileError> {
         let pool = self.service.pool();
         let ids: Vec<String> = buckets.iter().map(|b| b.stock_bucket_id.clone()).collect();
-        // Redis first, then MySQL: a step that completes in between shows in MySQL as done
-        // and in Redis as not yet, which the two-pass rule (same version twice) absorbs;
-        // the other order could pair a newer Redis with an older MySQL just the same.
-        let keys: Vec<BucketKey> = buckets
-            .iter()
-            .map(|b| BucketKey::new(b.merchant_id, b.dish_id, b.stock_date))
-            .collect();
-        let redis = self
-            .service
-            .lua()
-            .read_buckets(&keys)
-            .await
-            .map_err(|e| ReconcileError::Redis(e.to_string()))?;
+        // Redis first (the caller read it), then MySQL: a step that completes in between
+        // shows in MySQL as done and in Redis as not yet, which the two-pass rule (same
+        // version twice) absorbs; the other order could pair a newer Redis with an older
+        // MySQL just the same.
+        let keys: Vec<BucketKey> = buckets.iter().map(bucket_key).collect();
         let mysql = store::mysql_views(pool, &ids).await?;
         // Redis was read before MySQL, so a bucket built in between looks lost (no key, an
         // init that succeeded): read those keys again before anyone calls them lost.
@@ -405,12 +413,7 @@ impl Reconciler {
         }
         let keys: HashMap<&str, BucketKey> = buckets
             .iter()
-            .map(|b| {
-                (
-                    b.stock_bucket_id.as_str(),
-                    BucketKey::new(b.merchant_id, b.dish_id, b.stock_date),
-                )
-            })
+            .map(|b| (b.stock_bucket_id.as_str(), bucket_key(b)))
             .collect();
         let guards: Vec<(BucketKey, u64, String)> = rows
             .iter()
@@ -710,20 +713,13 @@ impl Reconciler {
         if every.is_zero() {
             return Ok((self.inspect(chunk).await?, 0));
         }
-        let keys: Vec<BucketKey> = chunk
-            .iter()
-            .map(|b| BucketKey::new(b.merchant_id, b.dish_id, b.stock_date))
-            .collect();
-        let redis = self
-            .service
-            .lua()
-            .read_buckets(&keys)
-            .await
-            .map_err(|e| ReconcileError::Redis(e.to_string()))?;
+        // Read once: the hashes of the buckets that moved are the ones they are inspected on.
+        let redis = self.read_redis(&chunk).await?;
         let ids: Vec<String> = chunk.iter().map(|b| b.stock_bucket_id.clone()).collect();
         let snapshots = store::snapshot_versions(self.service.pool(), &ids).await?;
         let now = Instant::now();
         let mut todo = Vec::new();
+        let mut todo_redis = Vec::new();
         let mut seen = HashMap::new();
         let mut full = HashSet::new();
         let mut unchanged = 0;
@@ -732,7 +728,7 @@ impl Reconciler {
             for (bucket, numbers) in chunk.into_iter().zip(redis) {
                 let id = bucket.stock_bucket_id.clone();
                 let now_seen = Seen {
-                    redis: numbers,
+                    redis: numbers.clone(),
                     snapshot_version: snapshots.get(&id).copied(),
                     baseline: (
                         bucket.baseline_version,
@@ -753,9 +749,12 @@ impl Reconciler {
                 }
                 seen.insert(id, now_seen);
                 todo.push(bucket);
+                todo_redis.push(numbers);
             }
         }
-        let mut inspections = self.inspect_with(todo, &|id| full.contains(id)).await?;
+        let mut inspections = self
+            .inspect_with(todo, todo_redis, &|id| full.contains(id))
+            .await?;
         let again: Vec<LiveBucket> = inspections
             .iter()
             .filter(|i| {
@@ -1054,6 +1053,11 @@ fn log_difference(i: &Inspection, kind: DifferenceKind) {
         snapshot = %v.snapshot.map(|s| format!("total={} available={} reserved={} sold={} deficit={} v{}", s.total, s.available, s.reserved, s.sold, s.deficit, s.redis_version)).unwrap_or_else(|| "missing".into()),
         "reconcile difference"
     );
+}
+
+/// The Redis keys of a live bucket.
+fn bucket_key(b: &LiveBucket) -> BucketKey {
+    BucketKey::new(b.merchant_id, b.dish_id, b.stock_date)
 }
 
 /// Scheduled passes until `stop`: a shard whenever one is due, the inbox purge beside them.

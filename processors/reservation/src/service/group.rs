@@ -100,53 +100,68 @@ pub(super) struct StepGroups {
 
 impl StepGroups {
     pub(super) fn start(pool: &MySqlPool, max_group: usize, in_flight: usize) -> Self {
-        let insert_pool = pool.clone();
-        let inserts = Coalescer::spawn(max_group, in_flight, move |rows: Vec<NewReservation>| {
-            let pool = insert_pool.clone();
-            async move {
-                metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "insert")
-                    .record(rows.len() as f64);
-                match repo::insert_preparing_many(&pool, &rows).await {
-                    Ok((at, outcomes)) => outcomes.into_iter().map(|o| Ok((at, o))).collect(),
-                    Err(e) => rows.iter().map(|_| Err(copy_error(&e))).collect(),
-                }
-            }
-        });
-        let begin_pool = pool.clone();
-        let begins = Coalescer::spawn(max_group, in_flight, move |items: Vec<Begin>| {
-            let pool = begin_pool.clone();
-            async move {
-                metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "begin")
-                    .record(items.len() as f64);
-                match repo::begin_steps(&pool, &items).await {
-                    Ok(begun) => begun.into_iter().map(Ok).collect(),
-                    Err(e) => items.iter().map(|_| Err(copy_error(&e))).collect(),
-                }
-            }
-        });
-        let commit_pool = pool.clone();
-        let commits = Coalescer::spawn(
+        let stage = |name| Stage {
+            pool: pool.clone(),
+            name,
             max_group,
             in_flight,
-            move |items: Vec<(Reservation, Completion)>| {
-                let pool = commit_pool.clone();
-                async move {
-                    metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "commit")
-                        .record(items.len() as f64);
-                    let refs: Vec<(&Reservation, &Completion)> =
-                        items.iter().map(|(r, c)| (r, c)).collect();
-                    match repo::complete_steps(&pool, &refs).await {
-                        Ok(landed) => landed.into_iter().map(Ok).collect(),
-                        Err(e) => items.iter().map(|_| Err(copy_error(&e))).collect(),
-                    }
-                }
-            },
-        );
+        };
+        let inserts = stage("insert").spawn(|pool, rows: Vec<NewReservation>| async move {
+            let (at, outcomes) = repo::insert_preparing_many(&pool, &rows).await?;
+            Ok(outcomes.into_iter().map(|o| (at, o)).collect())
+        });
+        let begins = stage("begin")
+            .spawn(|pool, items: Vec<Begin>| async move { repo::begin_steps(&pool, &items).await });
+        let commits =
+            stage("commit").spawn(|pool, items: Vec<(Reservation, Completion)>| async move {
+                let refs: Vec<(&Reservation, &Completion)> =
+                    items.iter().map(|(r, c)| (r, c)).collect();
+                repo::complete_steps(&pool, &refs).await
+            });
         Self {
             inserts,
             begins,
             commits,
         }
+    }
+}
+
+/// What every group-commit worker of the service shares: the pool, the bounds, and its name
+/// in `stocksvr_try_group_size{stage}`.
+struct Stage {
+    pool: MySqlPool,
+    name: &'static str,
+    max_group: usize,
+    in_flight: usize,
+}
+
+impl Stage {
+    /// A worker writing each group with `write`, which answers one result per item in order;
+    /// a failed group tells each of its items the same kind of error.
+    fn spawn<T, R, F, Fut>(self, write: F) -> Coalescer<T, Result<R, sqlx::Error>>
+    where
+        T: Send + 'static,
+        R: Send + 'static,
+        F: Fn(MySqlPool, Vec<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<R>, sqlx::Error>> + Send + 'static,
+    {
+        let Stage {
+            pool,
+            name,
+            max_group,
+            in_flight,
+        } = self;
+        Coalescer::spawn(max_group, in_flight, move |items: Vec<T>| {
+            let n = items.len();
+            metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => name).record(n as f64);
+            let written = write(pool.clone(), items);
+            async move {
+                match written.await {
+                    Ok(results) => results.into_iter().map(Ok).collect(),
+                    Err(e) => (0..n).map(|_| Err(copy_error(&e))).collect(),
+                }
+            }
+        })
     }
 }
 

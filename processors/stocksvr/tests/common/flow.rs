@@ -152,16 +152,33 @@ pub async fn quiescent(server: &Server, shop: &Shop, within: Duration) {
     )
     .await;
     let pool = &shop.env.pool();
+    let unsent = unsent_outbox_sql();
     for sql in [
         "SELECT COUNT(*) FROM inventory_reservation WHERE status IN (10, 30, 50, 80)",
-        "SELECT COUNT(*) FROM inventory_outbox o JOIN inventory_outbox_relay c ON c.id = 1 \
-             WHERE (o.id > c.hwm AND o.status = 10) OR o.status IN (20, 40)",
+        unsent.as_str(),
         "SELECT COUNT(*) FROM inventory_deferred_event WHERE status = 10",
         "SELECT COUNT(*) FROM inventory_reservation WHERE sync_status = 10 AND expected_redis_version IS NOT NULL",
         "SELECT COUNT(*) FROM inventory_operation_wal WHERE status IN (10, 20, 40)",
     ] {
         wait_count(server, pool, sql, 0, within).await;
     }
+}
+
+/// Counts the outbox rows the relay has not published yet (the relay's own definition).
+pub fn unsent_outbox_sql() -> String {
+    format!(
+        "SELECT COUNT(*) FROM inventory_outbox o JOIN inventory_outbox_relay c ON c.id = 1 \
+         WHERE {}",
+        stocksvr_outbox_relay::UNSENT
+    )
+}
+
+/// The outbox rows not published yet.
+pub async fn unsent_outbox(pool: &sqlx::MySqlPool) -> i64 {
+    sqlx::query_scalar(&unsent_outbox_sql())
+        .fetch_one(pool)
+        .await
+        .expect("outbox")
 }
 
 pub fn tail(log: &str, lines: usize) -> String {
