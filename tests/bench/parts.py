@@ -200,10 +200,12 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
     return res
 
 
-def part_http(b):
+def part_http(b, init=False):
     """Trys through HTTP against `stocksvr all`: hot dish, cold dishes, order-level, and the
-    concurrency sweep on the hot dish."""
+    concurrency sweep on the hot dish. `init`: the buckets are made here (no part 1 ran)."""
     b.all = b.role("all", 88)
+    if init:
+        b.log(f"{init_buckets(b, b.all.url(''))} buckets initialised through POST /admin/buckets")
     b.watch = MetricsWatch(b.all)
     b.watch.start()
     P = b.P

@@ -44,6 +44,9 @@ def main():
     ap.add_argument("--kafka-home", required=True, help="Kafka's jars (lib/) for its perf tools")
     ap.add_argument("--kafka-pid", type=int, default=0, help="the broker's pid, to show its CPU")
     ap.add_argument("--keep", action="store_true", help="keep the database, topics and private stack")
+    ap.add_argument("--only", choices=["http"],
+                    help="only part 3 (Trys through HTTP: hot, cold, order-level, the sweep) and the durability "
+                         "check, for a quick before/after of the Try path; the ratios to the baselines need a full run")
     a = ap.parse_args()
     a.log4j = os.path.join(REPO, "stack", "kafka", "tools-log4j2.properties")
     a.bin = os.path.abspath(a.bin)
@@ -54,14 +57,18 @@ def main():
     error = None
     try:
         b.setup()
-        parts.part_capture(b)
-        parts.part_bare(b)
-        parts.part_http(b)
-        parts_pipeline.part_pipeline(b)
-        parts_pipeline.part_orders(b)
-        parts_pipeline.part_idle(b)
-        parts_pipeline.part_durability(b)
-        storage.part_storage(b)
+        if a.only == "http":
+            parts.part_http(b, init=True)
+            parts_pipeline.part_durability(b)
+        else:
+            parts.part_capture(b)
+            parts.part_bare(b)
+            parts.part_http(b)
+            parts_pipeline.part_pipeline(b)
+            parts_pipeline.part_orders(b)
+            parts_pipeline.part_idle(b)
+            parts_pipeline.part_durability(b)
+            storage.part_storage(b)
     except (BenchError, subprocess.SubprocessError, OSError) as e:
         error = e
         traceback.print_exc()

@@ -25,8 +25,9 @@ pub struct ReservationSettings {
     pub max_quantity: u32,
     /// Days Redis keeps each operation's first result (the idempotency window).
     pub op_ttl_days: u64,
-    /// Milliseconds the Try path keeps a merchant's time zone and a bucket's baseline row
-    /// (0 to 2000; 0 reads them for every Try).
+    /// How old (ms, 0 to 2000) the Try path's list of lost buckets may be; OPEN bucket rows
+    /// and time zones are kept 30 s (`service::cache::STATIC_TTL`); 0 reads the bucket's
+    /// row and the merchant's time zone for every Try.
     pub try_cache_ms: u64,
     /// Largest group written together by group commit: concurrent Trys inserted with one
     /// INSERT, steps begun with one CAS (Confirm, Cancel) and steps completed in one

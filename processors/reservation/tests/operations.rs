@@ -614,6 +614,72 @@ async fn a_try_never_recreates_a_bucket_that_redis_lost() {
     assert_eq!(f.events("StockBucketInitialized").await.len(), 1);
 }
 
+/// A lost mark made by another instance (here: by hand) reaches this instance's Try path
+/// within the lost list's age, although the bucket's OPEN row stays cached much longer; so
+/// does the clear. The rebuild relies on that bound: it writes the bucket back only after
+/// waiting it out.
+#[tokio::test]
+async fn a_lost_mark_made_elsewhere_refuses_trys_here_within_the_lists_age() {
+    let f = Ops::new(OpsConfig::default()).await;
+    let bucket = f.bucket(f.today);
+    f.service
+        .ops()
+        .init_bucket(&f.baseline(f.today, 1_000))
+        .await
+        .expect("init");
+    // Caches the row and reads the list.
+    f.reserve(1, 1).await;
+    let age = stocksvr_reservation::ServiceConfig::default().try_cache_ttl;
+    assert!(stocksvr_store::baselines::mark_lost(&f.pool, &bucket)
+        .await
+        .expect("mark"));
+    let marked = std::time::Instant::now();
+    let mut item = 2;
+    loop {
+        let started = std::time::Instant::now();
+        match f.service.try_reserve(&f.request(item, 1)).await {
+            Ok(_) => assert!(
+                started < marked + age,
+                "a Try started {:?} after the mark was taken",
+                started - marked
+            ),
+            Err(ServiceError::BucketLost { bucket: lost }) => {
+                assert_eq!(lost, bucket);
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+        item += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    match f.service.try_reserve(&f.request(item + 1, 1)).await {
+        Err(ServiceError::BucketLost { .. }) => {}
+        other => panic!("once refused, refused: {other:?}"),
+    }
+    assert!(stocksvr_store::baselines::clear_lost(&f.pool, &bucket)
+        .await
+        .expect("clear"));
+    let cleared = std::time::Instant::now();
+    let mut item = item + 2;
+    loop {
+        let started = std::time::Instant::now();
+        match f.service.try_reserve(&f.request(item, 1)).await {
+            Ok(reply) => {
+                assert!(reply.created);
+                break;
+            }
+            Err(ServiceError::BucketLost { .. }) => assert!(
+                started < cleared + age,
+                "refused {:?} after the clear",
+                started - cleared
+            ),
+            Err(other) => panic!("{other:?}"),
+        }
+        item += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn reservation_rows(pool: &sqlx::MySqlPool) -> i64 {
     let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM inventory_reservation")
         .fetch_one(pool)

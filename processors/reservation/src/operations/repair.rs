@@ -553,8 +553,8 @@ fn restoration(
     (fences, ops)
 }
 
-/// Every instance's Try path may keep a bucket's baseline row for up to
-/// [`crate::service::cache::MAX_TTL`]: one read just before the lost mark would still let a
+/// Every instance's Try path judges a bucket's lost mark on a list (or a row) read up to
+/// [`crate::service::cache::MAX_TTL`] ago: one read just before the mark would still let a
 /// Try through. Before the rebuild puts the bucket back into Redis (where the script would
 /// take that Try), the mark has been visible for longer than any cached copy can live; one
 /// second more covers clock differences between instances.

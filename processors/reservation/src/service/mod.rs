@@ -53,8 +53,10 @@ pub struct ServiceConfig {
     pub recovery_max_attempts: u32,
     /// Time-to-live of Redis operation records (idempotency window).
     pub op_ttl: Duration,
-    /// How long the Try path keeps a merchant's time zone and a bucket's baseline row
-    /// (at most [`cache::MAX_TTL`]); zero reads them for every Try.
+    /// How old the Try path's list of lost buckets may be, and how long it keeps a baseline
+    /// row that does not take Trys (at most [`cache::MAX_TTL`]); zero reads the bucket's row
+    /// and the merchant's time zone for every Try. OPEN rows and time zones are kept for
+    /// [`cache::STATIC_TTL`] otherwise.
     pub try_cache_ttl: Duration,
     /// Largest group written together by group commit: Trys inserted with one INSERT, steps
     /// begun with one CAS (Confirm, Cancel), steps completed in one transaction (all but
@@ -132,6 +134,7 @@ pub struct ReservationService {
     ops: StockOps,
     timezones: cache::TtlCache<u64, Tz>,
     baselines: Arc<cache::TtlCache<String, stocksvr_store::baselines::Baseline>>,
+    lost: cache::LostBuckets,
     /// One Try per (order_item_id, dish_id) at a time in this process.
     turns: cache::Turns<(u64, u64)>,
     /// Group commit (the Try path, step begins and completions); None outside a Tokio
@@ -146,7 +149,14 @@ impl ReservationService {
         ids: SnowflakeGenerator,
         config: ServiceConfig,
     ) -> Self {
-        let baselines = Arc::new(cache::TtlCache::new(config.try_cache_ttl));
+        // Nothing is kept when the cache is off; otherwise OPEN rows and time zones live
+        // longer than the lost list (see `cache`).
+        let kept = if config.try_cache_ttl.is_zero() {
+            Duration::ZERO
+        } else {
+            cache::STATIC_TTL
+        };
+        let baselines = Arc::new(cache::TtlCache::new(kept));
         let ops = StockOps::new(pool.clone(), lua.clone(), OpsConfig::default())
             .with_baseline_cache(baselines.clone());
         let groups = (config.try_group_max > 1 && tokio::runtime::Handle::try_current().is_ok())
@@ -154,8 +164,9 @@ impl ReservationService {
                 group::StepGroups::start(&pool, config.try_group_max, config.try_groups_in_flight)
             });
         Self {
-            timezones: cache::TtlCache::new(config.try_cache_ttl),
+            timezones: cache::TtlCache::new(kept),
             baselines,
+            lost: cache::LostBuckets::new(config.try_cache_ttl),
             turns: cache::Turns::new(),
             groups,
             pool,

@@ -16,6 +16,12 @@ use stocksvr_store::reservations::{
 };
 use stocksvr_telemetry::names;
 
+/// Whether a baseline row lets Trys in (its lost mark aside): only such a row is kept for
+/// [`super::cache::STATIC_TTL`].
+fn takes_trys(b: &stocksvr_store::baselines::Baseline) -> bool {
+    b.stock_status == 1 && u8::try_from(b.bucket_status).ok() == Some(BucketState::Open.code())
+}
+
 /// `reject_reason` of a Try whose order failed before it reached MySQL.
 pub const REJECTED_ORDER_FAILED: &str = "ORDER_FAILED";
 
@@ -164,19 +170,18 @@ impl ReservationService {
         })
     }
 
-    /// Whether the bucket takes new Trys, judged on its baseline row (kept for
-    /// `try_cache_ttl`; Redis refuses a closed or absent bucket itself).
+    /// Whether the bucket takes new Trys, judged on its baseline row (an OPEN one kept for
+    /// [`super::cache::STATIC_TTL`], any other for `try_cache_ttl`: Redis refuses a closed or absent
+    /// bucket itself) and on the list of lost buckets (read at most `try_cache_ttl` ago).
     async fn open_for_trys(&self, bucket_id: &str) -> Result<(), ServiceError> {
         let key = bucket_id.to_string();
-        let baseline = match self.baselines.get(&key) {
-            Some(b) => b,
-            None => {
-                let b = stocksvr_store::baselines::find_baseline(&self.pool, bucket_id)
-                    .await?
-                    .ok_or_else(|| ServiceError::BucketNotFound(key.clone()))?;
-                self.baselines.put(key.clone(), b.clone());
-                b
-            }
+        let cached = self
+            .baselines
+            .get_aged(&key)
+            .and_then(|(age, b)| (age < self.config.try_cache_ttl || takes_trys(&b)).then_some(b));
+        let (baseline, fresh) = match cached {
+            Some(b) => (b, false),
+            None => (self.read_baseline(&key).await?, true),
         };
         if baseline.stock_status != 1 {
             return Err(ServiceError::BucketUnavailable {
@@ -191,11 +196,31 @@ impl ReservationService {
             });
         }
         // Redis lost this bucket: refused before any row is written, until it is rebuilt
-        // and a reconcile pass found it clean.
-        if baseline.lost_at.is_some() {
+        // and a reconcile pass found it clean. A row read just now tells; a kept one does
+        // not (its mark may have come or gone since): the lost list does.
+        let lost = if fresh {
+            baseline.lost_at.is_some()
+        } else {
+            match self.lost.is_lost(&self.pool, bucket_id).await? {
+                Some(lost) => lost,
+                None => self.read_baseline(&key).await?.lost_at.is_some(),
+            }
+        };
+        if lost {
             return Err(ServiceError::BucketLost { bucket: key });
         }
         Ok(())
+    }
+
+    async fn read_baseline(
+        &self,
+        key: &str,
+    ) -> Result<stocksvr_store::baselines::Baseline, ServiceError> {
+        let b = stocksvr_store::baselines::find_baseline(&self.pool, key)
+            .await?
+            .ok_or_else(|| ServiceError::BucketNotFound(key.to_string()))?;
+        self.baselines.put(key.to_string(), b.clone());
+        Ok(b)
     }
 
     /// The PREPARING insert, in a group with concurrent Trys when group commit is on.
