@@ -161,9 +161,14 @@ def part_orders(b):
         # The wait is bounded: when stocksvr confirms slower than the orders come, the rest
         # is confirmed in the background (part_idle waits for it) and the latencies are
         # those of the orders confirmed in time (the slowest are missing).
-        lat, proj, confirmed, confirm_rate = pipeline.confirm_latencies(
+        lat, proj, confirmed, confirm_rate, timed = pipeline.confirm_latencies(
             b.db, sent, {o: i for o, i in orders}, secs + 240)
     m1 = r.metrics()
+    slow = pipeline.slow_seconds(timed, 0.1)
+    b.raw["orders_slow_seconds"] = slow
+    if slow:
+        b.notes.append("orders slower than 100 ms came in these seconds of the run (second: slow/all, max): " +
+                       ", ".join(f"{sec}: {k}/{n}, {mx * 1000:.0f} ms" for sec, n, k, mx in slow))
     if confirmed < n:
         b.notes.append(f"only {confirmed:,} of {n:,} orders CONFIRMED within {secs + 240} s of the first; "
                        "their latencies exclude the slowest")

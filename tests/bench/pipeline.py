@@ -183,7 +183,8 @@ class OrderProducer:
 def confirm_latencies(db, sent, rids, timeout):
     """Waits until every reservation of sent is CONFIRMED (at most timeout seconds); returns
     (latencies produce -> CONFIRMED updated_at, projection delays CONFIRMED -> its ledger row,
-    confirmed count, confirms per second from the first produce to the last confirm)."""
+    confirmed count, confirms per second from the first produce to the last confirm, and
+    (produce time, latency) of every confirmed order, to find when the slow ones came)."""
     ids = list(rids.values())
     deadline = time.time() + timeout
     confirmed = 0
@@ -196,7 +197,7 @@ def confirm_latencies(db, sent, rids, timeout):
         if confirmed == len(ids):
             break
         time.sleep(0.5)
-    lat, proj, last = [], [], None
+    lat, proj, last, timed = [], [], None, []
     for i in range(0, len(ids), 5000):
         chunk = ids[i:i + 5000]
         rows = db.q(
@@ -205,12 +206,27 @@ def confirm_latencies(db, sent, rids, timeout):
             f" WHERE r.status = 40 AND r.id IN ({','.join(map(str, chunk))})")
         for order_id, updated, booked in rows:
             lat.append(_epoch(updated) - sent[int(order_id)])
+            timed.append((sent[int(order_id)], lat[-1]))
             last = max(last or 0.0, _epoch(updated))
             if booked is not None:
                 proj.append(_epoch(booked) - _epoch(updated))
     # Confirms per second from the first produce to the last CONFIRMED row.
     rate = confirmed / (last - min(sent.values())) if last and sent and last > min(sent.values()) else None
-    return lat, proj, confirmed, rate
+    return lat, proj, confirmed, rate, timed
+
+
+def slow_seconds(timed, slow, top=5):
+    """The seconds of the run (from the first produce) holding the most orders slower than
+    `slow` seconds: [(second, orders that second, slow ones, max latency)], worst first."""
+    if not timed:
+        return []
+    t0 = min(t for t, _ in timed)
+    by = {}
+    for t, lat in timed:
+        n, k, mx = by.get(int(t - t0), (0, 0, 0.0))
+        by[int(t - t0)] = (n + 1, k + (lat > slow), max(mx, lat))
+    worst = sorted(by.items(), key=lambda e: (-e[1][1], -e[1][2]))[:top]
+    return [(sec, n, k, mx) for sec, (n, k, mx) in worst if k]
 
 
 def histogram_quantile(before, after, name, q):
