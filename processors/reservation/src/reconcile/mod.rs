@@ -1085,9 +1085,8 @@ const INBOX_PURGE_BATCH: u32 = 1000;
 /// After a pass with no other shard due the loop sleeps `interval / shards` (the spacing of
 /// the shards' due times) rather than polling the claim every second or two: an idle
 /// `stocksvr all` claimed about twice per pass, five statements each time. The inbox purge
-/// runs once per `interval` while it finds less than a batch (rows pass the retention one
-/// by one, so a batch a minute keeps up with 1,000 events a minute per group; more is
-/// purged at every round until a batch comes back short).
+/// runs once per `interval` while its batch comes back short (nothing more is past the
+/// retention), and at every round, as before, while batches come back full.
 pub async fn run(
     reconciler: Arc<Reconciler>,
     stop: watch::Receiver<bool>,
