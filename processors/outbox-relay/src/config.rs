@@ -37,8 +37,14 @@ pub struct RelayConfig {
     pub purge_batch: u32,
     /// How often the purge runs.
     pub purge_every: Duration,
-    /// How often the backlog gauges are refreshed (one cheap query each time).
+    /// How often the backlog gauges are refreshed (one cheap query each time) while there is
+    /// a backlog or the relay moves rows.
     pub gauge_every: Duration,
+    /// Longest gap between two refreshes while the last one found no backlog and the relay
+    /// moved nothing since: the refreshes double from `gauge_every` up to this, and the
+    /// relay's first round that moves rows refreshes them at once. A backlog no relay of this
+    /// process works on (another instance leads and is stuck) shows within this.
+    pub gauge_idle_every: Duration,
     /// Only when the database refuses `information_schema.INNODB_TRX` (no PROCESS
     /// privilege): an id missing below visible rows is taken as never written once it has
     /// been missing this long. A transaction that commits an outbox row later than this
@@ -62,6 +68,9 @@ impl Default for RelayConfig {
             purge_batch: 500,
             purge_every: Duration::from_secs(60),
             gauge_every: Duration::from_secs(1),
+            // An idle `stocksvr all` read the backlog every second (1 of its ~8 statements a
+            // second); the alerts look at minutes (`for: 1m`, `deriv(...[2m])`).
+            gauge_idle_every: Duration::from_secs(10),
             gap_timeout: Duration::from_secs(300),
         }
     }
@@ -100,6 +109,9 @@ impl RelayConfig {
         if self.purge_every.is_zero() || self.gauge_every.is_zero() {
             return fail("purge_every and gauge_every must be above zero");
         }
+        if self.gauge_idle_every < self.gauge_every {
+            return fail("gauge_idle_every must be at least gauge_every");
+        }
         if self.gap_timeout.is_zero() {
             return fail("gap_timeout must be above zero");
         }
@@ -134,8 +146,12 @@ pub struct RelaySettings {
     pub purge_batch: u32,
     /// Seconds between two purges.
     pub purge_every_secs: u64,
-    /// Milliseconds between two refreshes of the backlog gauges.
+    /// Milliseconds between two refreshes of the backlog gauges while there is a backlog or
+    /// the relay moves rows.
     pub gauge_every_ms: u64,
+    /// Longest gap between two refreshes of the backlog gauges while both are idle, in
+    /// milliseconds (the gap doubles from gauge_every_ms up to this).
+    pub gauge_idle_every_ms: u64,
     /// Only without the PROCESS privilege: seconds after which a missing outbox id is taken
     /// as never written (a row committed later than that is not published).
     pub gap_timeout_secs: u64,
@@ -156,6 +172,7 @@ impl Default for RelaySettings {
             purge_batch: c.purge_batch,
             purge_every_secs: c.purge_every.as_secs(),
             gauge_every_ms: c.gauge_every.as_millis() as u64,
+            gauge_idle_every_ms: c.gauge_idle_every.as_millis() as u64,
             gap_timeout_secs: c.gap_timeout.as_secs(),
         }
     }
@@ -176,6 +193,7 @@ impl RelaySettings {
             purge_batch: self.purge_batch,
             purge_every: Duration::from_secs(self.purge_every_secs),
             gauge_every: Duration::from_millis(self.gauge_every_ms),
+            gauge_idle_every: Duration::from_millis(self.gauge_idle_every_ms),
             gap_timeout: Duration::from_secs(self.gap_timeout_secs),
         };
         c.validate()?;
@@ -207,6 +225,15 @@ mod tests {
     fn a_publish_timeout_beyond_the_lease_is_rejected() {
         let c = RelayConfig {
             publish_timeout: Duration::from_secs(30),
+            ..RelayConfig::default()
+        };
+        assert!(matches!(c.validate(), Err(RelayError::Config(_))));
+    }
+
+    #[test]
+    fn an_idle_gauge_gap_below_the_busy_one_is_rejected() {
+        let c = RelayConfig {
+            gauge_idle_every: Duration::from_millis(500),
             ..RelayConfig::default()
         };
         assert!(matches!(c.validate(), Err(RelayError::Config(_))));

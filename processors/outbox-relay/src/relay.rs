@@ -8,7 +8,7 @@ use crate::store::{self, status, Backlog, ClaimedRow, Failure, ScannedRow};
 use backon::{ExponentialBuilder, Retryable};
 use sqlx::MySqlPool;
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use stocksvr_core::backoff;
@@ -144,6 +144,11 @@ pub struct OutboxRelay {
     config: RelayConfig,
     namespace: Namespace,
     wake: Arc<Notify>,
+    /// Rows the publish loop's rounds have read or claimed so far, and the wake-up of the
+    /// gauge loop: an idle gauge loop refreshes seldom, and at once when rows move again.
+    moved: AtomicU64,
+    gauge_idle: AtomicBool,
+    gauge_wake: Notify,
     /// (topic, event type) pairs whose counters exist already (see `zero_series`).
     seen: Mutex<HashSet<(String, String)>>,
     /// This relay's name in the lease: unique per instance, so a restarted process never
@@ -171,6 +176,9 @@ impl OutboxRelay {
             config,
             namespace: Namespace::default(),
             wake: Arc::new(Notify::new()),
+            moved: AtomicU64::new(0),
+            gauge_idle: AtomicBool::new(false),
+            gauge_wake: Notify::new(),
             seen: Mutex::new(HashSet::new()),
             owner: owner_name(),
             leader: Mutex::new(None),
@@ -787,7 +795,19 @@ impl OutboxRelay {
         let batch = self.config.batch_size as usize;
         let cadence = Cadence::adaptive(self.config.min_poll, self.config.max_poll);
         periodic::run("outbox relay", cadence, Some(&self.wake), stop, || async {
-            match self.drain_counting(DRAIN_ROUNDS).await {
+            let drained = self.drain_counting(DRAIN_ROUNDS).await;
+            if let Ok((r, read)) = &drained {
+                let moved = r.claimed.max(*read) as u64;
+                if moved > 0 {
+                    self.moved.fetch_add(moved, Ordering::Relaxed);
+                    // The first rows after a quiet spell end the gauge loop's idle sleep
+                    // (a busy one keeps its own pace).
+                    if self.gauge_idle.swap(false, Ordering::Relaxed) {
+                        self.gauge_wake.notify_one();
+                    }
+                }
+            }
+            match drained {
                 Ok((r, read)) if r.claimed.max(read) >= batch * DRAIN_ROUNDS => Ok(Round::Full),
                 Ok((r, read)) if r.claimed.max(read) > 0 => Ok(Round::Partial),
                 Ok(_) => Ok(Round::Empty),
@@ -816,16 +836,42 @@ impl OutboxRelay {
         .await
     }
 
+    /// Refreshes the backlog gauges every `gauge_every` while there is a backlog or the relay
+    /// moves rows; while neither, the gap doubles up to `gauge_idle_every`, and the relay's
+    /// first round that moves rows ends it at once.
     async fn gauge_loop(&self, stop: watch::Receiver<bool>) -> Result<(), RelayError> {
-        let cadence = Cadence::fixed(self.config.gauge_every);
-        periodic::run("outbox gauges", cadence, None, stop, || async {
-            // A gauge is best effort: a failed read leaves the last value and is logged.
-            if let Err(e) = self.refresh_backlog().await {
-                tracing::warn!(error = %e, "reading the outbox backlog failed");
-            }
-            Ok(Round::Partial)
-        })
+        let cadence = Cadence::adaptive(self.config.gauge_every, self.config.gauge_idle_every);
+        periodic::run(
+            "outbox gauges",
+            cadence,
+            Some(&self.gauge_wake),
+            stop,
+            || async {
+                let moved = self.moved.swap(0, Ordering::Relaxed);
+                // A gauge is best effort: a failed read leaves the last value and is logged.
+                let round = match self.refresh_backlog().await {
+                    Ok(backlog) => gauge_round(&backlog, moved),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the outbox backlog failed");
+                        Round::Failed
+                    }
+                };
+                self.gauge_idle
+                    .store(round == Round::Empty, Ordering::Relaxed);
+                Ok(round)
+            },
+        )
         .await
+    }
+}
+
+/// The gauge loop's rhythm after a reading: busy while rows wait or the relay moved some since
+/// the last reading, idle otherwise.
+fn gauge_round(backlog: &Backlog, moved: u64) -> Round {
+    if backlog.rows > 0 || moved > 0 {
+        Round::Partial
+    } else {
+        Round::Empty
     }
 }
 
@@ -943,6 +989,17 @@ mod tests {
         l.found(25);
         l.found(5);
         assert_eq!(ranges(&l), [(11, 14), (16, 19)]);
+    }
+
+    #[test]
+    fn the_gauges_refresh_fast_only_while_rows_wait_or_move() {
+        let backlog = |rows| Backlog {
+            rows,
+            oldest_age: Duration::ZERO,
+        };
+        assert_eq!(gauge_round(&backlog(0), 0), Round::Empty);
+        assert_eq!(gauge_round(&backlog(3), 0), Round::Partial);
+        assert_eq!(gauge_round(&backlog(0), 500), Round::Partial);
     }
 
     #[test]

@@ -21,6 +21,9 @@ pub enum Round {
     Partial,
     /// Nothing claimable.
     Empty,
+    /// Work done, and no more due before the longest sleep (a task on a schedule of its own,
+    /// like the reconciler's shards): sleep `max` once, then start again from `min`.
+    Idle,
     /// The database failed with a retryable error.
     Failed,
 }
@@ -59,6 +62,10 @@ impl Poller {
                 let sleep = self.idle;
                 self.idle = (self.idle * 2).min(self.max);
                 sleep
+            }
+            Round::Idle => {
+                self.idle = self.min;
+                self.max
             }
         }
     }
@@ -157,6 +164,9 @@ mod tests {
         assert_eq!(p.next(Round::Empty), 40 * MS);
         p.woken();
         assert_eq!(p.next(Round::Failed), 20 * MS);
+        // Done until the schedule says otherwise: the longest sleep, then short ones again.
+        assert_eq!(p.next(Round::Idle), 2000 * MS);
+        assert_eq!(p.next(Round::Empty), 20 * MS);
     }
 
     #[tokio::test(start_paused = true)]

@@ -122,3 +122,58 @@ async fn concurrent_pollers_claim_every_due_entry_exactly_once() {
         wheel.remove(id).await.expect("clean up");
     }
 }
+
+/// The poller claims only from the shards `due_keys` names: it must name every shard whose
+/// head is due by the server's clock (a due entry, or a claim whose lease ran out) and no
+/// other, or a tick would skip a due entry or run scripts for nothing.
+#[tokio::test]
+async fn due_keys_names_exactly_the_shards_with_a_due_head() {
+    let wheel = wheel("peek", 4).await;
+    assert!(
+        wheel.due_keys().await.expect("peek").is_empty(),
+        "an empty wheel has nothing due"
+    );
+    // Shard 1: due a moment ago. Shard 2: due in five minutes. Shards 0 and 3: empty.
+    assert!(wheel
+        .arm(1, Utc::now() - TimeDelta::milliseconds(10))
+        .await
+        .expect("arm"));
+    assert!(wheel
+        .arm(2, Utc::now() + TimeDelta::minutes(5))
+        .await
+        .expect("arm"));
+    assert_eq!(
+        wheel.due_keys().await.expect("peek"),
+        vec![wheel.key_for(1)]
+    );
+    // Claimed: hidden under its lease, so the shard is not due ...
+    let lease = Duration::from_millis(600);
+    let claim = wheel
+        .claim(&wheel.key_for(1), 10, lease)
+        .await
+        .expect("claim");
+    assert_eq!(claim.members, vec!["1".to_string()]);
+    assert!(wheel.due_keys().await.expect("peek").is_empty());
+    // ... until the lease runs out by the server's clock: then it is due again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let due = wheel.due_keys().await.expect("peek");
+        if !due.is_empty() {
+            assert_eq!(due, vec![wheel.key_for(1)]);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the claimed entry never fell due again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let again = wheel
+        .claim(&wheel.key_for(1), 10, lease)
+        .await
+        .expect("claim");
+    assert_eq!(again.members, vec!["1".to_string()], "the claim agrees");
+    for id in [1, 2] {
+        wheel.remove(id).await.expect("clean up");
+    }
+}

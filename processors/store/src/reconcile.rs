@@ -486,7 +486,7 @@ pub async fn highest_known_version(pool: &MySqlPool, bucket: &str) -> Result<u64
 }
 
 /// Makes sure shard rows 0..shards exist (idempotent).
-async fn ensure_shards(pool: &MySqlPool, shards: u32) -> Result<(), sqlx::Error> {
+pub async fn ensure_shards(pool: &MySqlPool, shards: u32) -> Result<(), sqlx::Error> {
     let mut q = QueryBuilder::<MySql>::new(
         "INSERT IGNORE INTO inventory_reconcile_shard (shard, lease_expire_at) ",
     );
@@ -500,28 +500,30 @@ async fn ensure_shards(pool: &MySqlPool, shards: u32) -> Result<(), sqlx::Error>
 
 /// Leases the shard checked longest ago that nobody holds, for `lease`. `None` when every
 /// shard is held or was checked less than `min_interval` ago.
+///
+/// The shard rows must exist ([`ensure_shards`]). Also says whether another shard was due
+/// at the same time (`more`): a caller then comes back soon instead of after its idle sleep.
 pub async fn claim_shard(
     pool: &MySqlPool,
     owner: &str,
     shards: u32,
     lease: TimeDelta,
     min_interval: TimeDelta,
-) -> Result<Option<u32>, sqlx::Error> {
-    ensure_shards(pool, shards).await?;
+) -> Result<Option<ShardClaim>, sqlx::Error> {
     let now = now();
     let mut tx = crate::deadline::begin(pool).await?;
-    let shard: Option<(u32,)> = sqlx::query_as(
+    let due: Vec<(u32,)> = sqlx::query_as(
         "SELECT shard FROM inventory_reconcile_shard WHERE shard < ? AND lease_expire_at < ? \
          AND (last_pass_at IS NULL OR last_pass_at < ?) \
-         ORDER BY last_pass_at IS NOT NULL, last_pass_at, shard LIMIT 1 FOR UPDATE SKIP LOCKED",
+         ORDER BY last_pass_at IS NOT NULL, last_pass_at, shard LIMIT 2 FOR UPDATE SKIP LOCKED",
     )
     .bind(shards)
     .bind(now)
     .bind(now - min_interval)
-    .fetch_optional(&mut *tx)
+    .fetch_all(&mut *tx)
     .deadline()
     .await?;
-    let Some((shard,)) = shard else {
+    let Some(&(shard,)) = due.first() else {
         tx.commit().deadline().await?;
         return Ok(None);
     };
@@ -535,7 +537,17 @@ pub async fn claim_shard(
     .deadline()
     .await?;
     tx.commit().deadline().await?;
-    Ok(Some(shard))
+    Ok(Some(ShardClaim {
+        shard,
+        more: due.len() > 1,
+    }))
+}
+
+/// A leased shard, and whether another one was due too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardClaim {
+    pub shard: u32,
+    pub more: bool,
 }
 
 /// Ends `owner`'s lease of `shard` and records the pass.

@@ -195,12 +195,16 @@ pub struct PassReport {
     pub lost: u64,
     pub repaired: u64,
     pub reopened: u64,
+    /// Another shard was due when this one was leased.
+    pub more_due: bool,
 }
 
 pub struct Reconciler {
     service: Arc<ReservationService>,
     config: ReconcileConfig,
     owner: String,
+    /// The shard rows were written once by this instance (they are never deleted).
+    shards_ensured: std::sync::atomic::AtomicBool,
     /// Buckets this instance last found consistent, and what they looked like then.
     clean: Mutex<HashMap<String, CleanMark>>,
 }
@@ -240,6 +244,7 @@ impl Reconciler {
             service,
             config,
             owner,
+            shards_ensured: std::sync::atomic::AtomicBool::new(false),
             clean: Mutex::new(HashMap::new()),
         }
     }
@@ -806,7 +811,17 @@ impl Reconciler {
     pub async fn pass_once(&self) -> Result<Option<PassReport>, ReconcileError> {
         let pool = self.service.pool();
         let interval = TimeDelta::from_std(self.config.interval).unwrap_or(TimeDelta::seconds(60));
-        let Some(shard) = store::claim_shard(
+        // The shard rows are written once per process, not before every claim: the claims
+        // of an idle `stocksvr all` come every few seconds.
+        if !self
+            .shards_ensured
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            store::ensure_shards(pool, self.config.shards).await?;
+            self.shards_ensured
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        let Some(claim) = store::claim_shard(
             pool,
             &self.owner,
             self.config.shards,
@@ -817,9 +832,11 @@ impl Reconciler {
         else {
             return Ok(None);
         };
+        let shard = claim.shard;
         let result = self.pass_shard(shard).await;
         store::finish_shard(pool, shard, &self.owner).await?;
-        let report = result?;
+        let mut report = result?;
+        report.more_due = claim.more;
         self.export_gauges(&report).await?;
         Ok(Some(report))
     }
@@ -1060,13 +1077,24 @@ fn bucket_key(b: &LiveBucket) -> BucketKey {
     BucketKey::new(b.merchant_id, b.dish_id, b.stock_date)
 }
 
+/// Rows one inbox purge statement deletes.
+const INBOX_PURGE_BATCH: u32 = 1000;
+
 /// Scheduled passes until `stop`: a shard whenever one is due, the inbox purge beside them.
+///
+/// After a pass with no other shard due the loop sleeps `interval / shards` (the spacing of
+/// the shards' due times) rather than polling the claim every second or two: an idle
+/// `stocksvr all` claimed about twice per pass, five statements each time. The inbox purge
+/// runs once per `interval` while its batch comes back short (nothing more is past the
+/// retention), and at every round, as before, while batches come back full.
 pub async fn run(
     reconciler: Arc<Reconciler>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), ReconcileError> {
     let idle = (reconciler.config.interval / reconciler.config.shards.max(1))
         .max(Duration::from_millis(200));
+    let purge_every = reconciler.config.interval;
+    let next_purge = Mutex::new(std::time::Instant::now());
     periodic::run(
         "reconciler",
         Cadence::adaptive(idle.min(Duration::from_secs(1)), idle),
@@ -1074,14 +1102,29 @@ pub async fn run(
         stop,
         || {
             let reconciler = reconciler.clone();
+            let next_purge = &next_purge;
             async move {
-                if let Err(e) = reconciler.purge_inbox_once(1000).await {
-                    tracing::warn!(error = %e, "inbox purge failed; retrying");
+                let now = std::time::Instant::now();
+                let due = *next_purge.lock().unwrap_or_else(PoisonError::into_inner) <= now;
+                if due {
+                    let next = match reconciler.purge_inbox_once(INBOX_PURGE_BATCH).await {
+                        Ok(n) if n >= u64::from(INBOX_PURGE_BATCH) => now,
+                        Ok(_) => now + purge_every,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "inbox purge failed; retrying");
+                            now
+                        }
+                    };
+                    *next_purge.lock().unwrap_or_else(PoisonError::into_inner) = next;
                 }
                 Ok(match reconciler.pass_once().await {
                     Ok(Some(report)) => {
                         tracing::debug!(?report, "reconcile pass over a shard");
-                        Round::Partial
+                        if report.more_due {
+                            Round::Partial
+                        } else {
+                            Round::Idle
+                        }
                     }
                     Ok(None) => Round::Empty,
                     Err(e) => {
