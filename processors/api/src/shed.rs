@@ -36,7 +36,7 @@ pub struct ShedConfig {
 impl Default for ShedConfig {
     fn default() -> Self {
         Self {
-            max_in_flight: 512,
+            max_in_flight: 256,
             max_queued: 2048,
             admission_deadline: Duration::from_millis(1000),
         }

