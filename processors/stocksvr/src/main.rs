@@ -25,15 +25,16 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 // jemalloc keeps freed pages ("dirty") for reuse and hands them back after a decay time
 // (default 10 s; its background thread purges them whether or not anything allocates). Under
-// overload that cache is most of what is above the live data: `stocksvr all` at 1,024
-// connections peaked at 97-103 MB with a 1 s decay, 80-85 MB with none (decay 0: freed pages
-// go back at once), with Try throughput within the run-to-run noise at 64 connections (2,457
-// vs 2,527 Trys/s). Two arenas, not jemalloc's 4 per CPU (8 on 2 cores): each arena keeps its
-// own free pages (two arenas and the 1 s decay together: 111 MB -> 98 MB at 1,024
-// connections). Read by jemalloc at its first allocation (the name is the prefixed one
-// tikv-jemalloc-sys builds on Linux); `_RJEM_MALLOC_CONF` overrides it.
+// overload that cache is most of what is above the live data. `scripts/bench --only http`,
+// same binary, quiet machine, decay set through `_RJEM_MALLOC_CONF`: RSS peak at 1,024
+// connections / hot Try at 64 connections / stocksvr CPU per Try were 118 MB / 2,683 per s /
+// 231 us with 10 s, 100 MB / 2,802 / 239 us with 1 s, 95 MB / 2,856 / 231 us with 300 ms,
+// and 85 MB / 2,487 / 298 us with 0 (every freed page handed back at once: a madvise and a
+// page fault per reuse). Two arenas, not jemalloc's 4 per CPU (8 on 2 cores): each arena
+// keeps its own free pages. Read by jemalloc at its first allocation (the name is the
+// prefixed one tikv-jemalloc-sys builds on Linux); `_RJEM_MALLOC_CONF` overrides it.
 #[export_name = "_rjem_malloc_conf"]
-static MALLOC_CONF: &[u8; 50] = b"background_thread:true,narenas:2,dirty_decay_ms:0\0";
+static MALLOC_CONF: &[u8; 52] = b"background_thread:true,narenas:2,dirty_decay_ms:300\0";
 
 #[derive(Parser)]
 #[command(
