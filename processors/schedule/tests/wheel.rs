@@ -129,6 +129,16 @@ async fn concurrent_pollers_claim_every_due_entry_exactly_once() {
 #[tokio::test]
 async fn due_keys_names_exactly_the_shards_with_a_due_head() {
     let wheel = wheel("peek", 4).await;
+    let cluster =
+        stocksvr_store::RedisTarget::from_env(stocksvr_test_support::infra().redis.url.expose())
+            .expect("redis settings")
+            .is_cluster();
+    if cluster {
+        // Each shard is judged by the clock of its own master: every shard is named and each
+        // claim script decides (the claim tests above cover that path).
+        assert_eq!(wheel.due_keys().await.expect("peek"), wheel.keys());
+        return;
+    }
     assert!(
         wheel.due_keys().await.expect("peek").is_empty(),
         "an empty wheel has nothing due"
