@@ -216,6 +216,9 @@ pub struct ReconcileSettings {
     /// Days the consumer inbox remembers a handled event (0 keeps it for ever). A replay
     /// from further back than this is judged against the current state again.
     pub inbox_retention_days: u64,
+    /// Held reservations whose fence and op record a full check reads per second (0: no
+    /// limit). A full check of a bucket then takes its held reservations / this rate.
+    pub guard_reads_per_sec: u32,
 }
 
 impl Default for ReconcileSettings {
@@ -233,6 +236,7 @@ impl Default for ReconcileSettings {
             repair_attempts: d.repair_attempts,
             reopen_timeout_secs: d.reopen_timeout.as_secs(),
             inbox_retention_days: d.inbox_retention.num_days() as u64,
+            guard_reads_per_sec: d.guard_reads_per_sec,
         }
     }
 }
@@ -246,6 +250,7 @@ impl ReconcileSettings {
             full_check: Duration::from_secs(self.full_check_secs),
             chunk: self.chunk.clamp(1, 1000),
             guard_page: crate::reconcile::ReconcileConfig::default().guard_page,
+            guard_reads_per_sec: self.guard_reads_per_sec,
             auto_repair: self.auto_repair,
             max_repairs_per_pass: self.max_repairs_per_pass,
             settle: Duration::from_millis(self.settle_ms),

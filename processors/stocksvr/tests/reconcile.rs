@@ -409,6 +409,8 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
             // A page of one held reservation: the full check below reads the bucket's two
             // page by page, and finds the drift on the second page.
             guard_page: 1,
+            // Four guards a second: the full check of two held reservations takes 0.5 s.
+            guard_reads_per_sec: 4,
             ..Default::default()
         },
     );
@@ -452,11 +454,19 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
         "skipped before the full check: {r:?}"
     );
     tokio::time::sleep(full_check.saturating_sub(full_at.elapsed())).await;
+    let started = Instant::now();
     let r = pass(&reconciler).await;
     assert_eq!(
         (r.checked, r.unchanged, r.suspected),
         (1, 0, 1),
         "full check: {r:?}"
+    );
+    // The guard reads were paced: two at four a second cannot take less than 0.5 s
+    // (unpaced they take a few ms).
+    assert!(
+        started.elapsed() >= Duration::from_millis(450),
+        "the full check read two guards at 4 a second in {:?}",
+        started.elapsed()
     );
     let kinds: Vec<String> = sqlx::query_scalar(
         "SELECT kind FROM inventory_reconcile_difference WHERE stock_bucket_id = ?",

@@ -273,6 +273,8 @@ catalog! {
         "CREATED_RESERVED reservations past processing_time + grace at the last scan.";
     RECONCILE_BUCKETS_CHECKED = "stocksvr_reconcile_buckets_checked_total", Counter, "buckets", [],
         "Buckets the reconciler compared (Redis against MySQL).";
+    RECONCILE_GUARDS_READ = "stocksvr_reconcile_guards_read_total", Counter, "reservations", [],
+        "Held reservations whose fence and op record a full check read from Redis (paced by reconcile.guard_reads_per_sec).";
     RECONCILE_CONSISTENT_RATIO = "stocksvr_reconcile_consistent_ratio", Gauge, "ratio", [],
         "Consistent buckets / buckets checked in the last reconcile pass.";
     RECONCILE_DIFFERENCES = "stocksvr_reconcile_differences", Gauge, "buckets", [known("kind", DIFFERENCES)],
