@@ -6,12 +6,14 @@ CONFIRMED at a steady rate; the idle cost; the durability check."""
 import os
 import time
 
+import redis
+
 import checks
 import loads
 import pipeline
 from bench import COLD_BASE, REPO, MetricsWatch
 from parts import _wrk, wait_quiet
-from system import BenchError
+from system import CLK_TCK, BenchError, StatusSampler, read_proc
 
 
 def _count_pending(b, topic=None):
@@ -156,6 +158,8 @@ def part_orders(b):
                                       f"{b.ns}.order.lifecycle.v1")
     b.log(f"OrderCreated at {rate}/s for {secs} s ({n:,} orders) from the Python Confluent producer")
     m0 = r.metrics()
+    status = StatusSampler(b.stack.db(), redis.Redis(host="127.0.0.1", port=b.stack.redis_port))
+    status.start()
     with b.phase("orders") as rec:
         sent, took = producer.run(orders, b.merchant, rate)
         # The wait is bounded: when stocksvr confirms slower than the orders come, the rest
@@ -163,12 +167,23 @@ def part_orders(b):
         # those of the orders confirmed in time (the slowest are missing).
         lat, proj, confirmed, confirm_rate, timed = pipeline.confirm_latencies(
             b.db, sent, {o: i for o, i in orders}, secs + 240)
+    status.stop()
     m1 = r.metrics()
     slow = pipeline.slow_seconds(timed, 0.1)
     b.raw["orders_slow_seconds"] = slow
     if slow:
         b.notes.append("orders slower than 100 ms came in these seconds of the run (second: slow/all, max): " +
                        ", ".join(f"{sec}: {k}/{n}, {mx * 1000:.0f} ms" for sec, n, k, mx in slow))
+        # What the machine did in those seconds, next to the run's other seconds: a stall
+        # shows as CPU moving to one process, or as page flushing, fsyncs or lock waits.
+        t0 = min(t for t, _ in timed)
+        seconds = sorted({sec for sec, *_ in slow})
+        rest = [s for s in range(int(took)) if s not in seconds]
+        b.raw["orders_seconds"] = {s: _second(b, status, t0 + s) for s in range(int(took) + 1)}
+        for s in seconds:
+            b.notes.append(f"second {s} of the orders: {_second_line(b.raw['orders_seconds'][s])}")
+        b.notes.append("a median other second: " + _second_line(_median_second(
+            [b.raw["orders_seconds"][s] for s in rest])))
     if confirmed < n:
         b.notes.append(f"only {confirmed:,} of {n:,} orders CONFIRMED within {secs + 240} s of the first; "
                        "their latencies exclude the slowest")
@@ -190,6 +205,47 @@ def part_orders(b):
                    f"{rec['usage']['procs'].get('stocksvr all', {}).get('rss_max_mb', 0):.0f} MB; VmRSS every second")
 
 
+def _second(b, status, t):
+    """CPU per process (% of a core) and MariaDB counters per second in [t, t+1]."""
+    procs = {n: v["cpu_pct"] for n, v in b.sampler.window(t, t + 1)["procs"].items() if v["cpu_pct"] is not None}
+    return {"cpu": procs, "mysql": status.second(t) or {}}
+
+
+def _median_second(rows):
+    def med(values):
+        values = sorted(values)
+        return values[len(values) // 2] if values else 0
+    names = set().union(*(r["cpu"].keys() for r in rows)) if rows else set()
+    keys = set().union(*(r["mysql"].keys() for r in rows)) if rows else set()
+    return {"cpu": {n: med([r["cpu"].get(n, 0) for r in rows]) for n in names},
+            "mysql": {k: med([r["mysql"].get(k, 0) for r in rows if r["mysql"]]) for k in keys}}
+
+
+def _second_line(s):
+    cpu = ", ".join(f"{n} {v:.0f}%" for n, v in sorted(s["cpu"].items(), key=lambda kv: -kv[1]) if v >= 1)
+    m = s["mysql"]
+    if not m:
+        return cpu + " | no MariaDB sample"
+    return (f"{cpu} | MariaDB {m['Questions']:,.0f} stmt/s, {m['Com_commit']:,.0f} commits/s, "
+            f"{m['Innodb_os_log_fsyncs']:,.0f} log fsyncs/s, {m['Innodb_data_fsyncs']:,.0f} data fsyncs/s, "
+            f"{m['Innodb_buffer_pool_pages_flushed']:,.0f} pages flushed/s, dirty {m['Innodb_buffer_pool_pages_dirty']:,}, "
+            f"checkpoint age {m['Innodb_checkpoint_age'] / 1e6:,.0f} MB, history {m['Innodb_history_list_length']:,}, "
+            f"row lock waits {m['Innodb_row_lock_waits']:,.0f}/s ({m['Innodb_row_lock_time']:,.0f} ms/s), "
+            f"threads running {m['Threads_running']}" + _redis_part(m))
+
+
+def _redis_part(m):
+    if "redis:commands" not in m:
+        return ""
+    calls = sorted(((k[len("redis:"):], v) for k, v in m.items() if k.startswith("redis:")
+                    and k not in ("redis:commands", "redis:forks", "redis:aof_delayed_fsync",
+                                  "redis:aof_rewrite_in_progress") and v >= 0.5), key=lambda e: -e[1])
+    return (f" | Redis {m['redis:commands']:,.0f} cmd/s ("
+            + ", ".join(f"{k} {v:,.0f}" for k, v in calls[:4]) + f"), forks {m['redis:forks']:.0f}, "
+            f"AOF rewrite {'running' if m.get('redis:aof_rewrite_in_progress') else 'no'}, "
+            f"delayed AOF fsyncs {m['redis:aof_delayed_fsync']:.0f}")
+
+
 def _ms(s):
     return None if s is None else s * 1000.0
 
@@ -197,15 +253,103 @@ def _ms(s):
 def part_idle(b):
     b.log("waiting for the pipeline to go quiet (orders confirmed too), then measuring idle")
     wait_quiet(b, timeout=900, orders=True)
+    # The bench's own scrape of /metrics every second stops first, so the window holds the
+    # process's own work only; what a scrape costs is measured after the window.
+    if b.watch is not None:
+        b.watch.stop()
+        b.watch.join(timeout=5)
+    full = _wait_full_check(b)
     secs = b.P["idle_secs"]
+    t0 = _thread_ticks(b.all.pid)
     with b.phase("idle") as rec:
         time.sleep(secs)
+    threads = _thread_ticks(b.all.pid)
     u = rec["usage"]["procs"].get("stocksvr all", {})
     took = rec["t1"] - rec["t0"]
+    scrape = _scrape_cost(b)
     b.fig.add("idle_cpu", f"idle CPU of stocksvr all over {secs} s", u.get("cpu_pct"), "% core",
-              note=f"RSS {u.get('rss_last_mb', 0):.0f} MB")
+              note=f"RSS {u.get('rss_last_mb', 0):.0f} MB; no scrape in the window; one /metrics scrape "
+                   f"{scrape:.1f} ms of CPU ({scrape / 150:.2f}% of a core at one scrape every 15 s)")
+    if full is not None:
+        guards, took_full, cpu_s = full
+        idle_rate = (u.get("cpu_pct") or 0) / 100.0
+        per_guard = max(0.0, cpu_s - idle_rate * took_full) / guards if guards else 0.0
+        held = b.db.one("SELECT COUNT(*) FROM inventory_reservation WHERE status IN (20, 40)")
+        every = 900
+        b.raw["reconcile_full_check"] = {"guards": guards, "secs": took_full, "cpu_s": cpu_s}
+        b.notes.append(
+            f"before the idle window the bench waited {took_full:.0f} s for the reconciler's first full check "
+            f"(every bucket after a start); meanwhile it read {guards:,.0f} fences and op records, "
+            f"{cpu_s:.1f} s of stocksvr CPU "
+            f"({per_guard * 1e6:.1f} us each over the idle rate); at one full check every {every} s of the "
+            f"{held:,} held reservations that is {100.0 * per_guard * held / every:.2f}% of a core on top of the idle figure")
+    # Which threads used it: the tokio workers (the processors' loops), librdkafka's broker
+    # and main threads (fetch and metadata traffic), or others.
+    by = {}
+    for tid, (name, ticks) in threads.items():
+        before = t0.get(tid, (name, 0))[1]
+        by[name] = by.get(name, 0) + ticks - before
+    used = sorted(((n, 100.0 * t / CLK_TCK / took) for n, t in by.items() if t > 0), key=lambda e: -e[1])
+    b.raw["idle_threads"] = used
+    if used:
+        b.notes.append("idle CPU of stocksvr all by thread name (% of a core): "
+                       + ", ".join(f"{n} {p:.2f}%" for n, p in used[:8]))
     b.fig.add("idle_sql", "idle MariaDB statements", rec["mysql"]["Questions"] / took, "stmt/s",
               note=f"{rec['mysql']['Com_commit'] / took:.1f} commits/s")
+
+
+def _wait_full_check(b, still=10, timeout=300):
+    """Waits until the reconciler's full check after the start of stocksvr all is over (its
+    guard counter still for `still` s): that check reads every held reservation's fence and
+    op record, paced, and is not the idle cost. Returns (guards read, seconds, stocksvr CPU
+    seconds) over the wait, or None when it read none."""
+    from system import metric_sum
+    name = "stocksvr_reconcile_guards_read_total"
+    pid = b.all.pid
+    g0 = g = metric_sum(b.all.metrics(), name)
+    t0 = last = time.time()
+    c0 = read_proc(pid)
+    while time.time() - last < still and time.time() - t0 < timeout:
+        time.sleep(1)
+        now = metric_sum(b.all.metrics(), name)
+        if now != g:
+            g, last = now, time.time()
+    c1, t1 = read_proc(pid), time.time()
+    if g == g0 or c0 is None or c1 is None:
+        return None
+    b.log(f"  (waited {t1 - t0:.0f} s for the reconciler's full check: {g - g0:,.0f} guards read)")
+    return g - g0, t1 - t0, (c1[0] - c0[0]) / CLK_TCK
+
+
+def _thread_ticks(pid):
+    """{tid: (thread name with its digits dropped, cpu ticks)} of every thread of pid."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")].rstrip("0123456789/")
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[tid] = (name, int(fields[11]) + int(fields[12]))
+    return out
+
+
+def _scrape_cost(b, n=50):
+    """CPU milliseconds stocksvr all spends on one /metrics scrape (n scrapes back to back)."""
+    pid = b.all.pid
+    c0 = read_proc(pid)
+    for _ in range(n):
+        b.all.metrics()
+    c1 = read_proc(pid)
+    if c0 is None or c1 is None:
+        return 0.0
+    return (c1[0] - c0[0]) / CLK_TCK * 1000.0 / n
 
 
 def part_durability(b):

@@ -309,3 +309,71 @@ class Sampler(threading.Thread):
     def rss_series(self, name):
         with self.lock:
             return [(s[0], s[1][name][1] / 1024.0) for s in self.samples if name in s[1]]
+
+
+class StatusSampler(threading.Thread):
+    """Every second: the MariaDB counters that show a write stall (page flushing, fsyncs, the
+    checkpoint age, row-lock waits, the purge's history list), to line them up with the
+    seconds that held slow orders. Its own connection: one statement a second."""
+
+    KEYS = ("Questions", "Com_commit", "Innodb_buffer_pool_pages_flushed", "Innodb_buffer_pool_pages_dirty",
+            "Innodb_data_fsyncs", "Innodb_os_log_fsyncs", "Innodb_checkpoint_age", "Innodb_history_list_length",
+            "Innodb_row_lock_waits", "Innodb_row_lock_time", "Innodb_log_waits", "Innodb_rows_read",
+            "Innodb_buffer_pool_wait_free", "Threads_running")
+    LEVELS = ("Innodb_buffer_pool_pages_dirty", "Innodb_checkpoint_age", "Innodb_history_list_length",
+              "Threads_running")
+
+    # Redis, prefixed "redis:": commands, forks (an AOF rewrite forks; the copy-on-write
+    # faults slow the main thread), delayed AOF fsyncs, and calls per command.
+    REDIS_LEVELS = ("redis:aof_rewrite_in_progress",)
+
+    def __init__(self, db, redis_client=None, interval=1.0):
+        super().__init__(name="status-sampler", daemon=True)
+        self.db = db
+        self.redis = redis_client
+        self.interval = interval
+        self.samples = []  # (t, {key: value})
+        self.halt = threading.Event()
+
+    def _redis(self):
+        if self.redis is None:
+            return {}
+        info = self.redis.info("all")
+        out = {"redis:commands": info.get("total_commands_processed", 0),
+               "redis:forks": info.get("total_forks", 0),
+               "redis:aof_delayed_fsync": info.get("aof_delayed_fsync", 0),
+               "redis:aof_rewrite_in_progress": info.get("aof_rewrite_in_progress", 0)}
+        for k, v in info.items():
+            if k.startswith("cmdstat_") and isinstance(v, dict):
+                out["redis:" + k[len("cmdstat_"):]] = v.get("calls", 0)
+        return out
+
+    def run(self):
+        while not self.halt.is_set():
+            try:
+                s = self.db.status()
+                row = {k: s.get(k, 0) for k in self.KEYS}
+                row.update(self._redis())
+            except Exception:  # a lost connection ends the timeline, not the bench
+                return
+            self.samples.append((time.time(), row))
+            self.halt.wait(self.interval)
+
+    def stop(self):
+        self.halt.set()
+        self.join(timeout=5)
+        self.db.close()
+
+    def second(self, t):
+        """Counter deltas per second across [t, t+1] (levels as the highest sample), or None."""
+        before = [s for s in self.samples if s[0] <= t + 0.2]
+        after = [s for s in self.samples if s[0] >= t + 0.8]
+        if not before or not after:
+            return None
+        (ta, a), (tb, b) = before[-1], after[0]
+        secs = max(tb - ta, 0.001)
+        inside = [s[1] for s in self.samples if ta <= s[0] <= tb]
+        levels = self.LEVELS + self.REDIS_LEVELS
+        out = {k: (b[k] - a.get(k, 0)) / secs for k in b if k not in levels}
+        out.update({k: max(s.get(k, 0) for s in inside) for k in levels if k in b})
+        return out
