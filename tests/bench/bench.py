@@ -117,6 +117,7 @@ class Bench:
             "STOCKSVR__SCHEDULE__WHEEL_NAMESPACE": self.ns,
             "STOCKSVR__HTTP__ADMIN_TOKEN": self.token,
         })
+        env.update(settings_env(self.a.set))
         self.env = env
         cli = os.path.join(self.logs, "cli.log")
         self.log(f"database {self.dbname} (+ {self.sidedb} for the replayed SQL), topic namespace "
@@ -277,6 +278,17 @@ class MetricsWatch(threading.Thread):
         if not pts:
             return None, None
         return max(p[1] for p in pts), max(p[2] for p in pts)
+
+
+def settings_env(pairs):
+    """`section.key=value` settings as the STOCKSVR__SECTION__KEY variables stocksvr reads."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip() or "." not in key:
+            raise BenchError(f"--set {pair!r}: expected section.key=value, e.g. reservation.try_group_max=32")
+        out["STOCKSVR__" + "__".join(part.strip().upper() for part in key.split("."))] = value.strip()
+    return out
 
 
 def dump_json(path, obj):

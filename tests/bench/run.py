@@ -44,6 +44,8 @@ def main():
     ap.add_argument("--kafka-home", required=True, help="Kafka's jars (lib/) for its perf tools")
     ap.add_argument("--kafka-pid", type=int, default=0, help="the broker's pid, to show its CPU")
     ap.add_argument("--keep", action="store_true", help="keep the database, topics and private stack")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a stocksvr setting for every process the bench starts (reservation.try_group_max=32)")
     ap.add_argument("--only", choices=["http"],
                     help="only part 3 (Trys through HTTP: hot, cold, order-level, the sweep) and the durability "
                          "check, for a quick before/after of the Try path; the ratios to the baselines need a full run")
@@ -101,7 +103,8 @@ def write(b, error):
     took = time.time() - b.t_start
     load = os.getloadavg()
     header = (f"stocksvr bench, {b.mode} run {b.stamp} UTC, git {git_rev()}, binary {b.a.bin}\n"
-              f"{os.cpu_count()} cores, load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
+              + (f"settings: {', '.join(b.a.set)}\n" if b.a.set else "")
+              + f"{os.cpu_count()} cores, load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
               f"'others' below = CPU of processes the bench did not start (other builds and tests)")
     phase_lines = [b.phase_line(p) for p in b.phases if p["name"] not in ("warm-up",)]
     durability = b.durability or ["not run"]
