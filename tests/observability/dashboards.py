@@ -713,9 +713,14 @@ def consistency():
            thresholds=[(900, "orange")], w=6)
     b.ts("Differences by kind", "Unresolved differences (oversell pages at once).", "short",
          [q("max by (kind) (stocksvr_reconcile_differences)", "{{kind}}")], min=0)
-    b.ts("Buckets checked", "Buckets compared per second.", "ops",
+    b.ts("Buckets checked, guards read", "Buckets compared per second, and held reservations "
+         "whose fence and op record a full check read per second (at most "
+         "reconcile.guard_reads_per_sec per instance; a full check of a bucket takes its held "
+         "reservations / that rate).", "ops",
          [q("sum(rate(stocksvr_reconcile_buckets_checked_total[$__rate_interval]))",
-            "checked")], min=0)
+            "buckets checked"),
+          q("sum(rate(stocksvr_reconcile_guards_read_total[$__rate_interval]))",
+            "guards read")], min=0)
     b.ts("Repairs", "Versioned repairs per 15 min by outcome.", "short",
          [q("sum by (outcome) (increase(stocksvr_reconcile_repairs_total[15m]))",
             "{{outcome}}")], min=0)
