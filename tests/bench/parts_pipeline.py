@@ -13,7 +13,7 @@ import loads
 import pipeline
 from bench import COLD_BASE, REPO, MetricsWatch
 from parts import _wrk, wait_quiet
-from system import CLK_TCK, BenchError, StatusSampler, read_proc
+from system import CLK_TCK, BenchError, StatusSampler, metric_sum, read_proc
 
 
 def _count_pending(b, topic=None):
@@ -303,7 +303,6 @@ def _wait_full_check(b, still=10, timeout=300):
     guard counter still for `still` s): that check reads every held reservation's fence and
     op record, paced, and is not the idle cost. Returns (guards read, seconds, stocksvr CPU
     seconds) over the wait, or None when it read none."""
-    from system import metric_sum
     name = "stocksvr_reconcile_guards_read_total"
     pid = b.all.pid
     g0 = g = metric_sum(b.all.metrics(), name)

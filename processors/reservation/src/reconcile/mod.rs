@@ -444,9 +444,9 @@ impl Reconciler {
                     .map_err(|e| ReconcileError::Redis(e.to_string()))?,
             );
             metrics::counter!(names::RECONCILE_GUARDS_READ).increment(slice.len() as u64);
-            if let Some(rest) = guard_pace(slice.len(), self.config.guard_reads_per_sec)
-                .checked_sub(started.elapsed())
-            {
+            let rest = guard_pace(slice.len(), self.config.guard_reads_per_sec)
+                .saturating_sub(started.elapsed());
+            if !rest.is_zero() {
                 tokio::time::sleep(rest).await;
             }
         }
