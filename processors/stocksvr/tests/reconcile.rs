@@ -488,6 +488,64 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
         serde_json::json!([second]),
         "{views}"
     );
+
+    // A pass that outlasts its shard's lease keeps the shard: a full check of the two held
+    // reservations at one guard a second takes about 2 s against a lease of 1 s, and half
+    // a second after the first lease would have run out another instance is still refused.
+    let lease = chrono::TimeDelta::seconds(1);
+    let slow = Arc::new(stocksvr_reservation::reconcile::Reconciler::new(
+        service_in(&pool, 37).await,
+        stocksvr_reservation::reconcile::ReconcileConfig {
+            shards: 1,
+            interval: Duration::ZERO,
+            lease,
+            guard_page: 1,
+            guard_reads_per_sec: 1,
+            ..Default::default()
+        },
+    ));
+    let running = tokio::spawn({
+        let slow = slow.clone();
+        async move { pass(&slow).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let claimed = loop {
+        let owner: Option<String> =
+            sqlx::query_scalar("SELECT lease_owner FROM inventory_reconcile_shard WHERE shard = 0")
+                .fetch_one(&pool)
+                .await
+                .expect("shard row");
+        if owner.is_some() {
+            break Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow pass never claimed the shard"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(1_500).saturating_sub(claimed.elapsed())).await;
+    assert!(!running.is_finished(), "the paced pass ended within 1.5 s");
+    let intruder = stocksvr_store::reconcile::claim_shard(
+        &pool,
+        "intruder",
+        1,
+        lease,
+        chrono::TimeDelta::zero(),
+    )
+    .await
+    .expect("claim");
+    assert_eq!(
+        intruder, None,
+        "the shard was free to another instance while a pass was still checking it"
+    );
+    let r = running.await.expect("slow pass");
+    assert_eq!(r.checked, 1, "{r:?}");
+    assert!(
+        claimed.elapsed() >= Duration::from_millis(1_500),
+        "the pass read two guards at one a second in {:?}",
+        claimed.elapsed()
+    );
     let (status, log) = server.terminate();
     assert!(status.success(), "{}", tail(&log, 40));
 }

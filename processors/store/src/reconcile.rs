@@ -550,6 +550,37 @@ pub struct ShardClaim {
     pub more: bool,
 }
 
+/// Extends `owner`'s lease of `shard` to `lease` from now. False when the shard is no longer
+/// `owner`'s: its lease ran out (a stalled process) and another instance claimed it.
+pub async fn renew_shard(
+    pool: &MySqlPool,
+    shard: u32,
+    owner: &str,
+    lease: TimeDelta,
+) -> Result<bool, sqlx::Error> {
+    let renewed = sqlx::query(
+        "UPDATE inventory_reconcile_shard SET lease_expire_at = ? WHERE shard = ? AND lease_owner = ?",
+    )
+    .bind(now() + lease)
+    .bind(shard)
+    .bind(owner)
+    .execute(pool)
+    .deadline()
+    .await?;
+    if renewed.rows_affected() == 1 {
+        return Ok(true);
+    }
+    // MariaDB counts changed rows: a renewal within the column's precision of the last one
+    // changes nothing and still holds the lease.
+    let holder: Option<Option<String>> =
+        sqlx::query_scalar("SELECT lease_owner FROM inventory_reconcile_shard WHERE shard = ?")
+            .bind(shard)
+            .fetch_optional(pool)
+            .deadline()
+            .await?;
+    Ok(holder.flatten().as_deref() == Some(owner))
+}
+
 /// Ends `owner`'s lease of `shard` and records the pass.
 pub async fn finish_shard(pool: &MySqlPool, shard: u32, owner: &str) -> Result<(), sqlx::Error> {
     let now = now();

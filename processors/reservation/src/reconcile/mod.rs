@@ -850,12 +850,46 @@ impl Reconciler {
             return Ok(None);
         };
         let shard = claim.shard;
-        let result = self.pass_shard(shard).await;
+        let result = self.pass_leased(shard).await;
         store::finish_shard(pool, shard, &self.owner).await?;
         let mut report = result?;
         report.more_due = claim.more;
         self.export_gauges(&report).await?;
         Ok(Some(report))
+    }
+
+    /// [`Self::pass_shard`] while its lease is renewed every third of the lease: a pass that
+    /// outlasts the lease (a paced full check of a bucket with many held reservations) keeps
+    /// its shard, so no other instance checks the same buckets at the same time.
+    async fn pass_leased(&self, shard: u32) -> Result<PassReport, ReconcileError> {
+        let pool = self.service.pool();
+        let every = (self.config.lease / 3)
+            .to_std()
+            .unwrap_or(Duration::from_secs(40))
+            .max(Duration::from_millis(100));
+        let pass = self.pass_shard(shard);
+        tokio::pin!(pass);
+        loop {
+            tokio::select! {
+                report = &mut pass => return report,
+                () = tokio::time::sleep(every) => {
+                    match store::renew_shard(pool, shard, &self.owner, self.config.lease).await {
+                        Ok(true) => {}
+                        // The pass goes on: what it reads and suspects is versioned, and the
+                        // other instance's pass is the same check.
+                        Ok(false) => tracing::warn!(
+                            shard,
+                            "reconcile: this pass lost its shard's lease (it ran out while the process stalled); another instance is checking the shard too"
+                        ),
+                        Err(e) => tracing::warn!(
+                            shard,
+                            error = %e,
+                            "reconcile: renewing the shard's lease failed; trying again in a third of the lease"
+                        ),
+                    }
+                }
+            }
+        }
     }
 
     async fn pass_shard(&self, shard: u32) -> Result<PassReport, ReconcileError> {
