@@ -612,7 +612,8 @@ async fn a_worker_that_dies_mid_recovery_is_followed_by_one_that_finishes_once()
 }
 
 /// Group commit: forty concurrent Trys share one group writer (one group in flight, so they
-/// queue and go out together), and ten of them crash at a window inside their group. Every
+/// queue and go out together), and ten of them crash at a window inside their group; with
+/// `try_lua_group` their script calls are grouped too. Every
 /// row ends as the single-row path leaves it: the crashed ones in PREPARING with their
 /// operation id, finished once by the worker; the others RESERVED by the group's commit.
 /// Afterwards each reservation has exactly one stock-change and one lifecycle row, and
@@ -621,11 +622,16 @@ async fn a_worker_that_dies_mid_recovery_is_followed_by_one_that_finishes_once()
 async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
     const TRYS: u64 = 40;
     const CRASHES: usize = 10;
-    for place in ["before_redis", "reply_lost", "before_commit"] {
+    // Each window with the Trys' script calls one by one, and in one call per bucket.
+    let runs = ["before_redis", "reply_lost", "before_commit"]
+        .into_iter()
+        .flat_map(|place| [(place, false), (place, true)]);
+    for (place, lua_group) in runs {
         let config = ServiceConfig {
             unknown_retries: 0,
             try_group_max: 64,
             try_groups_in_flight: 1,
+            try_lua_group: lua_group,
             ..ServiceConfig::default()
         };
         let f = std::sync::Arc::new(Fixture::with_config(100, config).await);
@@ -646,29 +652,33 @@ async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
         let mut failed = 0;
         for t in trys {
             match t.await.expect("task") {
-                Ok(reply) => assert_eq!(reply.reservation.status_name(), "RESERVED", "{place}"),
+                Ok(reply) => assert_eq!(
+                    reply.reservation.status_name(),
+                    "RESERVED",
+                    "{place} (lua_group {lua_group})"
+                ),
                 Err(ServiceError::OutcomeUnknown { .. }) if place == "reply_lost" => failed += 1,
                 Err(e) if is_injected(&e) => failed += 1,
-                Err(e) => panic!("{place}: {e:?}"),
+                Err(e) => panic!("{place} (lua_group {lua_group}): {e:?}"),
             }
         }
-        assert_eq!(fp.fired(point), CRASHES, "{place}");
+        assert_eq!(fp.fired(point), CRASHES, "{place} (lua_group {lua_group})");
         assert_eq!(
             failed, CRASHES,
-            "{place}: each crash fails its own Try only"
+            "{place} (lua_group {lua_group}): each crash fails its own Try only"
         );
         fp.disarm_all();
         let report = worker_round(&f).await;
         assert_eq!(
             (report.resumed, report.failed, report.dead),
             (CRASHES, 0, 0),
-            "{place}: the worker finishes exactly the crashed rows"
+            "{place} (lua_group {lua_group}): the worker finishes exactly the crashed rows"
         );
         let (total, available, reserved, sold) = f.numbers().await;
         assert_eq!(
             (total, available, reserved, sold),
             (100, 100 - TRYS as i64, TRYS as i64, 0),
-            "{place}: each Try held its unit once"
+            "{place} (lua_group {lua_group}): each Try held its unit once"
         );
         let per_row: Vec<(String, i64, i64)> = sqlx::query_as(
             "SELECT CAST(r.status AS CHAR), \
@@ -682,7 +692,11 @@ async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
         .fetch_all(&f.pool)
         .await
         .expect("rows");
-        assert_eq!(per_row.len(), TRYS as usize, "{place}");
+        assert_eq!(
+            per_row.len(),
+            TRYS as usize,
+            "{place} (lua_group {lua_group})"
+        );
         let reserved_code = stocksvr_core::reservation::ReservationStatus::Reserved
             .code()
             .to_string();
@@ -690,7 +704,7 @@ async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
             assert_eq!(
                 (status, *stock, *lifecycle),
                 (&reserved_code, 1, 1),
-                "{place}: one RESERVED row with one event of each kind"
+                "{place} (lua_group {lua_group}): one RESERVED row with one event of each kind"
             );
         }
         drop(fp);

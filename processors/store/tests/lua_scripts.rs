@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use stocksvr_core::bucket::{BucketKey, BucketState};
 use stocksvr_core::events::StockAfter;
 use stocksvr_core::model::{OpCode, OpResult};
-use stocksvr_store::lua::{ExecError, LuaExecutor, Step, StockNumbers, DEFAULT_OP_TTL};
+use stocksvr_store::lua::{ExecError, LuaExecutor, Step, StockNumbers, TryItem, DEFAULT_OP_TTL};
 use stocksvr_store::RedisConn;
 
 fn date() -> chrono::NaiveDate {
@@ -927,6 +927,114 @@ async fn replays_survive_an_expired_op_record_through_the_fence() -> Result<()> 
         .await?;
     assert_eq!((again.code, again.replayed), (OpCode::Succeeded, true));
     assert_eq!(again.after, t.after, "nothing moved twice");
+    ctx.cleanup().await
+}
+
+/// What a result or an error says, without the operation id an error names and the script
+/// position Redis appends to a lone call's error.
+fn outcome(r: &Result<OpResult, ExecError>) -> String {
+    match r {
+        Ok(r) => format!("{r:?}"),
+        Err(ExecError::Rejected { source, .. }) => {
+            let text = source.to_string();
+            let message = text.split(" script: ").next().unwrap_or_default();
+            format!("rejected: {message}")
+        }
+        Err(e) => format!("other error: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn a_group_of_trys_in_one_call_answers_each_as_its_own_call_would() -> Result<()> {
+    let ctx = Ctx::new().await?;
+    // (reservation, operation, quantity), in order: a fresh Try, a replay of an earlier one,
+    // an operation id reused for another reservation, one that finds too little stock, one
+    // that takes the rest, and a second Try of a held reservation under another id.
+    let plan: [(u64, &str, u32); 6] = [
+        (2, "op-b", 2),
+        (1, "op-a", 1),
+        (3, "op-a", 1),
+        (4, "op-d", 3),
+        (5, "op-e", 2),
+        (2, "op-b2", 2),
+    ];
+    let items: Vec<TryItem> = plan
+        .iter()
+        .map(|&(reservation_id, op, quantity)| TryItem {
+            reservation_id,
+            operation_id: op.to_string(),
+            quantity,
+        })
+        .collect();
+    // The same history in two buckets: one Try of reservation 1 first, then the plan as lone
+    // calls in one bucket and as one group call in the other.
+    let alone = ctx.open_bucket(1, 5).await?;
+    let grouped = ctx.open_bucket(2, 5).await?;
+    for keys in [&alone, &grouped] {
+        ctx.exec
+            .step(keys, 1, "op-a", Step::Try { quantity: 1 })
+            .await?;
+    }
+    let mut expected = Vec::new();
+    for item in &items {
+        let step = Step::Try {
+            quantity: item.quantity,
+        };
+        expected.push(
+            ctx.exec
+                .step(&alone, item.reservation_id, &item.operation_id, step)
+                .await,
+        );
+    }
+    let got = ctx.exec.try_group(&grouped, &items).await;
+    assert_eq!(got.len(), items.len());
+    for ((item, want), got) in items.iter().zip(&expected).zip(&got) {
+        assert_eq!(outcome(got), outcome(want), "item {item:?}");
+        if let Err(e) = got {
+            assert_eq!(e.operation_id(), item.operation_id, "{e}");
+        }
+    }
+    let codes: Vec<String> = got
+        .iter()
+        .map(|r| match r {
+            Ok(r) => format!("{:?}{}", r.code, if r.replayed { " replayed" } else { "" }),
+            Err(_) => "refused".into(),
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            "Succeeded",
+            "Succeeded replayed",
+            "refused",
+            "Insufficient",
+            "Succeeded",
+            "Succeeded"
+        ]
+    );
+    let (a, g) = (ctx.numbers(&alone).await?, ctx.numbers(&grouped).await?);
+    assert_eq!((g.available, g.reserved, g.version), (0, 5, 4));
+    assert_eq!(
+        (a.available, a.reserved, a.version),
+        (g.available, g.reserved, g.version)
+    );
+    // Bad arguments are refused before the call, for every item.
+    let zero = [TryItem {
+        reservation_id: 9,
+        operation_id: "op-z".into(),
+        quantity: 0,
+    }];
+    let refused = ctx
+        .exec
+        .try_group(&grouped, &[items[0].clone(), zero[0].clone()])
+        .await;
+    assert!(
+        refused
+            .iter()
+            .all(|r| matches!(r, Err(ExecError::InvalidArgument(_)))),
+        "{refused:?}"
+    );
+    assert_eq!(ctx.numbers(&grouped).await?.version, 4);
     ctx.cleanup().await
 }
 

@@ -182,8 +182,8 @@ catalog! {
         "Reservation service operations by outcome (a status name, already_done, not_yet, conflict, or an error class: invalid, unavailable, unknown, inconsistent, order_failed, bucket_lost).";
     RESERVATION_OPERATION_SECONDS = "stocksvr_reservation_operation_seconds", Histogram, "seconds", [known("operation", OPERATIONS)],
         "Latency of one reservation service operation (Try, Confirm, Cancel, Refund, MarkCreated).";
-    TRY_GROUP_SIZE = "stocksvr_try_group_size", Histogram, "rows", [known("stage", &["insert", "begin", "commit"])],
-        "Reservations written together by the reservation service's group commit: one INSERT of the Trys' PREPARING rows (insert), one CAS of Confirms and Cancels into their intermediate status (begin), or one transaction completing steps with their outbox rows (commit: Trys, Confirms, Cancels, MarkCreated and recovery resumes; not refunds).";
+    TRY_GROUP_SIZE = "stocksvr_try_group_size", Histogram, "rows", [known("stage", &["insert", "begin", "commit", "lua"])],
+        "Reservations written together by the reservation service's group commit: one INSERT of the Trys' PREPARING rows (insert), one CAS of Confirms and Cancels into their intermediate status (begin), one transaction completing steps with their outbox rows (commit: Trys, Confirms, Cancels, MarkCreated and recovery resumes; not refunds), or the Trys of one bucket in one call of try.lua (lua).";
     RESERVATIONS_INTERMEDIATE = "stocksvr_reservations_intermediate", Gauge, "reservations", [known("status", INTERMEDIATE)],
         "Reservations in an intermediate status, dead ones included (CREATED_RESERVED_OVERDUE: CREATED_RESERVED past its processing time).";
     RESERVATIONS_INTERMEDIATE_OLDEST_SECONDS = "stocksvr_reservations_intermediate_oldest_seconds", Gauge, "seconds", [known("status", INTERMEDIATE)],

@@ -10,8 +10,12 @@ use super::ReservationService;
 use crate::error::ServiceError;
 use chrono::NaiveDateTime;
 use sqlx::MySqlPool;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use stocksvr_core::bucket::BucketKey;
+use stocksvr_core::model::OpResult;
+use stocksvr_store::lua::{ExecError, LuaExecutor, TryItem};
 use stocksvr_store::reservations::{
     self as repo, Begin, Completion, InsertOutcome, NewReservation, Reservation,
 };
@@ -33,6 +37,26 @@ impl<T: Send + 'static, R: Send + 'static> Coalescer<T, R> {
         F: Fn(Vec<T>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Vec<R>> + Send + 'static,
     {
+        Self::start(max_group, in_flight, false, write)
+    }
+
+    /// As [`Self::spawn`], but the worker lets every task that is ready run once before it
+    /// takes a group: requests released together by one write (the Trys of one PREPARING
+    /// insert) then reach the next stage as one group, not as a lone first one and the rest.
+    /// A lone request waits for one pass of the scheduler, not for a timer.
+    pub fn spawn_settled<F, Fut>(max_group: usize, in_flight: usize, write: F) -> Self
+    where
+        F: Fn(Vec<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<R>> + Send + 'static,
+    {
+        Self::start(max_group, in_flight, true, write)
+    }
+
+    fn start<F, Fut>(max_group: usize, in_flight: usize, settle: bool, write: F) -> Self
+    where
+        F: Fn(Vec<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<R>> + Send + 'static,
+    {
         let (queue, mut jobs) = mpsc::unbounded_channel::<Job<T, R>>();
         let write = Arc::new(write);
         let slots = Arc::new(Semaphore::new(in_flight.max(1)));
@@ -46,6 +70,9 @@ impl<T: Send + 'static, R: Send + 'static> Coalescer<T, R> {
                 let Some(first) = jobs.recv().await else {
                     return;
                 };
+                if settle {
+                    tokio::task::yield_now().await;
+                }
                 let mut group = vec![first];
                 while group.len() < max_group {
                     match jobs.try_recv() {
@@ -87,19 +114,28 @@ impl<T: Send + 'static, R: Send + 'static> Coalescer<T, R> {
 /// - `inserts`: the Try's PREPARING rows (one INSERT);
 /// - `begins`: the CAS into an intermediate status of Confirm and Cancel (one UPDATE);
 /// - `commits`: the completion of any step but a refund's (Try, Confirm, Cancel, the
-///   recovery worker's resumes, MarkCreated): one UPDATE and one INSERT of the outbox rows.
+///   recovery worker's resumes, MarkCreated): one UPDATE and one INSERT of the outbox rows;
+/// - `trys` (with `reservation.try_lua_group`): the Trys' script calls, one call of
+///   `try.lua` per bucket of a group, in which each item runs as its own call would have
+///   (its own operation id, fence and result).
 ///
-/// All share the MySQL pool: each group in flight holds one connection, so `in_flight`
-/// bounds what group commit can take from it (three workers at `in_flight` each).
+/// The MySQL workers share the pool: each group in flight holds one connection, so
+/// `in_flight` bounds what group commit can take from it (three workers at `in_flight` each).
 pub(super) struct StepGroups {
     pub(super) inserts:
         Coalescer<NewReservation, Result<(NaiveDateTime, InsertOutcome), sqlx::Error>>,
     begins: Coalescer<Begin, Result<Option<Reservation>, sqlx::Error>>,
     commits: Coalescer<(Reservation, Completion), Result<Option<Reservation>, sqlx::Error>>,
+    pub(super) trys: Option<Coalescer<(BucketKey, TryItem), Result<OpResult, ExecError>>>,
 }
 
 impl StepGroups {
-    pub(super) fn start(pool: &MySqlPool, max_group: usize, in_flight: usize) -> Self {
+    pub(super) fn start(
+        pool: &MySqlPool,
+        lua_groups: Option<&Arc<LuaExecutor>>,
+        max_group: usize,
+        in_flight: usize,
+    ) -> Self {
         let stage = |name| Stage {
             pool: pool.clone(),
             name,
@@ -118,12 +154,64 @@ impl StepGroups {
                     items.iter().map(|(r, c)| (r, c)).collect();
                 repo::complete_steps(&pool, &refs).await
             });
+        // Settled: the Trys of one insert group wake together and should meet in one call.
+        let trys = lua_groups.map(|lua| {
+            let lua = lua.clone();
+            Coalescer::spawn_settled(max_group, in_flight, move |items| {
+                let lua = lua.clone();
+                async move { try_by_bucket(&lua, items).await }
+            })
+        });
         Self {
             inserts,
             begins,
             commits,
+            trys,
         }
     }
+}
+
+/// The Trys of a group: one script call per bucket, the buckets' calls at the same time,
+/// each result in its item's place.
+async fn try_by_bucket(
+    lua: &LuaExecutor,
+    items: Vec<(BucketKey, TryItem)>,
+) -> Vec<Result<OpResult, ExecError>> {
+    let n = items.len();
+    let mut buckets: Vec<(BucketKey, Vec<usize>, Vec<TryItem>)> = Vec::new();
+    let mut of_bucket: HashMap<BucketKey, usize> = HashMap::new();
+    for (position, (bucket, item)) in items.into_iter().enumerate() {
+        let b = *of_bucket.entry(bucket).or_insert_with(|| {
+            buckets.push((bucket, Vec::new(), Vec::new()));
+            buckets.len() - 1
+        });
+        buckets[b].1.push(position);
+        buckets[b].2.push(item);
+    }
+    let calls = buckets.iter().map(|(bucket, _, items)| {
+        metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "lua").record(items.len() as f64);
+        lua.try_group(bucket, items)
+    });
+    let replies = futures::future::join_all(calls).await;
+    let mut results: Vec<Option<Result<OpResult, ExecError>>> = (0..n).map(|_| None).collect();
+    for ((_, positions, _), replies) in buckets.iter().zip(replies) {
+        for (&position, reply) in positions.iter().zip(replies) {
+            results[position] = Some(reply);
+        }
+    }
+    // try_group answers one result per item; a missing one would be a bug there, told to
+    // its caller as a reply of the wrong shape rather than a panic.
+    results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(ExecError::Protocol {
+                    operation_id: String::new(),
+                    detail: "no reply for this item of the group".into(),
+                })
+            })
+        })
+        .collect()
 }
 
 /// What every group-commit worker of the service shares: the pool, the bounds, and its name
@@ -222,6 +310,15 @@ pub(super) fn worker_gone() -> sqlx::Error {
         std::io::ErrorKind::BrokenPipe,
         "a group-commit worker stopped",
     ))
+}
+
+/// The Trys' script worker stopped (the runtime is shutting down): whether the call ran is
+/// not known to the caller, which keeps its row PREPARING for the recovery worker.
+pub(super) fn lua_worker_gone(operation_id: &str) -> ExecError {
+    ExecError::Unknown {
+        operation_id: operation_id.to_string(),
+        source: redis::RedisError::from((redis::ErrorKind::Io, "a group-commit worker stopped")),
+    }
 }
 
 #[cfg(test)]

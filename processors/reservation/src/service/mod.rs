@@ -62,9 +62,12 @@ pub struct ServiceConfig {
     /// begun with one CAS (Confirm, Cancel), steps completed in one transaction (all but
     /// refunds); 1 writes each row alone.
     pub try_group_max: usize,
-    /// Groups written at the same time by each of the three group-commit workers (each
-    /// group holds one MySQL connection).
+    /// Groups in flight at the same time in each group-commit worker (each MySQL group
+    /// holds one connection).
     pub try_groups_in_flight: usize,
+    /// With group commit on: the Trys of a group go to Redis in one `try.lua` call per
+    /// bucket (each item as its own call would have run) instead of one call each.
+    pub try_lua_group: bool,
 }
 
 impl Default for ServiceConfig {
@@ -82,6 +85,7 @@ impl Default for ServiceConfig {
             try_cache_ttl: Duration::from_secs(2),
             try_group_max: 64,
             try_groups_in_flight: 4,
+            try_lua_group: false,
         }
     }
 }
@@ -161,7 +165,12 @@ impl ReservationService {
             .with_baseline_cache(baselines.clone());
         let groups = (config.try_group_max > 1 && tokio::runtime::Handle::try_current().is_ok())
             .then(|| {
-                group::StepGroups::start(&pool, config.try_group_max, config.try_groups_in_flight)
+                group::StepGroups::start(
+                    &pool,
+                    config.try_lua_group.then_some(&lua),
+                    config.try_group_max,
+                    config.try_groups_in_flight,
+                )
             });
         Self {
             timezones: cache::TtlCache::new(kept),

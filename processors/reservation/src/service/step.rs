@@ -10,7 +10,7 @@ use crate::operations::OpsError;
 use stocksvr_core::bucket::{BucketKey, BucketState};
 use stocksvr_core::model::{OpCode, OpResult};
 use stocksvr_core::reservation::{self as rules, Completion as Next, ReservationStatus};
-use stocksvr_store::lua::{retry_unknown, ExecError, Step};
+use stocksvr_store::lua::{retry_unknown, ExecError, Step, TryItem};
 use stocksvr_store::reservations::{self as repo, Completion, Reservation};
 use stocksvr_telemetry::names;
 
@@ -59,7 +59,21 @@ impl ReservationService {
             }
         };
         retry_unknown(self.config.unknown_retries, op, step.name(), || async {
-            let reply = self.lua.step(bucket, row.id, op, step).await;
+            let lua_groups = self.groups.as_ref().and_then(|g| g.trys.as_ref());
+            let reply = match (step, lua_groups) {
+                // A Try goes in one script call with the concurrent Trys of its bucket.
+                (Step::Try { quantity }, Some(trys)) => {
+                    let item = TryItem {
+                        reservation_id: row.id,
+                        operation_id: op.to_string(),
+                        quantity,
+                    };
+                    trys.submit((*bucket, item))
+                        .await
+                        .unwrap_or_else(|| Err(super::group::lua_worker_gone(op)))
+                }
+                _ => self.lua.step(bucket, row.id, op, step).await,
+            };
             failpoint::reply_lost(status, op, reply)
         })
         .await

@@ -2,7 +2,7 @@
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ExecError {
     /// The script may or may not have run: timeout, dropped or refused connection, I/O failure,
     /// or a server that was busy, loading, failing over or lost the script cache mid-call.
@@ -35,6 +35,34 @@ pub enum ExecError {
 }
 
 impl ExecError {
+    /// The operation the error is about ("" for an invalid argument).
+    pub fn operation_id(&self) -> &str {
+        match self {
+            ExecError::Unknown { operation_id, .. }
+            | ExecError::Rejected { operation_id, .. }
+            | ExecError::Protocol { operation_id, .. } => operation_id,
+            ExecError::InvalidArgument(_) => "",
+        }
+    }
+
+    /// The same error told about `operation_id`: one failed call of a group, to each item.
+    pub fn for_operation(&self, operation_id: &str) -> Self {
+        let mut err = self.clone();
+        if let ExecError::Unknown {
+            operation_id: op, ..
+        }
+        | ExecError::Rejected {
+            operation_id: op, ..
+        }
+        | ExecError::Protocol {
+            operation_id: op, ..
+        } = &mut err
+        {
+            *op = operation_id.to_string();
+        }
+        err
+    }
+
     /// True when the outcome is unknown and the caller must retry with the same operation id.
     pub fn is_unknown(&self) -> bool {
         matches!(self, ExecError::Unknown { .. })

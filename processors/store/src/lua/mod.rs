@@ -695,14 +695,16 @@ impl LuaExecutor {
             .map_err(|e| ExecError::from_redis("", e))
     }
 
-    async fn run(
+    /// Invokes `script` and hands back its raw reply; an error reply is sorted (see
+    /// [`ExecError::from_redis`]) and logged, an invariant refusal counted as the oversell alarm.
+    async fn invoke(
         &self,
         action: &'static str,
         script: &Script,
         operation_id: &str,
         keys: &[String],
         args: &[String],
-    ) -> Result<OpResult, ExecError> {
+    ) -> Result<Value, ExecError> {
         let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(key.as_str());
@@ -711,35 +713,144 @@ impl LuaExecutor {
             invocation.arg(arg.as_str());
         }
         let mut conn = self.conn.clone();
-        let reply: Value = match invocation.invoke_async(&mut conn).await {
-            Ok(reply) => reply,
-            Err(e) => {
-                let err = ExecError::from_redis(operation_id, e);
-                if err.is_invariant_violation() {
-                    metrics::counter!(names::LUA_INVARIANT_REFUSALS, "script" => action)
-                        .increment(1);
-                    tracing::error!(action, operation_id, error = %err, "oversell alarm: the stored numbers break an invariant; the script refused to move them");
-                } else {
-                    tracing::warn!(action, operation_id, error = %err, "inventory script failed");
-                }
-                return Err(err);
-            }
-        };
+        invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| refused(action, ExecError::from_redis(operation_id, e)))
+    }
+
+    async fn run(
+        &self,
+        action: &'static str,
+        script: &Script,
+        operation_id: &str,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<OpResult, ExecError> {
+        let reply = self
+            .invoke(action, script, operation_id, keys, args)
+            .await?;
         let result = reply::parse_reply(operation_id, reply)?;
         // Replays too: the first call may have timed out before its write was replicated.
         if let Some(first) = keys.first() {
             self.replicated(operation_id, first).await?;
         }
-        tracing::debug!(
-            action,
-            operation_id,
-            outcome = result.code.name(),
-            version = result.version,
-            replayed = result.replayed,
-            "inventory script"
-        );
+        traced(action, operation_id, &result);
         Ok(result)
     }
+
+    /// The Trys of several reservations in one bucket in one call of `try.lua`: each item
+    /// runs as its own call would have, in order, with its own operation id and fence, and
+    /// gets its own result (group commit, issue 12). A call that failed as a whole tells
+    /// every item the same error, so an unknown outcome is retried item by item with the
+    /// same operation ids like any other. One item is [`step`](Self::step).
+    pub async fn try_group(
+        &self,
+        bucket: &BucketKey,
+        items: &[TryItem],
+    ) -> Vec<Result<OpResult, ExecError>> {
+        if let [one] = items {
+            let step = Step::Try {
+                quantity: one.quantity,
+            };
+            return vec![
+                self.step(bucket, one.reservation_id, &one.operation_id, step)
+                    .await,
+            ];
+        }
+        let each_fails = |e: ExecError| {
+            items
+                .iter()
+                .map(|i| Err(e.for_operation(&i.operation_id)))
+                .collect()
+        };
+        if items.is_empty() {
+            return Vec::new();
+        }
+        if let Err(e) = items.iter().try_for_each(|i| {
+            check_op(&i.operation_id)?;
+            check_qty(i.quantity)
+        }) {
+            return each_fails(e);
+        }
+        let ttl = self.op_ttl_ms.to_string();
+        let mut keys = Vec::with_capacity(1 + 2 * items.len());
+        let mut args = Vec::with_capacity(4 * items.len());
+        keys.push(bucket.stock_key());
+        for item in items {
+            keys.push(bucket.fence_key(item.reservation_id));
+            keys.push(bucket.op_key(&item.operation_id));
+            args.extend([
+                item.reservation_id.to_string(),
+                item.operation_id.clone(),
+                item.quantity.to_string(),
+                ttl.clone(),
+            ]);
+        }
+        // Errors of the call as a whole name the first item's operation.
+        let first_op = items[0].operation_id.as_str();
+        let action = "try";
+        let replies = match self
+            .invoke(action, &self.scripts.try_reserve, first_op, &keys, &args)
+            .await
+        {
+            Ok(Value::Array(replies)) if replies.len() == items.len() => replies,
+            Ok(other) => {
+                return each_fails(ExecError::Protocol {
+                    operation_id: first_op.to_string(),
+                    detail: format!("expected {} replies, got {other:?}", items.len()),
+                })
+            }
+            Err(e) => return each_fails(e),
+        };
+        // One wait covers every write of the call, replays included.
+        if let Err(e) = self.replicated(first_op, &keys[0]).await {
+            return each_fails(e);
+        }
+        items
+            .iter()
+            .zip(replies)
+            .map(|(item, reply)| {
+                let op = item.operation_id.as_str();
+                let result = match reply::item_error(reply) {
+                    Ok(reply) => reply::parse_reply(op, reply)?,
+                    Err(e) => return Err(refused(action, ExecError::from_redis(op, e))),
+                };
+                traced(action, op, &result);
+                Ok(result)
+            })
+            .collect()
+    }
+}
+
+/// One Try of a [`LuaExecutor::try_group`] call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TryItem {
+    pub reservation_id: u64,
+    pub operation_id: String,
+    pub quantity: u32,
+}
+
+/// An error reply of a script, logged (the oversell alarm counted) and handed back.
+fn refused(action: &'static str, err: ExecError) -> ExecError {
+    if err.is_invariant_violation() {
+        metrics::counter!(names::LUA_INVARIANT_REFUSALS, "script" => action).increment(1);
+        tracing::error!(action, operation_id = err.operation_id(), error = %err, "oversell alarm: the stored numbers break an invariant; the script refused to move them");
+    } else {
+        tracing::warn!(action, operation_id = err.operation_id(), error = %err, "inventory script failed");
+    }
+    err
+}
+
+fn traced(action: &'static str, operation_id: &str, result: &OpResult) {
+    tracing::debug!(
+        action,
+        operation_id,
+        outcome = result.code.name(),
+        version = result.version,
+        replayed = result.replayed,
+        "inventory script"
+    );
 }
 
 /// A stock hash read back with HGETALL; `None` for an empty map (no such key). A hash without

@@ -61,6 +61,35 @@ pub fn parse_reply(operation_id: &str, reply: Value) -> Result<OpResult, ExecErr
 }
 
 /// A numeric field of a hash read back with HGETALL.
+/// One item's reply of a group call (`try.lua` with several items): its `{'ERR', message}`
+/// in place of a result is the error reply a lone call would have got, read back into a
+/// [`redis::RedisError`] by the client's own parser so it is sorted the same way.
+pub fn item_error(reply: Value) -> Result<Value, redis::RedisError> {
+    let message = match &reply {
+        Value::Array(items) if items.len() == 2 => {
+            match (value_text(&items[0]), value_text(&items[1])) {
+                (Some(marker), Some(message)) if marker == "ERR" => message,
+                _ => return Ok(reply),
+            }
+        }
+        _ => return Ok(reply),
+    };
+    // An error line ends at its first CR or LF.
+    let line: String = message
+        .chars()
+        .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
+        .collect();
+    match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()) {
+        Ok(Value::ServerError(e)) => Err(e.into()),
+        Ok(_) => Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "script item error",
+            line,
+        ))),
+        Err(e) => Err(e),
+    }
+}
+
 pub fn field<T: std::str::FromStr>(map: &HashMap<String, String>, name: &str) -> Result<T, String> {
     let raw = map
         .get(name)
