@@ -156,6 +156,7 @@ def part_orders(b):
     orders = [(int(o), int(i)) for i, o in rows]
     producer = pipeline.OrderProducer(b.a.brokers, b.a.registry, os.path.join(REPO, "schemas"),
                                       f"{b.ns}.order.lifecycle.v1")
+    producer.warm_up(b.merchant)
     b.log(f"OrderCreated at {rate}/s for {secs} s ({n:,} orders) from the Python Confluent producer")
     m0 = r.metrics()
     status = StatusSampler(b.stack.db(), redis.Redis(host="127.0.0.1", port=b.stack.redis_port))

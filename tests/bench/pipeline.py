@@ -147,6 +147,30 @@ class OrderProducer:
         if err is not None:
             self.failed += 1
 
+    def _value(self, order_id, rid, merchant, now):
+        return self.serializer({
+            "event_id": f"bench-oc-{order_id}",
+            "event_type": "OrderCreated",
+            "schema_version": 1,
+            "occurred_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+            + f".{int(now * 1000) % 1000:03d}+00:00",
+            "producer": "bench-order-service",
+            "trace_id": None,
+            "partition_key": str(order_id),
+            "data": {"order_id": order_id, "merchant_id": merchant, "order_type": "INSTANT",
+                     "processing_time": None, "inventory_reservation_ids": [rid]},
+        }, self.ctx)
+
+    def warm_up(self, merchant):
+        """What a running order service has done long before: connected to the brokers, read
+        the topic's metadata and registered the schema (one serialization, not produced).
+        Without it the first orders' latency holds the producer's start-up (a registry round
+        trip, the connection and the producer id), and the orders paced behind it go out in a
+        burst."""
+        self.producer.list_topics(self.topic, timeout=10)
+        self._value(1, 1, merchant, time.time())
+        self.producer.poll(0.5)
+
     def run(self, orders, merchant, rate):
         """Produces OrderCreated for each (order_id, reservation_id) at rate per second (paced
         by the clock, not by acks). Returns {order_id: produce time}."""
@@ -158,18 +182,7 @@ class OrderProducer:
             if delay > 0:
                 time.sleep(delay)
             now = time.time()
-            value = self.serializer({
-                "event_id": f"bench-oc-{order_id}",
-                "event_type": "OrderCreated",
-                "schema_version": 1,
-                "occurred_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
-                + f".{int(now * 1000) % 1000:03d}+00:00",
-                "producer": "bench-order-service",
-                "trace_id": None,
-                "partition_key": str(order_id),
-                "data": {"order_id": order_id, "merchant_id": merchant, "order_type": "INSTANT",
-                         "processing_time": None, "inventory_reservation_ids": [rid]},
-            }, self.ctx)
+            value = self._value(order_id, rid, merchant, now)
             sent[order_id] = now
             self.producer.produce(self.topic, key=str(order_id).encode(), value=value,
                                   on_delivery=self._delivered)
