@@ -611,6 +611,23 @@ async fn a_worker_that_dies_mid_recovery_is_followed_by_one_that_finishes_once()
     }
 }
 
+/// Count and sum of `stocksvr_try_group_size{stage="lua"}` in a /metrics text: the script
+/// calls of grouped Trys, and the Trys in them.
+fn lua_stage(metrics: &str) -> (f64, f64) {
+    let read = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains("stage=\"lua\""))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        read("stocksvr_try_group_size_count"),
+        read("stocksvr_try_group_size_sum"),
+    )
+}
+
 /// Group commit: forty concurrent Trys share one group writer (one group in flight, so they
 /// queue and go out together), and ten of them crash at a window inside their group; with
 /// `try_lua_group` their script calls are grouped too. Every
@@ -643,6 +660,8 @@ async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
         let fp = scenario();
         let point = Step::Try.point(place);
         fp.arm(point, Action::CrashTimes(CRASHES));
+        let metrics = stocksvr_pipeline::telemetry::init_metrics();
+        let (calls_before, items_before) = lua_stage(&metrics.render());
         let trys: Vec<_> = (1..=TRYS)
             .map(|item| {
                 let f = f.clone();
@@ -663,6 +682,30 @@ async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
             }
         }
         assert_eq!(fp.fired(point), CRASHES, "{place} (lua_group {lua_group})");
+        // Only this test groups script calls: what the Lua stage counted is these Trys'.
+        let (calls, items) = lua_stage(&metrics.render());
+        let (calls, items) = (calls - calls_before, items - items_before);
+        if lua_group {
+            let reached = if place == "before_redis" {
+                TRYS as usize - CRASHES
+            } else {
+                TRYS as usize
+            };
+            assert_eq!(
+                items, reached as f64,
+                "{place}: every Try that reached Redis went through a group call"
+            );
+            assert!(
+                calls < items,
+                "{place}: {items} Trys in {calls} script calls, none shared"
+            );
+        } else {
+            assert_eq!(
+                (calls, items),
+                (0.0, 0.0),
+                "{place}: grouped while try_lua_group is off"
+            );
+        }
         assert_eq!(
             failed, CRASHES,
             "{place} (lua_group {lua_group}): each crash fails its own Try only"
