@@ -200,14 +200,20 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
     return res
 
 
-def part_http(b, init=False):
-    """Trys through HTTP against `stocksvr all`: hot dish, cold dishes, order-level, and the
-    concurrency sweep on the hot dish. `init`: the buckets are made here (no part 1 ran)."""
+def start_all(b, init):
+    """`stocksvr all` on the run's namespace with its metrics watched; `init`: the buckets are
+    made here through the admin API (no part 1 ran)."""
     b.all = b.role("all", 88)
     if init:
         b.log(f"{init_buckets(b, b.all.url(''))} buckets initialised through POST /admin/buckets")
     b.watch = MetricsWatch(b.all)
     b.watch.start()
+
+
+def part_http(b, init=False):
+    """Trys through HTTP against `stocksvr all`: hot dish, cold dishes, order-level, and the
+    concurrency sweep on the hot dish. `init`: the buckets are made here (no part 1 ran)."""
+    start_all(b, init)
     P = b.P
     # Every measured load starts with the outbox sent and the projector caught up: otherwise
     # it would pay for the relay and the projector working off the load before it (the

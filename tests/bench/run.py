@@ -46,9 +46,11 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the database, topics and private stack")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a stocksvr setting for every process the bench starts (reservation.try_group_max=32)")
-    ap.add_argument("--only", choices=["http"],
-                    help="only part 3 (Trys through HTTP: hot, cold, order-level, the sweep) and the durability "
-                         "check, for a quick before/after of the Try path; the ratios to the baselines need a full run")
+    ap.add_argument("--only", choices=["http", "pipeline"],
+                    help="http: only part 3 (Trys through HTTP: hot, cold, order-level, the sweep) and the "
+                         "durability check, for a quick before/after of the Try path; pipeline: only parts 4 and 5 "
+                         "(the backlog drained by the relay and the projector, the fresh group, the orders) and the "
+                         "durability check; the ratios to the baselines need a full run")
     a = ap.parse_args()
     a.log4j = os.path.join(REPO, "stack", "kafka", "tools-log4j2.properties")
     a.bin = os.path.abspath(a.bin)
@@ -61,6 +63,11 @@ def main():
         b.setup()
         if a.only == "http":
             parts.part_http(b, init=True)
+            parts_pipeline.part_durability(b)
+        elif a.only == "pipeline":
+            parts.start_all(b, init=True)
+            parts_pipeline.part_pipeline(b)
+            parts_pipeline.part_orders(b)
             parts_pipeline.part_durability(b)
         else:
             parts.part_capture(b)

@@ -18,6 +18,7 @@ EXCLUDED_COLUMNS = {
     "consumed_at",                     # inbox: when the projector booked the event
     "lease_owner", "lease_expire_at",  # WAL: which process held the row, until when
     "stale_alerted_at",                # reservation: when the stale watcher alerted
+    "full_checked_at",                 # baseline: the reconciler's last clean full check
 }
 EXCLUDED_TABLES = {
     "snowflake_worker_lease",  # each process start leases a worker id: processes, not data

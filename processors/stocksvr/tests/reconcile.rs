@@ -400,28 +400,51 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
     quiescent(&server, &shop, Duration::from_secs(90)).await;
 
     let full_check = Duration::from_secs(20);
+    let config = stocksvr_reservation::reconcile::ReconcileConfig {
+        shards: 1,
+        interval: Duration::ZERO,
+        full_check,
+        // A page of one held reservation: the full check below reads the bucket's two
+        // page by page, and finds the drift on the second page.
+        guard_page: 1,
+        // Four guards a second: the full check of two held reservations takes 0.5 s.
+        guard_reads_per_sec: 4,
+        ..Default::default()
+    };
     let reconciler = stocksvr_reservation::reconcile::Reconciler::new(
         service_in(&pool, 36).await,
-        stocksvr_reservation::reconcile::ReconcileConfig {
-            shards: 1,
-            interval: Duration::ZERO,
-            full_check,
-            // A page of one held reservation: the full check below reads the bucket's two
-            // page by page, and finds the drift on the second page.
-            guard_page: 1,
-            // Four guards a second: the full check of two held reservations takes 0.5 s.
-            guard_reads_per_sec: 4,
-            ..Default::default()
-        },
+        config.clone(),
     );
+    // The server's own pass at its start checked the bucket in full and noted it; forget
+    // that, so this reconciler's first pass is the full check the steps below time from.
+    sqlx::query("UPDATE dish_stock_baseline SET full_checked_at = NULL WHERE stock_bucket_id = ?")
+        .bind(keys.stock_bucket_id())
+        .execute(&pool)
+        .await
+        .expect("forget the full check");
     let r = pass(&reconciler).await;
     let full_at = Instant::now();
-    assert_eq!((r.checked, r.consistent, r.unchanged), (1, 1, 0), "{r:?}");
+    assert_eq!(
+        (r.checked, r.consistent, r.unchanged, r.full),
+        (1, 1, 0, 1),
+        "{r:?}"
+    );
     let r = pass(&reconciler).await;
     assert_eq!(
-        (r.checked, r.consistent, r.unchanged),
-        (1, 1, 1),
+        (r.checked, r.consistent, r.unchanged, r.full),
+        (1, 1, 1, 0),
         "nothing moved: {r:?}"
+    );
+    // Another instance (or this one restarted) knows nothing of that in memory, but the full
+    // check is noted with the bucket: it compares the numbers and reads no fence again.
+    let restarted =
+        stocksvr_reservation::reconcile::Reconciler::new(service_in(&pool, 38).await, config);
+    let r = pass(&restarted).await;
+    assert_eq!(
+        (r.checked, r.consistent, r.unchanged, r.full),
+        (1, 1, 0, 0),
+        "a restarted instance checked in full again what was checked {:?} ago: {r:?}",
+        full_at.elapsed()
     );
 
     // A Try moves the bucket's version: checked again (its numbers), and clean.
@@ -429,8 +452,8 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
     quiescent(&server, &shop, Duration::from_secs(90)).await;
     let r = pass(&reconciler).await;
     assert_eq!(
-        (r.checked, r.consistent, r.unchanged),
-        (1, 1, 0),
+        (r.checked, r.consistent, r.unchanged, r.full),
+        (1, 1, 0, 0),
         "moved: {r:?}"
     );
 
@@ -457,8 +480,8 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
     let started = Instant::now();
     let r = pass(&reconciler).await;
     assert_eq!(
-        (r.checked, r.unchanged, r.suspected),
-        (1, 0, 1),
+        (r.checked, r.unchanged, r.suspected, r.full),
+        (1, 0, 1, 1),
         "full check: {r:?}"
     );
     // The guard reads were paced: two at four a second cannot take less than 0.5 s
@@ -499,6 +522,8 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
             shards: 1,
             interval: Duration::ZERO,
             lease,
+            // Every pass in full, whatever the bucket's last full check.
+            full_check: Duration::ZERO,
             guard_page: 1,
             guard_reads_per_sec: 1,
             ..Default::default()

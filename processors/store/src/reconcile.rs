@@ -36,6 +36,8 @@ pub struct LiveBucket {
     pub baseline_version: u64,
     pub bucket_status: i8,
     pub lost_at: Option<NaiveDateTime>,
+    /// The last clean full check (fences and op records read), by any instance.
+    pub full_checked_at: Option<NaiveDateTime>,
 }
 
 /// Which buckets a pass or a command looks at.
@@ -57,7 +59,7 @@ pub async fn live_buckets(
 ) -> Result<Vec<LiveBucket>, sqlx::Error> {
     let mut q = QueryBuilder::<MySql>::new(
         "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, total_stock, baseline_version, \
-         bucket_status, lost_at FROM dish_stock_baseline WHERE bucket_status <> 30",
+         bucket_status, lost_at, full_checked_at FROM dish_stock_baseline WHERE bucket_status <> 30",
     );
     if let Some(bucket) = &filter.bucket {
         q.push(" AND stock_bucket_id = ").push_bind(bucket.clone());
@@ -97,11 +99,29 @@ pub async fn live_buckets_by_id(
     }
     let mut q = QueryBuilder::<MySql>::new(
         "SELECT stock_bucket_id, merchant_id, dish_id, stock_date, total_stock, baseline_version, \
-         bucket_status, lost_at FROM dish_stock_baseline WHERE bucket_status <> 30 AND stock_bucket_id IN ",
+         bucket_status, lost_at, full_checked_at FROM dish_stock_baseline \
+         WHERE bucket_status <> 30 AND stock_bucket_id IN ",
     );
     in_list(&mut q, ids);
     q.push(" ORDER BY stock_bucket_id");
     q.one_off_as().fetch_all(pool).deadline().await
+}
+
+/// Records that `ids` were found consistent in a full check at `at`, so another instance (or
+/// this one after a restart) does not check them in full again before their time.
+pub async fn mark_full_checked(
+    pool: &MySqlPool,
+    ids: &[String],
+    at: NaiveDateTime,
+) -> Result<(), sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut q = QueryBuilder::<MySql>::new("UPDATE dish_stock_baseline SET full_checked_at = ");
+    q.push_bind(at).push(" WHERE stock_bucket_id IN ");
+    in_list(&mut q, ids);
+    q.one_off().execute(pool).deadline().await?;
+    Ok(())
 }
 
 /// The reservation table's view of one bucket.

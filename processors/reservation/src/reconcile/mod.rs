@@ -193,6 +193,9 @@ pub struct PassReport {
     pub checked: u64,
     /// Checked buckets skipped as unchanged since their last clean check (also consistent).
     pub unchanged: u64,
+    /// Checked buckets whose held reservations' fences and op records were read (a full
+    /// check: due, never done by any instance, or numbers that differ).
+    pub full: u64,
     pub consistent: u64,
     pub not_built: u64,
     pub held_back: u64,
@@ -726,24 +729,31 @@ impl Reconciler {
     /// records would cost one Redis read per reservation at every pass, however idle the
     /// service (it was most of the idle CPU). A bucket that moved has its numbers compared;
     /// its fences and op records are read at most every `full_check`, or at once when its
-    /// numbers differ, so a repair always knows which records to restore.
+    /// numbers differ, so a repair always knows which records to restore. When the last
+    /// clean full check was is kept in MySQL too (`full_checked_at`), so a restarted instance,
+    /// or one that takes over a shard, does not read every held reservation again at once.
+    /// Returns the inspections, the buckets skipped as unchanged and the full checks made.
     async fn inspect_changed(
         &self,
         chunk: Vec<LiveBucket>,
-    ) -> Result<(Vec<Inspection>, u64), ReconcileError> {
+    ) -> Result<(Vec<Inspection>, u64, u64), ReconcileError> {
         let every = self.config.full_check;
         if every.is_zero() {
-            return Ok((self.inspect(chunk).await?, 0));
+            let n = chunk.len() as u64;
+            return Ok((self.inspect(chunk).await?, 0, n));
         }
         // Read once: the hashes of the buckets that moved are the ones they are inspected on.
         let redis = self.read_redis(&chunk).await?;
         let ids: Vec<String> = chunk.iter().map(|b| b.stock_bucket_id.clone()).collect();
         let snapshots = store::snapshot_versions(self.service.pool(), &ids).await?;
         let now = Instant::now();
+        let wall_now = stocksvr_store::reservations::now();
         let mut todo = Vec::new();
         let mut todo_redis = Vec::new();
         let mut seen = HashMap::new();
         let mut full = HashSet::new();
+        // The last full check of a bucket not checked in full now, by whichever instance.
+        let mut full_before = HashMap::new();
         let mut unchanged = 0;
         {
             let clean = self.clean.lock().unwrap_or_else(PoisonError::into_inner);
@@ -758,12 +768,19 @@ impl Reconciler {
                         bucket.total_stock,
                     ),
                 };
-                match clean.get(&id) {
-                    Some(mark) if now.duration_since(mark.full_at) < every => {
-                        if mark.seen == now_seen && bucket.lost_at.is_none() {
+                let mark = clean.get(&id);
+                // A clock behind the writer's reads a mark from the future as just made.
+                let persisted = bucket
+                    .full_checked_at
+                    .and_then(|at| (wall_now - at).max(TimeDelta::zero()).to_std().ok())
+                    .and_then(|age| now.checked_sub(age));
+                match mark.map(|m| m.full_at).max(persisted) {
+                    Some(full_at) if now.duration_since(full_at) < every => {
+                        if mark.is_some_and(|m| m.seen == now_seen) && bucket.lost_at.is_none() {
                             unchanged += 1;
                             continue;
                         }
+                        full_before.insert(id.clone(), full_at);
                     }
                     _ => {
                         full.insert(id.clone());
@@ -796,31 +813,37 @@ impl Reconciler {
                 }
             }
         }
-        let mut clean = self.clean.lock().unwrap_or_else(PoisonError::into_inner);
-        for i in &inspections {
-            let id = &i.bucket.stock_bucket_id;
-            let mark = match (&i.verdict, seen.remove(id)) {
-                (Verdict::Consistent, Some(seen)) if i.bucket.lost_at.is_none() => {
-                    let full_at = if full.contains(id) {
-                        now
-                    } else {
-                        clean.get(id).map_or(now, |m| m.full_at)
-                    };
-                    Some(CleanMark { seen, full_at })
-                }
-                _ => None,
-            };
-            match mark {
-                Some(mark) if clean.contains_key(id) || clean.len() < MAX_CLEAN_MARKS => {
-                    clean.insert(id.clone(), mark);
-                }
-                Some(_) => {}
-                None => {
-                    clean.remove(id);
+        let mut clean_in_full = Vec::new();
+        {
+            // The guard must be gone before the await below (the future is sent between threads).
+            let mut clean = self.clean.lock().unwrap_or_else(PoisonError::into_inner);
+            for i in &inspections {
+                let id = &i.bucket.stock_bucket_id;
+                let mark = match (&i.verdict, seen.remove(id)) {
+                    (Verdict::Consistent, Some(seen)) if i.bucket.lost_at.is_none() => {
+                        let full_at = if full.contains(id) {
+                            clean_in_full.push(id.clone());
+                            now
+                        } else {
+                            full_before.get(id).copied().unwrap_or(now)
+                        };
+                        Some(CleanMark { seen, full_at })
+                    }
+                    _ => None,
+                };
+                match mark {
+                    Some(mark) if clean.contains_key(id) || clean.len() < MAX_CLEAN_MARKS => {
+                        clean.insert(id.clone(), mark);
+                    }
+                    Some(_) => {}
+                    None => {
+                        clean.remove(id);
+                    }
                 }
             }
         }
-        Ok((inspections, unchanged))
+        store::mark_full_checked(self.service.pool(), &clean_in_full, wall_now).await?;
+        Ok((inspections, unchanged, full.len() as u64))
     }
 
     /// One scheduled pass: leases a shard due for checking and compares its buckets,
@@ -912,7 +935,8 @@ impl Reconciler {
             after = Some(last.stock_bucket_id.clone());
             let full = chunk.len() as u32 == self.config.chunk;
             let ids: Vec<String> = chunk.iter().map(|b| b.stock_bucket_id.clone()).collect();
-            let (inspections, unchanged) = self.inspect_changed(chunk).await?;
+            let (inspections, unchanged, full_checks) = self.inspect_changed(chunk).await?;
+            report.full += full_checks;
             report.checked += unchanged;
             report.consistent += unchanged;
             report.unchanged += unchanged;
