@@ -729,8 +729,8 @@ impl Reconciler {
     /// records would cost one Redis read per reservation at every pass, however idle the
     /// service (it was most of the idle CPU). A bucket that moved has its numbers compared;
     /// its fences and op records are read at most every `full_check`, or at once when its
-    /// numbers differ, so a repair always knows which records to restore. When the last
-    /// clean full check was is kept in MySQL too (`full_checked_at`), so a restarted instance,
+    /// numbers differ, so a repair always knows which records to restore. The time of the last
+    /// clean full check is kept in MySQL too (`full_checked_at`), so a restarted instance,
     /// or one that takes over a shard, does not read every held reservation again at once.
     /// Returns the inspections, the buckets skipped as unchanged and the full checks made.
     async fn inspect_changed(
