@@ -103,7 +103,9 @@ pub trait Handler: Send + Sync + 'static {
     /// Applies `batch` (in partition order). `Ok` carries one result per record in order;
     /// it may stop early at a record whose dependency is unavailable (that record's result
     /// is the last one), since the records behind it must wait for it. `Err` fails the whole
-    /// batch (nothing of it may be durable, e.g. one transaction rolled back).
+    /// batch: the loop handles it again, so what of it is durable must be idempotent (one
+    /// transaction rolled back, or the projector's lanes, each one committed or not, behind
+    /// an inbox).
     #[allow(clippy::type_complexity)]
     fn handle<'a>(
         &'a self,

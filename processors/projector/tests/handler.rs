@@ -1056,3 +1056,103 @@ async fn statements_per_event() -> Result<()> {
     println!("{}", lines.join("\n"));
     Ok(())
 }
+
+/// A batch over buckets of both lanes commits lane by lane: a lane the database refuses
+/// fails the batch while the other lane is already durable, and the retried batch finds
+/// that lane's events as duplicates, applies the rest, and books nothing twice.
+#[tokio::test]
+async fn a_refused_lane_fails_the_batch_and_its_retry_applies_nothing_twice() -> Result<()> {
+    use stocksvr_projector::{lane_of, LANES};
+    assert_ne!(
+        lane_of(BUCKET, LANES),
+        lane_of(OTHER_BUCKET, LANES),
+        "the test needs the two buckets in different lanes"
+    );
+    let h = Harness::new().await?;
+    let (id, other_id) = (100_124_001, 100_124_002);
+    let events = [
+        (
+            "InventoryRedisReserved",
+            step(
+                "InventoryRedisReserved",
+                "evt_lane_a",
+                "op_lane_a",
+                392,
+                [100, 72, 8, 20],
+                BUCKET,
+                id,
+            ),
+        ),
+        (
+            "InventoryRedisReserved",
+            step(
+                "InventoryRedisReserved",
+                "evt_lane_b",
+                "op_lane_b",
+                7,
+                [50, 48, 2, 0],
+                OTHER_BUCKET,
+                other_id,
+            ),
+        ),
+        (
+            "InventoryRedisConfirmed",
+            step(
+                "InventoryRedisConfirmed",
+                "evt_lane_c",
+                "op_lane_c",
+                393,
+                [100, 72, 6, 22],
+                BUCKET,
+                id,
+            ),
+        ),
+    ];
+    let mut batch = Vec::new();
+    for (name, json) in &events {
+        batch.push(h.record(name, json).await?);
+    }
+    // The server refuses the other bucket's snapshot row, as it would a full disk.
+    sqlx::query(
+        "CREATE TRIGGER refuse_other_bucket BEFORE INSERT ON dish_stock_snapshot FOR EACH ROW \
+         IF NEW.stock_bucket_id = 'bucket_10001_90002_20260726' THEN \
+         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'; END IF",
+    )
+    .execute(&h.pool)
+    .await?;
+    let failed = h.handle(&batch).await;
+    assert!(
+        failed.is_err(),
+        "a refused lane fails the batch: {failed:?}"
+    );
+    let inboxed: Vec<String> =
+        sqlx::query_scalar("SELECT event_id FROM inventory_consumer_inbox ORDER BY event_id")
+            .fetch_all(&h.pool)
+            .await?;
+    assert_eq!(
+        inboxed,
+        ["evt_lane_a", "evt_lane_c"],
+        "the other lane committed on its own"
+    );
+    assert_eq!(snapshot(&h.pool, OTHER_BUCKET).await?, None);
+
+    sqlx::query("DROP TRIGGER refuse_other_bucket")
+        .execute(&h.pool)
+        .await?;
+    assert_eq!(
+        h.apply(&batch).await,
+        vec![
+            Ok(Applied::Duplicate),
+            Ok(Applied::Applied),
+            Ok(Applied::Duplicate)
+        ]
+    );
+    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 3);
+    assert_eq!(count(&h.pool, "inventory_ledger").await?, 3);
+    assert_eq!(h.snapshot().await?, Some((100, 72, 6, 22, 0, 393)));
+    assert_eq!(
+        snapshot(&h.pool, OTHER_BUCKET).await?,
+        Some((50, 48, 2, 0, 0, 7))
+    );
+    Ok(())
+}
