@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde_json::{json, Value as Json};
 use sqlx::MySqlPool;
 use stocksvr_pipeline::consumer::{Applied, Failure, Handler, Record};
-use stocksvr_projector::Projector;
+use stocksvr_projector::{Projector, LANES};
 use support::*;
 
 const BUCKET: &str = "bucket_10001_90001_20260726";
@@ -26,7 +26,9 @@ impl Harness {
         let settings = settings()?;
         let db = fresh_pool(&settings).await?;
         let pool = db.pool.clone();
-        let projector = Projector::new(pool.clone(), GROUP)?;
+        // Lanes for batches of any size, so the tests' small batches over two buckets take
+        // the path of a backlog's full ones: a transaction per lane.
+        let projector = Projector::new(pool.clone(), GROUP)?.with_lanes(LANES, 1);
         let encoder = Encoder::new(codec(&settings)?, unique("projector-test"))?;
         Ok(Self {
             _db: db,
@@ -1062,7 +1064,7 @@ async fn statements_per_event() -> Result<()> {
 /// that lane's events as duplicates, applies the rest, and books nothing twice.
 #[tokio::test]
 async fn a_refused_lane_fails_the_batch_and_its_retry_applies_nothing_twice() -> Result<()> {
-    use stocksvr_projector::{lane_of, LANES};
+    use stocksvr_projector::lane_of;
     assert_ne!(
         lane_of(BUCKET, LANES),
         lane_of(OTHER_BUCKET, LANES),
