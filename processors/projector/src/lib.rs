@@ -6,8 +6,9 @@
 //! returned, and the projector returns only after the batch's transactions committed (one
 //! per lane, [`LANES`]: a bucket's events always in the same one): an event's inbox row
 //! (`INSERT IGNORE` on event_id and consumer group), its ledger row (one per operation_id),
-//! its snapshot upsert and its reservation sync commit together or not at all. A redelivered event hits the inbox and changes nothing; an event re-published
-//! under a new event_id hits the ledger's unique operation_id and books nothing twice.
+//! its snapshot upsert and its reservation sync commit together or not at all. A
+//! redelivered event hits the inbox and changes nothing; an event re-published under a new
+//! event_id hits the ledger's unique operation_id and books nothing twice.
 //!
 //! Order: events carry absolute after-quantities and the Redis version that produced
 //! them, and the snapshot only ever moves to a newer version, so reordered events (a
@@ -16,11 +17,12 @@
 //!
 //! Flow per batch: decide (pure, [`decide`]) → read what the batch touches, plan what each
 //! event would have done on its own (pure, [`plan`]) and write each table with one
-//! statement, all in one transaction per lane ([`store`]) → commit → the loop stores offsets. When
-//! the database does not answer as planned (another consumer wrote meanwhile) the batch
-//! is rolled back and applied event by event instead. A record that can never be projected is answered
-//! `Failure::Invalid` on its own and dead-lettered by the loop while the rest of the batch
-//! applies; a database failure fails the whole batch ([`error::classify`]).
+//! statement, all in one transaction per lane ([`store`]) → commit → the loop stores
+//! offsets. When the database does not answer as planned (another consumer wrote
+//! meanwhile) the lane is rolled back and applied event by event instead. A record that
+//! can never be projected is answered `Failure::Invalid` on its own and dead-lettered by the
+//! loop while the rest of the batch applies; a database failure fails the whole batch
+//! ([`error::classify`]).
 
 pub mod decide;
 pub mod error;
