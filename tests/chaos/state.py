@@ -156,6 +156,12 @@ class State:
                           "FROM inventory_reservation WHERE status = 20 AND dead = 0 AND stale_alerted_at IS NULL")
         if rows and rows[0]["n"]:
             p["reserved_not_yet_stale"] = {"rows": rows[0]["n"], "latest_expiry_in_s": rows[0]["s"]}
+        # A suspected difference gets its second look `reconcile.settle_ms` after the pass that
+        # raised it: cleared (one born of lag) or confirmed (a real one, which the
+        # stores_agree check finds in its own numbers).
+        rows = self.query("SELECT COUNT(*) n FROM inventory_reconcile_difference WHERE status = 10")
+        if rows and rows[0]["n"]:
+            p["reconcile_suspected"] = rows[0]["n"]
         lag = self.lag()
         if lag:
             p["consumer_lag"] = lag

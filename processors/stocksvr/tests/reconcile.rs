@@ -575,6 +575,87 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
     assert!(status.success(), "{}", tail(&log, 40));
 }
 
+/// A suspicion is looked at again `settle` after the pass that raised it, not a whole shard
+/// interval later: in a fault run a difference born of the projector's lag stayed suspected
+/// for the minute of the interval after the lag was gone. A confirmed one asks for no recheck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspected_difference_is_looked_at_again_after_settle_not_an_interval_later() {
+    let shop = shop(40).await;
+    let server = shop.server(&[
+        ("STOCKSVR__RESERVATION__WORKER_ID", "39"),
+        ("STOCKSVR__RECONCILE__SHARDS", "1"),
+    ]);
+    wait_for_api(&server).await;
+    let pool = shop.env.pool();
+    let base = 97_000_000 + shop.merchant_id % 1_000_000 * 100;
+    let keys = bucket_of(&shop);
+    try_one(&server, &shop, base + 1, 2).await;
+    quiescent(&server, &shop, Duration::from_secs(90)).await;
+    // Only the test's reconciler passes from here; the server's start pass is forgotten.
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+    sqlx::query(
+        "UPDATE inventory_reconcile_shard SET lease_owner = NULL, \
+         lease_expire_at = UTC_TIMESTAMP(3) - INTERVAL 1 SECOND, last_pass_at = NULL, recheck_at = NULL",
+    )
+        .execute(&pool)
+        .await
+        .expect("forget the server's passes");
+
+    let settle = Duration::from_millis(1_500);
+    let reconciler = stocksvr_reservation::reconcile::Reconciler::new(
+        service_in(&pool, 40).await,
+        stocksvr_reservation::reconcile::ReconcileConfig {
+            shards: 1,
+            interval: Duration::from_secs(3_600),
+            settle,
+            ..Default::default()
+        },
+    );
+    let mut redis = redis_conn(&shared_redis_url()).await;
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(keys.stock_key())
+        .arg("available")
+        .arg(3)
+        .query_async(&mut redis)
+        .await
+        .expect("hincrby");
+    let first = reconciler.pass_once().await.expect("pass").expect("due");
+    let suspected_at = Instant::now();
+    assert_eq!((first.suspected, first.confirmed), (1, 0), "{first:?}");
+    let early = reconciler.pass_once().await.expect("pass");
+    if suspected_at.elapsed() < settle {
+        assert_eq!(early, None, "due again before settle");
+    }
+    tokio::time::sleep(settle.saturating_sub(suspected_at.elapsed())).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let second = loop {
+        if let Some(report) = reconciler.pass_once().await.expect("pass") {
+            break report;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the suspicion was not looked at again within 10 s of settle (interval 1 h)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!((second.suspected, second.confirmed), (0, 1), "{second:?}");
+    let status: Vec<i8> = sqlx::query_scalar(
+        "SELECT status FROM inventory_reconcile_difference WHERE stock_bucket_id = ?",
+    )
+    .bind(keys.stock_bucket_id())
+    .fetch_all(&pool)
+    .await
+    .expect("differences");
+    assert_eq!(status, [20], "one difference, confirmed");
+    tokio::time::sleep(settle + Duration::from_millis(500)).await;
+    assert_eq!(
+        reconciler.pass_once().await.expect("pass"),
+        None,
+        "a confirmed difference made its shard due again before the interval"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_repair_racing_five_hundred_trys_loses_its_version_and_is_computed_again() {
     let shop = shop(10_000).await;

@@ -519,7 +519,8 @@ pub async fn ensure_shards(pool: &MySqlPool, shards: u32) -> Result<(), sqlx::Er
 }
 
 /// Leases the shard checked longest ago that nobody holds, for `lease`. `None` when every
-/// shard is held or was checked less than `min_interval` ago.
+/// shard is held, or was checked less than `min_interval` ago and has no recheck due
+/// ([`finish_shard`]).
 ///
 /// The shard rows must exist ([`ensure_shards`]). Also says whether another shard was due
 /// at the same time (`more`): a caller then comes back soon instead of after its idle sleep.
@@ -534,12 +535,13 @@ pub async fn claim_shard(
     let mut tx = crate::deadline::begin(pool).await?;
     let due: Vec<(u32,)> = sqlx::query_as(
         "SELECT shard FROM inventory_reconcile_shard WHERE shard < ? AND lease_expire_at < ? \
-         AND (last_pass_at IS NULL OR last_pass_at < ?) \
+         AND (last_pass_at IS NULL OR last_pass_at < ? OR recheck_at <= ?) \
          ORDER BY last_pass_at IS NOT NULL, last_pass_at, shard LIMIT 2 FOR UPDATE SKIP LOCKED",
     )
     .bind(shards)
     .bind(now)
     .bind(now - min_interval)
+    .bind(now)
     .fetch_all(&mut *tx)
     .deadline()
     .await?;
@@ -601,15 +603,23 @@ pub async fn renew_shard(
     Ok(holder.flatten().as_deref() == Some(owner))
 }
 
-/// Ends `owner`'s lease of `shard` and records the pass.
-pub async fn finish_shard(pool: &MySqlPool, shard: u32, owner: &str) -> Result<(), sqlx::Error> {
+/// Ends `owner`'s lease of `shard` and records the pass. With `recheck`, the shard is due
+/// again that long after the pass whatever its interval: the pass left a suspicion for a
+/// second look, or did not finish.
+pub async fn finish_shard(
+    pool: &MySqlPool,
+    shard: u32,
+    owner: &str,
+    recheck: Option<TimeDelta>,
+) -> Result<(), sqlx::Error> {
     let now = now();
     sqlx::query(
         "UPDATE inventory_reconcile_shard SET lease_owner = NULL, lease_expire_at = ?, \
-         last_pass_at = ? WHERE shard = ? AND lease_owner = ?",
+         last_pass_at = ?, recheck_at = ? WHERE shard = ? AND lease_owner = ?",
     )
     .bind(now)
     .bind(now)
+    .bind(recheck.map(|d| now + d))
     .bind(shard)
     .bind(owner)
     .execute(pool)

@@ -54,7 +54,8 @@ pub struct ReconcileConfig {
     pub auto_repair: bool,
     /// Repairs and rebuilds one scheduled pass may start.
     pub max_repairs_per_pass: u32,
-    /// The on-demand check's wait between its two passes.
+    /// The on-demand check's wait between its two passes; a scheduled pass that suspected
+    /// a difference (or failed) makes its shard due again this long after it.
     pub settle: Duration,
     /// Attempts of one repair that keeps losing its version check.
     pub repair_attempts: u32,
@@ -874,7 +875,15 @@ impl Reconciler {
         };
         let shard = claim.shard;
         let result = self.pass_leased(shard).await;
-        store::finish_shard(pool, shard, &self.owner).await?;
+        // A suspicion is looked at again after `settle`, as the on-demand check's second
+        // pass is, not a whole interval later: one born of lag (the projector behind) is
+        // cleared once the lag is gone, and a real one is confirmed and reported in seconds.
+        // A pass that failed checked nothing it could vouch for: the same.
+        let recheck = match &result {
+            Ok(report) if report.suspected == 0 => None,
+            _ => Some(TimeDelta::from_std(self.config.settle).unwrap_or(TimeDelta::seconds(2))),
+        };
+        store::finish_shard(pool, shard, &self.owner, recheck).await?;
         let mut report = result?;
         report.more_due = claim.more;
         self.export_gauges(&report).await?;
