@@ -423,16 +423,8 @@ pub fn refund_operation_id(reservation_id: u64, refund_id: Option<&str>) -> Stri
     if verbatim {
         format!("{base}_{key}")
     } else {
-        format!("{base}_~{:016x}", fnv1a64(key.as_bytes()))
+        format!("{base}_~{:016x}", crate::ids::fnv1a64(key.as_bytes()))
     }
-}
-
-/// Stable across Rust versions and platforms, unlike `DefaultHasher`: operation ids are
-/// persisted and must hash the same after an upgrade.
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// `inventory_reservation.sync_status`: has the MySQL projection caught up with the Redis

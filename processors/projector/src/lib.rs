@@ -386,10 +386,8 @@ fn lanes(valid: &[&Projection], lanes: usize) -> Vec<Vec<usize>> {
 /// The lane of `bucket`'s events among `lanes`: FNV-1a of the bucket id, cheap and spread
 /// over ids that differ in a digit or two (dishes of one merchant on one day).
 pub fn lane_of(bucket: &str, lanes: usize) -> usize {
-    let hash = bucket.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    (hash % lanes as u64) as usize
+    let hash = stocksvr_core::ids::fnv1a64(bucket.as_bytes());
+    (hash % lanes.max(1) as u64) as usize
 }
 
 fn tally_duplicates(claims: &[bool], tally: &mut Tally) {

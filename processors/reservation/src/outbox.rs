@@ -35,10 +35,7 @@ fn event_id(operation_id: &str, kind: &str) -> String {
     if id.len() <= 64 {
         return id;
     }
-    // FNV-1a: stable across Rust versions and processes, unlike the std hasher.
-    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = stocksvr_core::ids::fnv1a64(id.as_bytes());
     let mut cut = 47;
     while !id.is_char_boundary(cut) {
         cut -= 1;

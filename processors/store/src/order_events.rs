@@ -280,10 +280,7 @@ pub fn inbox_key(event_id: &str) -> String {
     if event_id.len() <= 64 {
         return event_id.to_string();
     }
-    // FNV-1a: stable across Rust versions and processes, unlike the std hasher.
-    let hash = event_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = stocksvr_core::ids::fnv1a64(event_id.as_bytes());
     let mut cut = 47;
     while !event_id.is_char_boundary(cut) {
         cut -= 1;
