@@ -31,7 +31,8 @@ PARAMS = {
 
 MYSQL_KEYS = ["Questions", "Com_select", "Com_insert", "Com_update", "Com_delete", "Com_begin",
               "Com_commit", "Com_rollback", "Com_stmt_execute", "Innodb_os_log_fsyncs",
-              "Innodb_log_writes", "Innodb_data_fsyncs", "Innodb_row_lock_waits", "Innodb_row_lock_time"]
+              "Innodb_log_writes", "Innodb_data_fsyncs", "Innodb_row_lock_waits", "Innodb_row_lock_time",
+              "Com_admin_commands"]  # COM_PING (sqlx pings pooled connections) counts here
 
 
 def log_flushes(delta):

@@ -186,8 +186,9 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
     if b.watch:
         res["backlog_max"], res["oldest_max"] = b.watch.max_between(rec["t0"], rec["t1"])
     bad = res["requests"] - res["ok2xx"]
-    res["note"] = (f"{res['stmts_per_try']:.1f} stmt/Try ({res['mix']}), {res['fsyncs_per_try']:.2f} log flushes/Try"
-                   if items else "no 2xx")
+    res["pings_per_try"] = q["Com_admin_commands"] / items if items else None
+    res["note"] = (f"{res['stmts_per_try']:.1f} stmt/Try ({res['mix']}), {res['pings_per_try']:.2f} pings/Try, "
+                   f"{res['fsyncs_per_try']:.2f} log flushes/Try" if items else "no 2xx")
     if bad or res["timeouts"] or res["socket_errors"]:
         codes = {}
         for st, _, outcome in res["responses"]:

@@ -253,7 +253,8 @@ class Run:
 
     def quiesce(self, name):
         self.phase(f"quiescence ({name}): outbox empty, consumer lag 0, no intermediate reservation, "
-                   f"WAL done, due scheduled confirms done, stale RESERVED rows alerted")
+                   f"WAL done, due scheduled confirms done, stale RESERVED rows alerted, "
+                   f"no suspected reconcile difference")
         shown = [0.0]
 
         def tick(p):

@@ -109,10 +109,11 @@ pub async fn run(
     let metrics = telemetry::init_metrics();
     let catalog = Arc::new(Catalog::for_deployment(&settings.kafka)?);
     let registry = RegistryClient::new(&settings.registry)?;
-    let pool = stocksvr_store::mysql_pool(
+    let pool = stocksvr_store::mysql_pool_with(
         settings.mysql.url.expose(),
         settings.mysql.max_connections,
         Duration::from_millis(settings.mysql.acquire_timeout_ms),
+        settings.mysql.ping_before_use,
     )?;
     // Running against an unmigrated schema would fail record after record; say so once. An
     // unreachable MySQL is not a reason to refuse to start: /readyz reports it.

@@ -49,12 +49,25 @@ pub fn mysql_pool(
     max_connections: u32,
     acquire_timeout: Duration,
 ) -> Result<MySqlPool, StoreError> {
+    mysql_pool_with(url, max_connections, acquire_timeout, true)
+}
+
+/// As [`mysql_pool`]; `ping_before_use` pings an idle connection before handing it out
+/// (`mysql.ping_before_use`). sqlx pings every connection when it is returned too, so with
+/// this on each use of the pool costs two round trips besides its statements.
+pub fn mysql_pool_with(
+    url: &str,
+    max_connections: u32,
+    acquire_timeout: Duration,
+    ping_before_use: bool,
+) -> Result<MySqlPool, StoreError> {
     let options = MySqlConnectOptions::from_str(url)?
         .timezone(Some("+00:00".to_string()))
         .pipes_as_concat(false);
     let pool = MySqlPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(acquire_timeout)
+        .test_before_acquire(ping_before_use)
         .after_connect(|conn, _| {
             Box::pin(async move {
                 sqlx::query("SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'")
