@@ -32,7 +32,10 @@ PARAMS = {
 MYSQL_KEYS = ["Questions", "Com_select", "Com_insert", "Com_update", "Com_delete", "Com_begin",
               "Com_commit", "Com_rollback", "Com_stmt_execute", "Innodb_os_log_fsyncs",
               "Innodb_log_writes", "Innodb_data_fsyncs", "Innodb_row_lock_waits", "Innodb_row_lock_time",
-              "Com_admin_commands"]  # COM_PING (sqlx pings pooled connections) counts here
+              "Com_admin_commands",  # COM_PING (sqlx pings pooled connections) counts here
+              # rows written and index lookups (MariaDB 10.11 has no Innodb_rows_*): what a
+              # statement count hides (one multi-row INSERT of a group is many rows)
+              "Handler_write", "Handler_update", "Handler_delete", "Handler_read_key"]
 
 
 def log_flushes(delta):

@@ -187,8 +187,12 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
         res["backlog_max"], res["oldest_max"] = b.watch.max_between(rec["t0"], rec["t1"])
     bad = res["requests"] - res["ok2xx"]
     res["pings_per_try"] = q["Com_admin_commands"] / items if items else None
+    res["rows_per_try"] = {label: q[f"Handler_{k}"] / items for k, label in
+                           (("write", "inserted"), ("update", "updated"), ("delete", "deleted"),
+                            ("read_key", "key lookups"))} if items else None
     res["note"] = (f"{res['stmts_per_try']:.1f} stmt/Try ({res['mix']}), {res['pings_per_try']:.2f} pings/Try, "
-                   f"{res['fsyncs_per_try']:.2f} log flushes/Try" if items else "no 2xx")
+                   f"{res['fsyncs_per_try']:.2f} log flushes/Try; rows/Try "
+                   + ", ".join(f"{v:.1f} {k}" for k, v in res["rows_per_try"].items()) if items else "no 2xx")
     if bad or res["timeouts"] or res["socket_errors"]:
         codes = {}
         for st, _, outcome in res["responses"]:
