@@ -351,7 +351,15 @@ async fn read_paged(
         } else if full {
             // Every bucket of the page but the last is read to its end (a bucket with no
             // rows never shows, and goes with the first short page); the last goes on alone.
-            pending.retain(|b| !seen.contains(*b));
+            let before = pending.len();
+            pending.retain(|b| !seen.iter().any(|s| same_bucket(s, b)));
+            if pending.len() == before {
+                // The page's rows name their bucket otherwise than asked (the collation
+                // matched them): the next page would read them again from the start.
+                return Err(sqlx::Error::Protocol(format!(
+                    "reconcile views: no bucket of {seen:?} is one asked for"
+                )));
+            }
             cut = last;
         } else {
             // A short page read every bucket still pending to its end.
@@ -362,6 +370,13 @@ async fn read_paged(
         }
     }
     Ok(())
+}
+
+/// Whether a bucket id read back names the one asked for: the ids are ASCII, and the
+/// column's collation (utf8mb4_unicode_ci) ignores case and trailing spaces.
+fn same_bucket(read: &str, asked: &str) -> bool {
+    read.trim_end_matches(' ')
+        .eq_ignore_ascii_case(asked.trim_end_matches(' '))
 }
 
 /// Adds the reservation view of `buckets` to `out`, `page` rows per statement at most.
@@ -973,6 +988,17 @@ pub async fn purge_inbox(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // A bucket read back as MariaDB's collation matched it is the one asked for; otherwise a
+    // page over several buckets would leave it pending and read it again from the start.
+    #[test]
+    fn a_bucket_read_back_in_another_case_or_with_trailing_spaces_is_the_one_asked_for() {
+        assert!(same_bucket("bucket_1_2_20260101", "bucket_1_2_20260101"));
+        assert!(same_bucket("Bucket_1_2_20260101", "bucket_1_2_20260101"));
+        assert!(same_bucket("bucket_1_2_20260101 ", "bucket_1_2_20260101"));
+        assert!(!same_bucket("bucket_1_2_20260101", "bucket_1_2_20260102"));
+        assert!(!same_bucket("bucket_1_2_2026010", "bucket_1_2_20260101"));
+    }
 
     #[test]
     fn a_dish_keeps_its_shard_and_shards_cover_every_dish() {

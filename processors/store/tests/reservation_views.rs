@@ -203,3 +203,18 @@ async fn a_ledger_view_read_in_pages_has_the_sums_of_one_statement_over_every_ro
         );
     }
 }
+
+#[tokio::test]
+async fn buckets_asked_for_in_another_case_are_read_once() {
+    let db = stocksvr_test_support::TestDb::migrated().await;
+    let pool = &db.pool;
+    for id in 1..=5u64 {
+        reservation(pool, id, "b_one", 20, 2, 0).await;
+        reservation(pool, 100 + id, "b_two", 20, 1, 0).await;
+    }
+    // The collation matches "B_ONE" to the rows of "b_one"; pages of 3 end inside both.
+    let asked = vec!["B_ONE".to_string(), "B_TWO".to_string()];
+    let got = views(pool, &asked, 3).await;
+    assert_eq!(got.get("b_one").map(|v| v.reserved), Some(10), "{got:?}");
+    assert_eq!(got.get("b_two").map(|v| v.reserved), Some(5), "{got:?}");
+}
