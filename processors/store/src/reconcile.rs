@@ -178,10 +178,15 @@ pub struct MysqlViews {
 }
 
 fn in_list<'a>(q: &mut QueryBuilder<'a, MySql>, buckets: &'a [String]) {
+    in_list_of(q, buckets.iter().map(String::as_str));
+}
+
+/// `(?, ?, …)` binding each of `buckets`.
+fn in_list_of<'a>(q: &mut QueryBuilder<'a, MySql>, buckets: impl IntoIterator<Item = &'a str>) {
     q.push("(");
     let mut list = q.separated(", ");
     for b in buckets {
-        list.push_bind(b.as_str());
+        list.push_bind(b);
     }
     list.push_unseparated(")");
 }
@@ -306,12 +311,8 @@ async fn read_paged(
                 };
             }
             None => {
-                q.push("stock_bucket_id IN (");
-                let mut list = q.separated(", ");
-                for b in &pending {
-                    list.push_bind(*b);
-                }
-                q.push(")");
+                q.push("stock_bucket_id IN ");
+                in_list_of(&mut q, pending.iter().copied());
             }
         }
         q.push(" ORDER BY stock_bucket_id, ")
@@ -584,6 +585,12 @@ pub struct GuardedRow {
     pub created_at: NaiveDateTime,
 }
 
+/// The reservations a full check reads the fence and op record of: those holding units
+/// (RESERVED, CREATED_RESERVED, CONFIRMED, not wholly refunded).
+const GUARDED_SELECT: &str = "SELECT stock_bucket_id, id, status, quantity, refunded_quantity, \
+     created_at FROM inventory_reservation WHERE status IN (20, 25, 40) \
+     AND quantity > refunded_quantity";
+
 /// The guarded reservations of `buckets`, ordered by bucket and id: at most `limit` of them,
 /// and with `after` (a bucket and an id) only that bucket's after that id.
 pub async fn guarded_rows(
@@ -595,25 +602,45 @@ pub async fn guarded_rows(
     if buckets.is_empty() {
         return Ok(Vec::new());
     }
-    let mut q = QueryBuilder::<MySql>::new(
-        "SELECT stock_bucket_id, id, status, quantity, refunded_quantity, created_at \
-         FROM inventory_reservation WHERE status IN (20, 25, 40) AND quantity > refunded_quantity ",
-    );
+    let mut q = QueryBuilder::<MySql>::new(GUARDED_SELECT);
     match after {
         // One bucket through idx_stock_bucket (bucket, id): a range read, not a sort.
         Some((bucket, id)) => {
-            q.push("AND stock_bucket_id = ")
+            q.push(" AND stock_bucket_id = ")
                 .push_bind(bucket)
                 .push(" AND id > ")
                 .push_bind(id);
         }
         None => {
-            q.push("AND stock_bucket_id IN ");
+            q.push(" AND stock_bucket_id IN ");
             in_list(&mut q, buckets);
         }
     }
     q.push(" ORDER BY stock_bucket_id, id LIMIT ")
         .push_bind(limit);
+    q.one_off_as().fetch_all(pool).deadline().await
+}
+
+/// Those of `ids` (reservations of `bucket`) that are still guarded, as they are now, by
+/// id: a full check reads its suspects again (a Confirm, Cancel or Refund moves Redis
+/// first and MySQL a moment later, so a row read before it met a fence read after it).
+pub async fn guarded_rows_by_id(
+    pool: &MySqlPool,
+    bucket: &str,
+    ids: &[u64],
+) -> Result<Vec<GuardedRow>, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut q = QueryBuilder::<MySql>::new(GUARDED_SELECT);
+    q.push(" AND stock_bucket_id = ")
+        .push_bind(bucket)
+        .push(" AND id IN (");
+    let mut list = q.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    list.push_unseparated(") ORDER BY id");
     q.one_off_as().fetch_all(pool).deadline().await
 }
 
