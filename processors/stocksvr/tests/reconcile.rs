@@ -386,12 +386,7 @@ async fn pass(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_checked_again() {
     let shop = shop(50).await;
-    // The server's own passes: one at start, then not for an hour; the test makes the rest.
-    let server = shop.server(&[
-        ("STOCKSVR__RESERVATION__WORKER_ID", "35"),
-        ("STOCKSVR__RECONCILE__SHARDS", "1"),
-        ("STOCKSVR__RECONCILE__INTERVAL_SECS", "3600"),
-    ]);
+    let server = one_shard_server(&shop, "35");
     wait_for_api(&server).await;
     let pool = shop.env.pool();
     let base = 95_000_000 + shop.merchant_id % 1_000_000 * 100;
@@ -533,22 +528,7 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
         let slow = slow.clone();
         async move { pass(&slow).await }
     });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let claimed = loop {
-        let owner: Option<String> =
-            sqlx::query_scalar("SELECT lease_owner FROM inventory_reconcile_shard WHERE shard = 0")
-                .fetch_one(&pool)
-                .await
-                .expect("shard row");
-        if owner.is_some() {
-            break Instant::now();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the slow pass never claimed the shard"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let claimed = shard_claimed(&pool).await;
     tokio::time::sleep(Duration::from_millis(1_500).saturating_sub(claimed.elapsed())).await;
     assert!(!running.is_finished(), "the paced pass ended within 1.5 s");
     let intruder = stocksvr_store::reconcile::claim_shard(
@@ -575,6 +555,36 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
     assert!(status.success(), "{}", tail(&log, 40));
 }
 
+/// When a pass running in the background claimed the only shard (its lease taken).
+async fn shard_claimed(pool: &sqlx::MySqlPool) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let owner: Option<String> =
+            sqlx::query_scalar("SELECT lease_owner FROM inventory_reconcile_shard WHERE shard = 0")
+                .fetch_one(pool)
+                .await
+                .expect("shard row");
+        if owner.is_some() {
+            return Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pass never claimed the shard"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A server whose own passes run once at its start and then not for an hour (one shard):
+/// the test's reconciler makes the rest.
+fn one_shard_server(shop: &Shop, worker_id: &str) -> Server {
+    shop.server(&[
+        ("STOCKSVR__RESERVATION__WORKER_ID", worker_id),
+        ("STOCKSVR__RECONCILE__SHARDS", "1"),
+        ("STOCKSVR__RECONCILE__INTERVAL_SECS", "3600"),
+    ])
+}
+
 /// A full check that read every fence and op record and found them right counts as the
 /// bucket's full check even when work in flight holds its numbers back: a bucket always
 /// taking Trys had its full check begin again at every pass, and by any instance started
@@ -583,11 +593,7 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_check_held_back_by_work_in_flight_is_not_made_again_at_the_next_pass() {
     let shop = shop(50).await;
-    let server = shop.server(&[
-        ("STOCKSVR__RESERVATION__WORKER_ID", "42"),
-        ("STOCKSVR__RECONCILE__SHARDS", "1"),
-        ("STOCKSVR__RECONCILE__INTERVAL_SECS", "3600"),
-    ]);
+    let server = one_shard_server(&shop, "42");
     wait_for_api(&server).await;
     let pool = shop.env.pool();
     let base = 96_000_000 + shop.merchant_id % 1_000_000 * 100;
@@ -657,11 +663,7 @@ async fn a_full_check_held_back_by_work_in_flight_is_not_made_again_at_the_next_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_reservation_cancelled_during_a_full_check_is_read_again_not_reported() {
     let shop = shop(1_000).await;
-    let server = shop.server(&[
-        ("STOCKSVR__RESERVATION__WORKER_ID", "45"),
-        ("STOCKSVR__RECONCILE__SHARDS", "1"),
-        ("STOCKSVR__RECONCILE__INTERVAL_SECS", "3600"),
-    ]);
+    let server = one_shard_server(&shop, "45");
     wait_for_api(&server).await;
     let pool = shop.env.pool();
     let base = 97_000_000 + shop.merchant_id % 1_000_000 * 1_000;
@@ -694,22 +696,7 @@ async fn a_reservation_cancelled_during_a_full_check_is_read_again_not_reported(
         let reconciler = reconciler.clone();
         async move { pass(&reconciler).await }
     });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let owner: Option<String> =
-            sqlx::query_scalar("SELECT lease_owner FROM inventory_reconcile_shard WHERE shard = 0")
-                .fetch_one(&pool)
-                .await
-                .expect("shard row");
-        if owner.is_some() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the pass never claimed the shard"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    shard_claimed(&pool).await;
     // The rows are read within moments of the claim; the first slice's rest lasts 10 s.
     tokio::time::sleep(Duration::from_secs(1)).await;
     cancel_order(&server, &shop, &pool, last.0, last.1).await;

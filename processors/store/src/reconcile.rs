@@ -181,12 +181,15 @@ fn in_list<'a>(q: &mut QueryBuilder<'a, MySql>, buckets: &'a [String]) {
     in_list_of(q, buckets.iter().map(String::as_str));
 }
 
-/// `(?, ?, …)` binding each of `buckets`.
-fn in_list_of<'a>(q: &mut QueryBuilder<'a, MySql>, buckets: impl IntoIterator<Item = &'a str>) {
+/// `(?, ?, …)` binding each of `values`.
+fn in_list_of<'a, T>(q: &mut QueryBuilder<'a, MySql>, values: impl IntoIterator<Item = T>)
+where
+    T: 'a + sqlx::Encode<'a, MySql> + sqlx::Type<MySql>,
+{
     q.push("(");
     let mut list = q.separated(", ");
-    for b in buckets {
-        list.push_bind(b);
+    for v in values {
+        list.push_bind(v);
     }
     list.push_unseparated(")");
 }
@@ -635,12 +638,9 @@ pub async fn guarded_rows_by_id(
     let mut q = QueryBuilder::<MySql>::new(GUARDED_SELECT);
     q.push(" AND stock_bucket_id = ")
         .push_bind(bucket)
-        .push(" AND id IN (");
-    let mut list = q.separated(", ");
-    for id in ids {
-        list.push_bind(*id);
-    }
-    list.push_unseparated(") ORDER BY id");
+        .push(" AND id IN ");
+    in_list_of(&mut q, ids.iter().copied());
+    q.push(" ORDER BY id");
     q.one_off_as().fetch_all(pool).deadline().await
 }
 
@@ -658,12 +658,9 @@ pub async fn rows_by_id(
          expected_redis_version, resume_status FROM inventory_reservation WHERE stock_bucket_id = ",
     );
     q.push_bind(bucket);
-    q.push(" AND id IN (");
-    let mut list = q.separated(", ");
-    for id in ids {
-        list.push_bind(*id);
-    }
-    list.push_unseparated(") ORDER BY id");
+    q.push(" AND id IN ");
+    in_list_of(&mut q, ids.iter().copied());
+    q.push(" ORDER BY id");
     q.one_off_as().fetch_all(pool).deadline().await
 }
 
@@ -680,12 +677,9 @@ pub async fn completed_refunds(
         "SELECT reservation_id, operation_id, quantity FROM inventory_refund WHERE status = ",
     );
     q.push_bind(stocksvr_core::reservation::RefundStatus::Done.code());
-    q.push(" AND reservation_id IN (");
-    let mut list = q.separated(", ");
-    for id in reservation_ids {
-        list.push_bind(*id);
-    }
-    list.push_unseparated(") ORDER BY reservation_id, updated_at");
+    q.push(" AND reservation_id IN ");
+    in_list_of(&mut q, reservation_ids.iter().copied());
+    q.push(" ORDER BY reservation_id, updated_at");
     q.one_off_as().fetch_all(pool).deadline().await
 }
 
