@@ -19,6 +19,7 @@
 //! | 5. MySQL committed, Kafka not sent: outbox PENDING, the relay retries | relay `relay.before_publish` | `processors/stocksvr/tests/outbox_windows.rs` `a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once`; also `outbox-relay/tests/relay.rs` `a_sending_row_with_an_expired_lease_is_published_by_the_next_relay` and `a_row_that_does_not_fit_its_schema_is_retried_and_does_not_block_others` |
 //! | 6. Kafka sent, outbox not marked: duplicate on Kafka, the inbox dedupes | relay `relay.after_publish` | the same `outbox_windows.rs` test (one ledger row per operation); also `projector/tests/handler.rs` `duplicates_in_one_batch_and_across_batches_change_nothing`, `projector/tests/end_to_end.rs`, `stocksvr/tests/projector_kill.rs` |
 //! | 7. the process exits during Confirm/Cancel/Refund: the worker continues | `<step>.before_redis`, `<step>.before_commit` | `window_7_confirm_cancel_refund_interrupted_are_continued_by_the_worker` and the non-Try rows of windows 3 and 4; also `service.rs` `recovery_resumes_each_interrupted_step_once` (row C) |
+//! | 4 + OrderCreatedFailed: the Try's script ran, its commit did not, its order failed (the row goes PREPARING → CANCELING) | `try.before_commit`, `cancel.before_commit` | `a_try_applied_in_redis_then_cancelled_from_preparing_books_the_try_and_the_cancel` (the Cancel books the Try's stock-change too) |
 
 mod common;
 
@@ -750,6 +751,120 @@ async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
                 "{place} (lua_group {lua_group}): one RESERVED row with one event of each kind"
             );
         }
+        drop(fp);
+    }
+}
+
+/// The stock-change outbox rows of reservation `id`: (operation id, available, reserved and
+/// sold deltas, Redis version), in commit order.
+async fn stock_changes(f: &Fixture, id: u64) -> Vec<(String, i64, i64, i64, i64)> {
+    sqlx::query_as(
+        "SELECT CAST(JSON_UNQUOTE(JSON_EXTRACT(payload, '$.data.operation_id')) AS CHAR), \
+                CAST(JSON_EXTRACT(payload, '$.data.available_delta') AS SIGNED), \
+                CAST(JSON_EXTRACT(payload, '$.data.reserved_delta') AS SIGNED), \
+                CAST(JSON_EXTRACT(payload, '$.data.sold_delta') AS SIGNED), \
+                CAST(JSON_EXTRACT(payload, '$.data.redis_version') AS SIGNED) \
+         FROM inventory_outbox WHERE aggregate_id = ? AND topic = ? ORDER BY id",
+    )
+    .bind(id)
+    .bind(topics::STOCK_CHANGE)
+    .fetch_all(&f.pool)
+    .await
+    .expect("stock-change rows")
+}
+
+/// A Try whose script ran but whose RESERVED commit never happened (a crash, or a Try still
+/// in flight) is cancelled by its order's OrderCreatedFailed while the row is PREPARING. The
+/// Cancel releases what the Try holds in Redis, so the ledger must book the Try as well as the
+/// Cancel: the Try's own stock-change (its deltas and the version its script gave, read from
+/// its op record) goes out with the Cancel's, before it. Without it the ledger held a CANCEL
+/// of 3 units never reserved (a chaos run found one: reserved −3 with no TRY row).
+/// Also when the Cancel itself dies before its commit and the worker finishes it.
+#[tokio::test]
+async fn a_try_applied_in_redis_then_cancelled_from_preparing_books_the_try_and_the_cancel() {
+    for cancel_crashes in [false, true] {
+        let case = format!("cancel crashes before its commit: {cancel_crashes}");
+        let f = fixture().await;
+        let fp = scenario();
+        fp.arm("try.before_commit", Action::Crash);
+        let crashed = f.service.try_reserve(&f.request(ITEM, QTY)).await;
+        assert!(matches!(&crashed, Err(e) if is_injected(e)), "{crashed:?}");
+        fp.disarm_all();
+        let id = reservation_of_item(&f)
+            .await
+            .expect("the Try inserted its row");
+        assert_eq!(f.status(id).await, "PREPARING", "{case}");
+        assert_eq!(
+            f.numbers().await,
+            (TOTAL, 7, 3, 0),
+            "{case}: the Try holds 3"
+        );
+        let try_version = i64::try_from(
+            f.lua
+                .read_bucket(&f.keys())
+                .await
+                .expect("read")
+                .expect("bucket")
+                .version,
+        )
+        .expect("version");
+
+        if cancel_crashes {
+            fp.arm("cancel.before_commit", Action::Crash);
+        }
+        let order_id = f.request(ITEM, QTY).order_id;
+        let outcomes = f
+            .service
+            .fail_order(
+                order_id,
+                &format!("evt_failed_{order_id}"),
+                Some("PAYMENT_FAILED"),
+            )
+            .await
+            .expect("the fence and the decision commit");
+        assert_eq!(outcomes.len(), 1, "{case}");
+        if cancel_crashes {
+            assert!(
+                matches!(&outcomes[0].1, Err(e) if is_injected(e)),
+                "{case}: {outcomes:?}"
+            );
+            fp.disarm_all();
+            assert_eq!(f.status(id).await, "CANCELING", "{case}");
+            let report = worker_round(&f).await;
+            assert_eq!((report.resumed, report.failed), (1, 0), "{case}");
+        } else {
+            assert!(
+                matches!(
+                    &outcomes[0].1,
+                    Ok(IntentOutcome::Done { already: false, .. })
+                ),
+                "{case}: {outcomes:?}"
+            );
+        }
+
+        assert_eq!(f.status(id).await, "CANCELED", "{case}");
+        assert_eq!(f.numbers().await, (TOTAL, TOTAL, 0, 0), "{case}");
+        let q = i64::from(QTY);
+        assert_eq!(
+            stock_changes(&f, id).await,
+            vec![
+                (try_operation_id(id), -q, q, 0, try_version),
+                (cancel_operation_id(id), q, -q, 0, try_version + 1),
+            ],
+            "{case}: the ledger gets the Try and the Cancel, each once"
+        );
+        let before = fingerprint(&f, id).await;
+        assert_eq!(worker_round(&f).await, RecoveryReport::default(), "{case}");
+        let again = f.service.cancel(id).await.expect("a repeat answers");
+        assert!(
+            matches!(again, IntentOutcome::Done { already: true, .. }),
+            "{case}: {again:?}"
+        );
+        assert_eq!(
+            fingerprint(&f, id).await,
+            before,
+            "{case}: no second effect"
+        );
         drop(fp);
     }
 }

@@ -612,6 +612,21 @@ async fn the_order_fence_and_a_racing_try_never_leave_stock_held() {
     .await
     .expect("count");
     assert_eq!(held.0, 0, "{by_reply:?}");
+    // And the books say so: each reservation's stock-change events sum to nothing (a Cancel
+    // that released a Try caught between Redis and its commit must book that Try too).
+    let unbalanced: Vec<(u64, i64, i64)> = sqlx::query_as(
+        "SELECT o.aggregate_id, \
+                CAST(SUM(JSON_EXTRACT(o.payload, '$.data.available_delta')) AS SIGNED) a, \
+                CAST(SUM(JSON_EXTRACT(o.payload, '$.data.reserved_delta')) AS SIGNED) r \
+         FROM inventory_outbox o JOIN inventory_reservation res ON res.id = o.aggregate_id \
+         WHERE res.order_id >= ? AND o.topic = ? GROUP BY o.aggregate_id HAVING a <> 0 OR r <> 0",
+    )
+    .bind(base)
+    .bind(stocksvr_core::events::topics::STOCK_CHANGE)
+    .fetch_all(&f.pool)
+    .await
+    .expect("stock-change sums");
+    assert_eq!(unbalanced, vec![], "{by_reply:?}");
     // Both sides of the race were exercised, or the test proved nothing.
     eprintln!("Try replies: {by_reply:?}");
     assert!(

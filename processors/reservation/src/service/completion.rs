@@ -5,8 +5,9 @@
 
 use crate::outbox::{self, Deltas};
 use stocksvr_core::events::StockAction;
-use stocksvr_core::model::OpResult;
+use stocksvr_core::model::{OpCode, OpResult};
 use stocksvr_core::reservation::ReservationStatus;
+use stocksvr_store::outbox::NewOutbox;
 use stocksvr_store::reservations::{Completion, Reservation};
 
 /// A Try that will never hold stock: REJECTED with `reason`, and the InventoryRejected event.
@@ -23,6 +24,53 @@ pub fn rejection(row: &Reservation, reason: &str, available: Option<i64>) -> Com
             available,
         )],
     }
+}
+
+/// The Try's stock-change event: its quantity from available to reserved, booked at the
+/// Try script's own `result`.
+fn try_stock_change(row: &Reservation, op: &str, result: &OpResult) -> NewOutbox {
+    let q = i64::from(row.quantity);
+    let d = Deltas {
+        available: -q,
+        reserved: q,
+        sold: 0,
+    };
+    outbox::stock_change(row, StockAction::Try, op, row.quantity, d, result, None)
+}
+
+/// Whether the Cancel that `result` answered released the stock of a Try that was never
+/// booked: the row went to CANCELING straight from PREPARING (an OrderCreatedFailed while its
+/// Try was in flight, or after the Try died between Redis and its commit; only the Try's
+/// commit sets `expected_redis_version`), yet the Cancel was no empty rollback, so the Try's
+/// script had run.
+pub fn cancels_an_unbooked_try(row: &Reservation, result: &OpResult) -> bool {
+    row.expected_redis_version.is_none()
+        && result.code == OpCode::Succeeded
+        && !result.empty_rollback
+}
+
+/// Puts the Try's stock-change event before the Cancel's in `completion` (see
+/// [`cancels_an_unbooked_try`]): the ledger would otherwise book a Cancel of units never
+/// reserved. `try_result` is the Try's op record, so the event carries the version and
+/// numbers its script gave; without one (expired after the op TTL) it carries version 0: the
+/// ledger books the deltas without a version and the snapshot waits for the Cancel's.
+pub fn book_unbooked_try(
+    completion: &mut Completion,
+    row: &Reservation,
+    try_result: Option<&OpResult>,
+    cancel_result: &OpResult,
+) {
+    let versionless = OpResult {
+        version: 0,
+        ..*cancel_result
+    };
+    let result = try_result
+        .filter(|r| r.code == OpCode::Succeeded)
+        .unwrap_or(&versionless);
+    let op = stocksvr_core::reservation::try_operation_id(row.id);
+    completion
+        .outbox
+        .insert(0, try_stock_change(row, &op, result));
 }
 
 /// The completion of a step from `from` that the state machine sends to `to`, given the
@@ -45,20 +93,10 @@ pub fn completion(
                 Some(result.after.available),
             ));
         }
-        (ReservationStatus::Preparing, _) => {
-            let d = Deltas {
-                available: -q(row.quantity),
-                reserved: q(row.quantity),
-                sold: 0,
-            };
-            (
-                vec![
-                    outbox::stock_change(row, StockAction::Try, op, row.quantity, d, result, None),
-                    outbox::reserved(row, op),
-                ],
-                0,
-            )
-        }
+        (ReservationStatus::Preparing, _) => (
+            vec![try_stock_change(row, op, result), outbox::reserved(row, op)],
+            0,
+        ),
         (ReservationStatus::Confirming, _) => {
             let held = row.held();
             let d = Deltas {
@@ -272,6 +310,73 @@ mod tests {
         )
         .expect("a completion");
         assert_eq!(deltas(&c), (3, -3, 0));
+    }
+
+    #[test]
+    fn a_cancel_from_preparing_that_released_stock_books_the_try_first() {
+        let mut r = row(ReservationStatus::Canceling, "op_cancel_1");
+        r.expected_redis_version = None;
+        let released = result(OpCode::Succeeded, 10, false);
+        assert!(cancels_an_unbooked_try(&r, &released));
+        assert!(
+            !cancels_an_unbooked_try(&r, &result(OpCode::Succeeded, 10, true)),
+            "an empty rollback: the Try never ran"
+        );
+        let mut booked = r.clone();
+        booked.expected_redis_version = Some(41);
+        assert!(
+            !cancels_an_unbooked_try(&booked, &released),
+            "a RESERVED row's Try was booked by its own commit"
+        );
+
+        let mut c = completion(
+            &r,
+            ReservationStatus::Canceling,
+            ReservationStatus::Canceled,
+            &released,
+            None,
+        )
+        .expect("a completion");
+        let try_result = OpResult {
+            version: 41,
+            ..result(OpCode::Succeeded, 7, false)
+        };
+        book_unbooked_try(&mut c, &r, Some(&try_result), &released);
+        let ops: Vec<(&str, &str)> = c
+            .outbox
+            .iter()
+            .map(|o| {
+                (
+                    o.event_type.as_str(),
+                    o.payload["data"]["operation_id"].as_str().unwrap_or(""),
+                )
+            })
+            .collect();
+        assert_eq!(
+            ops,
+            [
+                ("InventoryRedisReserved", "op_try_100123001"),
+                ("InventoryRedisCanceled", "op_cancel_1"),
+                ("InventoryCanceled", ""),
+            ]
+        );
+        assert_eq!(deltas(&c), (-3, 3, 0), "the Try's deltas come first");
+        assert_eq!(c.outbox[0].payload["data"]["redis_version"], 41);
+        assert_eq!(c.outbox[0].payload["data"]["after"]["available"], 7);
+        assert_eq!(c.expected_redis_version, Some(42), "the Cancel's version");
+
+        // The Try's op record expired: booked without a version (no snapshot write).
+        let mut c = completion(
+            &r,
+            ReservationStatus::Canceling,
+            ReservationStatus::Canceled,
+            &released,
+            None,
+        )
+        .expect("a completion");
+        book_unbooked_try(&mut c, &r, None, &released);
+        assert_eq!(deltas(&c), (-3, 3, 0));
+        assert_eq!(c.outbox[0].payload["data"]["redis_version"], 0);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! id, and committing its completion: the Try path, the intents and the recovery worker all
 //! come through here, so every crash window of seed §10.2 has one way out.
 
-use super::completion::{completion, rejection};
+use super::completion::{book_unbooked_try, cancels_an_unbooked_try, completion, rejection};
 use super::ReservationService;
 use crate::error::ServiceError;
 use crate::failpoint::{self, Place};
@@ -303,6 +303,23 @@ impl ReservationService {
                     }
                 }
             };
+        let mut completion = completion;
+        if let Some(c) = completion.as_mut() {
+            if status == ReservationStatus::Canceling && cancels_an_unbooked_try(&row, &result) {
+                let try_op = rules::try_operation_id(row.id);
+                let recorded = self.lua.read_op(&keys, &try_op).await.map_err(|e| {
+                    ServiceError::OutcomeUnknown {
+                        reservation_id: row.id,
+                        status,
+                        reason: format!("reading the op record of its Try: {e}"),
+                    }
+                })?;
+                if recorded.is_none() {
+                    tracing::warn!(reservation_id = row.id, operation_id = %try_op, "a Cancel released a Try never booked whose op record is gone: the Try is booked without its Redis version");
+                }
+                book_unbooked_try(c, &row, recorded.as_ref(), &result);
+            }
+        }
         match completion {
             Some(completion) => {
                 failpoint::at(status, Place::BeforeCommit)?;

@@ -685,6 +685,21 @@ impl LuaExecutor {
         }))
     }
 
+    /// The recorded result of `operation_id` on `bucket` (its op record), or `None` when there
+    /// is none (never run, or expired after the op TTL).
+    pub async fn read_op(
+        &self,
+        bucket: &BucketKey,
+        operation_id: &str,
+    ) -> Result<Option<OpResult>, ExecError> {
+        let key = bucket.op_key(operation_id);
+        let map = self.hgetall(&key).await?;
+        reply::parse_record(&map).map_err(|detail| ExecError::Protocol {
+            operation_id: operation_id.to_string(),
+            detail: format!("{key}: {detail}"),
+        })
+    }
+
     async fn hgetall(&self, key: &str) -> Result<HashMap<String, String>, ExecError> {
         // The manager multiplexes one connection; a clone is a handle, not a new socket.
         let mut conn = self.conn.clone();

@@ -90,6 +90,36 @@ pub fn item_error(reply: Value) -> Result<Value, redis::RedisError> {
     }
 }
 
+/// An op record read back with HGETALL (see `record` in `lua/_common.lua`) as the result
+/// its script returned; `None` for an empty map (no record, or expired). Not a replay: the
+/// result has `replayed` false.
+pub fn parse_record(map: &HashMap<String, String>) -> Result<Option<OpResult>, String> {
+    if map.is_empty() {
+        return Ok(None);
+    }
+    let code = map.get("code").map(String::as_str).unwrap_or_default();
+    let code = OpCode::from_name(code).ok_or_else(|| format!("unknown code {code:?}"))?;
+    let phase = map.get("phase").map(String::as_str).unwrap_or_default();
+    let flag = |name: &str| field::<i64>(map, name).map(|v| v == 1);
+    Ok(Some(OpResult {
+        code,
+        empty_rollback: flag("empty_rollback")?,
+        replayed: false,
+        created: phase == "INITIALIZED",
+        after: StockAfter {
+            total: field(map, "total")?,
+            available: field(map, "available")?,
+            reserved: field(map, "reserved")?,
+            sold: field(map, "sold")?,
+        },
+        // Records written before `paid` existed have none: nothing was paid then.
+        deficit: field(map, "deficit").unwrap_or(0),
+        paid: field(map, "paid").unwrap_or(0),
+        version: field(map, "version")?,
+        fence: FencePhase::from_name(phase).unwrap_or(FencePhase::None),
+    }))
+}
+
 pub fn field<T: std::str::FromStr>(map: &HashMap<String, String>, name: &str) -> Result<T, String> {
     let raw = map
         .get(name)
@@ -165,5 +195,42 @@ mod tests {
             parse_reply("op", reply("WHAT", "")),
             Err(ExecError::Protocol { .. })
         ));
+    }
+
+    #[test]
+    fn an_op_record_reads_back_as_the_result_its_script_returned() {
+        let map: HashMap<String, String> = [
+            ("action", "TRY"),
+            ("reservation_id", "9"),
+            ("code", "SUCCEEDED"),
+            ("version", "33"),
+            ("total", "10"),
+            ("available", "7"),
+            ("reserved", "3"),
+            ("sold", "0"),
+            ("phase", "RESERVED"),
+            ("empty_rollback", "0"),
+            ("deficit", "0"),
+            ("paid", "0"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let r = parse_record(&map).expect("parses").expect("a record");
+        assert_eq!(
+            (
+                r.code,
+                r.version,
+                r.after.available,
+                r.after.reserved,
+                r.fence
+            ),
+            (OpCode::Succeeded, 33, 7, 3, FencePhase::Reserved)
+        );
+        assert!(!r.replayed && !r.empty_rollback);
+        assert_eq!(parse_record(&HashMap::new()), Ok(None), "no record");
+        let mut broken = map;
+        broken.insert("version".into(), "x".into());
+        assert!(parse_record(&broken).is_err());
     }
 }
