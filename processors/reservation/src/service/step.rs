@@ -314,8 +314,11 @@ impl ReservationService {
                         reason: format!("reading the op record of its Try: {e}"),
                     }
                 })?;
-                if recorded.is_none() {
-                    tracing::warn!(reservation_id = row.id, operation_id = %try_op, "a Cancel released a Try never booked whose op record is gone: the Try is booked without its Redis version");
+                if !recorded
+                    .as_ref()
+                    .is_some_and(|r| r.code == OpCode::Succeeded)
+                {
+                    tracing::warn!(reservation_id = row.id, operation_id = %try_op, recorded = ?recorded.as_ref().map(|r| r.code), "a Cancel released a Try never booked whose op record is gone or not a success: the Try is booked without its Redis version");
                 }
                 book_unbooked_try(c, &row, recorded.as_ref(), &result);
             }
