@@ -329,14 +329,17 @@ mod tests {
             "a RESERVED row's Try was booked by its own commit"
         );
 
-        let mut c = completion(
-            &r,
-            ReservationStatus::Canceling,
-            ReservationStatus::Canceled,
-            &released,
-            None,
-        )
-        .expect("a completion");
+        let cancel = || {
+            completion(
+                &r,
+                ReservationStatus::Canceling,
+                ReservationStatus::Canceled,
+                &released,
+                None,
+            )
+            .expect("a completion")
+        };
+        let mut c = cancel();
         let try_result = OpResult {
             version: 41,
             ..result(OpCode::Succeeded, 7, false)
@@ -366,14 +369,7 @@ mod tests {
         assert_eq!(c.expected_redis_version, Some(42), "the Cancel's version");
 
         // The Try's op record expired: booked without a version (no snapshot write).
-        let mut c = completion(
-            &r,
-            ReservationStatus::Canceling,
-            ReservationStatus::Canceled,
-            &released,
-            None,
-        )
-        .expect("a completion");
+        let mut c = cancel();
         book_unbooked_try(&mut c, &r, None, &released);
         assert_eq!(deltas(&c), (-3, 3, 0));
         assert_eq!(c.outbox[0].payload["data"]["redis_version"], 0);
