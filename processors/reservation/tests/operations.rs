@@ -256,14 +256,7 @@ async fn a_closed_bucket_refuses_trys_but_settles_reservations_and_archives_only
         f.redis(f.today).await.expect("bucket").state.name(),
         "ARCHIVED"
     );
-    let redis_url =
-        std::env::var("STOCKSVR__REDIS__URL").unwrap_or_else(|_| "redis://127.0.0.1:6380/".into());
-    let mut conn = stocksvr_store::connect_redis(
-        &stocksvr_store::RedisTarget::from_env(&redis_url).expect("redis settings"),
-        Duration::from_secs(5),
-    )
-    .await
-    .expect("conn");
+    let mut conn = common::redis_conn().await;
     let keys = BucketKey::new(f.merchant_id, f.dish_id, f.today);
     let ttl: i64 = redis::cmd("TTL")
         .arg(keys.stock_key())
@@ -575,14 +568,7 @@ async fn a_try_never_recreates_a_bucket_that_redis_lost() {
     f.reserve(1, 6).await;
     f.service.ops().adjust(&bucket, 12).await.expect("adjust");
     // Redis loses the bucket (a flush, a failover without persistence).
-    let redis_url =
-        std::env::var("STOCKSVR__REDIS__URL").unwrap_or_else(|_| "redis://127.0.0.1:6380/".into());
-    let mut conn = stocksvr_store::connect_redis(
-        &stocksvr_store::RedisTarget::from_env(&redis_url).expect("redis settings"),
-        Duration::from_secs(5),
-    )
-    .await
-    .expect("conn");
+    let mut conn = common::redis_conn().await;
     let keys = BucketKey::new(f.merchant_id, f.dish_id, f.today);
     let _: i64 = redis::cmd("DEL")
         .arg(keys.stock_key())

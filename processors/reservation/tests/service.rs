@@ -204,6 +204,66 @@ async fn confirm_and_cancel_race_and_exactly_one_wins() {
     assert_eq!(available + reserved + sold, total);
 }
 
+/// A refund Redis refuses (the fence says fewer units are held than MySQL does, as after a
+/// repair) returns the row to CONFIRMED, moves nothing, and leaves the row as projected as it
+/// was: it sends no stock-change, so nothing would ever mark it projected again, and a row
+/// waiting for its projection holds the reconciler's check of its bucket back.
+#[tokio::test]
+async fn a_refund_redis_refuses_leaves_the_row_as_projected_as_it_was() {
+    let f = Fixture::new(10).await;
+    let id = f.reserve(1, 3).await;
+    assert!(matches!(
+        f.service.confirm(id).await.expect("confirm"),
+        IntentOutcome::Done { .. }
+    ));
+    // The projector booked the Confirm.
+    sqlx::query(
+        "UPDATE inventory_reservation SET synced_redis_version = expected_redis_version, \
+         sync_status = ? WHERE id = ?",
+    )
+    .bind(stocksvr_core::reservation::SyncStatus::Synced.code())
+    .bind(id)
+    .execute(&f.pool)
+    .await
+    .expect("projected");
+    // Redis already returned every unit (MySQL does not know it).
+    let mut conn = common::redis_conn().await;
+    let _: i64 = redis::cmd("HSET")
+        .arg(f.keys().fence_key(id))
+        .arg("refunded")
+        .arg(3)
+        .query_async(&mut conn)
+        .await
+        .expect("hset");
+    let before = f.numbers().await;
+
+    let refused = f
+        .service
+        .refund(id, Some("r1"), Some(1))
+        .await
+        .expect("answered");
+    assert!(
+        matches!(&refused, IntentOutcome::Done { reservation, .. } if reservation.status_name() == "CONFIRMED" && reservation.refunded_quantity == 0),
+        "{refused:?}"
+    );
+    assert_eq!(f.numbers().await, before, "nothing moved");
+    let row = repo::find(&f.pool, id).await.expect("find").expect("row");
+    assert_eq!(
+        row.sync_status,
+        stocksvr_core::reservation::SyncStatus::Synced.code() as i8,
+        "no event will come to mark it projected"
+    );
+    let (stock_changes,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM inventory_outbox WHERE aggregate_id = ? AND topic = ?",
+    )
+    .bind(id)
+    .bind(stocksvr_core::events::topics::STOCK_CHANGE)
+    .fetch_one(&f.pool)
+    .await
+    .expect("count");
+    assert_eq!(stock_changes, 2, "the Try's and the Confirm's only");
+}
+
 #[tokio::test]
 async fn refunds_from_confirmed_and_created_reserved_are_idempotent_and_bounded() {
     let f = Fixture::new(50).await;

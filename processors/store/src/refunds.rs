@@ -87,12 +87,17 @@ pub async fn complete_refund(
     let now = now();
     let done = sqlx::query(
         "UPDATE inventory_reservation SET status = ?, \
-         expected_redis_version = COALESCE(?, expected_redis_version), sync_status = ?, \
+         expected_redis_version = COALESCE(?, expected_redis_version), \
+         sync_status = IF(? IS NULL, sync_status, ?), \
          refunded_quantity = refunded_quantity + ?, pending_quantity = 0, resume_status = NULL, \
          retry_count = 0, last_error = NULL, version = version + 1, updated_at = ? \
          WHERE id = ? AND status = ? AND version = ?",
     )
     .bind(completion.to.code() as i8)
+    .bind(completion.expected_redis_version)
+    // A refused refund moved nothing in Redis and sends no stock-change: the row stays as
+    // projected as it was. Pending without an event to clear it held the reconciler's check
+    // of the bucket back for good.
     .bind(completion.expected_redis_version)
     .bind(SyncStatus::Pending.code())
     .bind(completion.refunded_add)

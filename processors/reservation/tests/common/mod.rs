@@ -21,6 +21,18 @@ fn env_or(key: &str, default: &str) -> String {
     std::env::var(key).unwrap_or_else(|_| default.to_string())
 }
 
+/// A plain connection to the stack's Redis, for what a test writes or reads behind the
+/// scripts' back.
+pub async fn redis_conn() -> stocksvr_store::RedisConn {
+    let url = env_or("STOCKSVR__REDIS__URL", "redis://127.0.0.1:6380/");
+    stocksvr_store::connect_redis(
+        &stocksvr_store::RedisTarget::from_env(&url).expect("redis settings"),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("redis connection")
+}
+
 /// Distinct for every call in every process: tests run in parallel and share Redis, so
 /// the merchant (hence the bucket keys) of each fixture must not collide.
 pub fn seed() -> u64 {
