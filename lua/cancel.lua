@@ -4,6 +4,8 @@
 -- KEYS[1] stock hash   KEYS[2] fence hash   KEYS[3] op record
 -- ARGV[1] reservation_id   ARGV[2] operation_id   ARGV[3] quantity (>= 1)   ARGV[4] op TTL ms
 -- ARGV[5] '1' when the bucket was never built (no init succeeded), '' otherwise
+-- ARGV[6] '1': fence only (a Try that found its bucket lost gives up its row): a RESERVED
+--         fence is left as it is, see below; absent or '' otherwise
 --
 -- Outcomes:
 --   replay of the operation id         -> the stored first result, replayed=1
@@ -21,6 +23,10 @@
 --   fence CANCELED -> SUCCEEDED, no change (idempotent across operation ids); empty_rollback
 --                    tells whether the first Cancel was an empty rollback (no Try ever set try_op)
 --   fence CONFIRMED/REFUNDED -> CONFLICT, recorded (a sale is undone by refund, never by cancel)
+--   fence RESERVED, ARGV[6] = '1' -> CONFLICT with phase RESERVED, nothing changed or
+--                    recorded: another copy of the Try ran (after a rebuild) and holds stock
+--                    that is the reservation's own steps' to settle and book; releasing it here
+--                    would leave a reservation MySQL may answer as RESERVED with nothing held
 --   fence RESERVED -> the held quantity (fence quantity - refunded; the fence, not ARGV, is the
 --                    truth) goes back: reserved -= held, available += held (paying a deficit
 --                    first), fence CANCELED. Allowed in any bucket state.
@@ -29,6 +35,7 @@ local op = arg_str(2, 'operation_id')
 local qty = arg_int(3, 'quantity', 1)
 local ttl = arg_int(4, 'op ttl', 1)
 local never_built = ARGV[5] == '1'
+local fence_only = ARGV[6] == '1'
 
 local prev = replay(KEYS[3], 'CANCEL', reservation_id)
 if prev then
@@ -56,6 +63,9 @@ end
 if f.phase == 'CANCELED' then
   return record(KEYS[3], ttl, 'CANCEL', reservation_id, 0,
                 result('SUCCEEDED', s or ZERO, 'CANCELED', f.try_op == '', false), now)
+end
+if f.phase == 'RESERVED' and fence_only then
+  return result('CONFLICT', s or ZERO, f.phase, false, false)
 end
 if f.phase ~= 'RESERVED' then
   return record(KEYS[3], ttl, 'CANCEL', reservation_id, 0,

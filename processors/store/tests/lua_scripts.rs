@@ -222,6 +222,80 @@ async fn the_same_try_sent_50_times_applies_once() -> Result<()> {
     ctx.cleanup().await
 }
 
+/// The fence-only Cancel of a Try that gives up its row (its bucket was lost): it fences a
+/// reservation no Try holds, with or without the stock hash, but leaves one another copy of
+/// the Try holds as it is and records nothing, so the real Cancel of that reservation, with
+/// the same operation id, still releases it.
+#[tokio::test]
+async fn a_fence_only_cancel_fences_an_unheld_reservation_and_leaves_a_held_one() -> Result<()> {
+    let ctx = Ctx::new().await?;
+    let keys = ctx.open_bucket(1, 10).await?;
+    let t = ctx
+        .exec
+        .step(&keys, 7, "try-7", Step::Try { quantity: 2 })
+        .await?;
+    assert_eq!(t.code, OpCode::Succeeded);
+    let held = ctx.numbers(&keys).await?;
+    let fence = ctx.exec.read_fence(&keys, 7).await?.context("fence")?;
+
+    let f = ctx
+        .exec
+        .step(&keys, 7, "cancel-7", Step::FenceTry { quantity: 2 })
+        .await?;
+    assert_eq!((f.code, f.fence.name()), (OpCode::Conflict, "RESERVED"));
+    assert_eq!(ctx.numbers(&keys).await?, held, "nothing released");
+    assert_eq!(
+        ctx.exec.read_fence(&keys, 7).await?.context("fence")?,
+        fence
+    );
+    assert_eq!(
+        ctx.exec.read_op(&keys, "cancel-7").await?,
+        None,
+        "nothing recorded under the Cancel's id"
+    );
+    let c = ctx
+        .exec
+        .step(
+            &keys,
+            7,
+            "cancel-7",
+            Step::Cancel {
+                quantity: 2,
+                never_built: false,
+            },
+        )
+        .await?;
+    assert_eq!(c.code, OpCode::Succeeded);
+    assert!(!c.empty_rollback && !c.replayed, "{c:?}");
+    assert_eq!(
+        ctx.numbers(&keys).await?.reserved,
+        0,
+        "the real Cancel released it"
+    );
+
+    // No Try holds reservation 8: fenced, an empty rollback; its late Try is refused.
+    let f = ctx
+        .exec
+        .step(&keys, 8, "cancel-8", Step::FenceTry { quantity: 1 })
+        .await?;
+    assert_eq!((f.code, f.fence.name()), (OpCode::Succeeded, "CANCELED"));
+    assert!(f.empty_rollback);
+    let late = ctx
+        .exec
+        .step(&keys, 8, "try-8", Step::Try { quantity: 1 })
+        .await?;
+    assert_eq!(late.code, OpCode::Fenced);
+
+    // Without the stock hash (the bucket lost) the fence is written all the same.
+    let lost = ctx.bucket(2);
+    let f = ctx
+        .exec
+        .step(&lost, 9, "cancel-9", Step::FenceTry { quantity: 1 })
+        .await?;
+    assert_eq!((f.code, f.fence.name()), (OpCode::Succeeded, "CANCELED"));
+    ctx.cleanup().await
+}
+
 #[tokio::test]
 async fn cancel_before_try_is_an_empty_rollback_and_fences_the_late_try() -> Result<()> {
     let ctx = Ctx::new().await?;

@@ -401,9 +401,8 @@ impl ReservationService {
                 keys,
                 row.id,
                 &op,
-                Step::Cancel {
+                Step::FenceTry {
                     quantity: row.quantity,
-                    never_built: true,
                 },
             )
         })
@@ -416,6 +415,23 @@ impl ReservationService {
                 if repo::discard_unapplied_try(&self.pool, row.id, row.version).await? {
                     tracing::warn!(reservation_id = row.id, bucket = %row.stock_bucket_id, "Try refused: its bucket is lost in Redis; nothing held, no row kept");
                 }
+            }
+            // Another copy of this Try ran after a rebuild and holds stock (a repeat on another
+            // instance, or the recovery worker): the row is not given up; it stays PREPARING
+            // and the worker finishes it from the Try's op record, booking what it holds.
+            Ok(r)
+                if r.code == OpCode::Conflict
+                    && r.fence == stocksvr_core::model::FencePhase::Reserved =>
+            {
+                tracing::info!(reservation_id = row.id, bucket = %row.stock_bucket_id, "a Try that found its bucket lost finds its reservation held by another copy of the Try: the row is left to the recovery worker");
+                repo::postpone(
+                    &self.pool,
+                    row.id,
+                    ReservationStatus::Preparing,
+                    "another copy of the Try holds stock after the rebuild",
+                    self.retry_delay(0),
+                )
+                .await?;
             }
             // Redis unreachable or the fence not written: the row stays PREPARING and the
             // recovery worker resumes it after the rebuild (a 503 never promised a refusal).

@@ -80,6 +80,12 @@ pub enum Step {
     /// unless `never_built` says MySQL knows the bucket was never created: then the empty
     /// rollback is written so the Try waiting for the lazy init is fenced.
     Cancel { quantity: u32, never_built: bool },
+    /// The empty rollback alone, by the Cancel's script and operation id: fences a Try that
+    /// never ran (written even without the stock hash, as `never_built` does), but a RESERVED
+    /// fence (another copy of the Try did run) is left as it is and nothing is recorded: the
+    /// reply is a `Conflict` with the phase RESERVED, and the reservation's own steps decide.
+    /// For a Try that found its bucket lost and gives up its row.
+    FenceTry { quantity: u32 },
     /// From RESERVED (reserved -> available) or CONFIRMED (sold -> available); partial refunds
     /// add up; more than what is left is `OverRefund`.
     Refund { quantity: u32 },
@@ -91,16 +97,17 @@ impl Step {
         match self {
             Step::Try { .. } => "try",
             Step::Confirm => "confirm",
-            Step::Cancel { .. } => "cancel",
+            Step::Cancel { .. } | Step::FenceTry { .. } => "cancel",
             Step::Refund { .. } => "refund",
         }
     }
 
     fn quantity(self) -> Option<u32> {
         match self {
-            Step::Try { quantity } | Step::Cancel { quantity, .. } | Step::Refund { quantity } => {
-                Some(quantity)
-            }
+            Step::Try { quantity }
+            | Step::Cancel { quantity, .. }
+            | Step::FenceTry { quantity }
+            | Step::Refund { quantity } => Some(quantity),
             Step::Confirm => None,
         }
     }
@@ -324,7 +331,7 @@ impl LuaExecutor {
         let script = match step {
             Step::Try { .. } => &self.scripts.try_reserve,
             Step::Confirm => &self.scripts.confirm,
-            Step::Cancel { .. } => &self.scripts.cancel,
+            Step::Cancel { .. } | Step::FenceTry { .. } => &self.scripts.cancel,
             Step::Refund { .. } => &self.scripts.refund,
         };
         let mut args = vec![reservation_id.to_string(), operation_id.to_string()];
@@ -333,8 +340,15 @@ impl LuaExecutor {
             args.push(quantity.to_string());
         }
         args.push(self.op_ttl_ms.to_string());
-        if let Step::Cancel { never_built, .. } = step {
-            args.push(if never_built { "1" } else { "" }.to_string());
+        match step {
+            Step::Cancel { never_built, .. } => {
+                args.push(if never_built { "1" } else { "" }.to_string());
+            }
+            Step::FenceTry { .. } => {
+                args.push("1".to_string());
+                args.push("1".to_string());
+            }
+            _ => {}
         }
         self.run(
             step.name(),
