@@ -868,3 +868,39 @@ async fn a_try_applied_in_redis_then_cancelled_from_preparing_books_the_try_and_
         drop(fp);
     }
 }
+
+/// A Try that found its bucket lost fences its reservation (the fence-only Cancel) and then
+/// removes its PREPARING row; when it stops in between (a crash, MySQL gone), the row is left
+/// PREPARING under a CANCELED fence that no Cancel in MySQL owns. The worker's resume is
+/// fenced and removes the row then, instead of yielding to a Cancel that never comes (the row
+/// stayed PREPARING for good, and its order's Confirm waited on it); the item's retry starts
+/// afresh.
+#[tokio::test]
+async fn a_row_left_by_a_try_that_gave_it_up_is_removed_not_resumed_for_ever() {
+    let f = fixture().await;
+    let id = 121_000_000_000_000_000 + common::seed() % 1_000_000;
+    f.preparing(id, ITEM, QTY).await;
+    let fenced = f
+        .lua
+        .step(
+            &f.keys(),
+            id,
+            &cancel_operation_id(id),
+            stocksvr_store::lua::Step::FenceTry { quantity: QTY },
+        )
+        .await
+        .expect("fence");
+    assert!(fenced.empty_rollback, "{fenced:?}");
+
+    let report = worker_round(&f).await;
+    assert_eq!((report.resumed, report.failed), (0, 1), "{report:?}");
+    assert!(
+        repo::find(&f.pool, id).await.expect("find").is_none(),
+        "the row is removed"
+    );
+    assert_eq!(f.numbers().await, (TOTAL, TOTAL, 0, 0), "nothing held");
+    assert_eq!(worker_round(&f).await, RecoveryReport::default());
+    let id2 = f.reserve(ITEM, QTY).await;
+    assert_ne!(id2, id, "the retry starts afresh");
+    assert_eq!(f.numbers().await, (TOTAL, TOTAL - 3, 3, 0));
+}

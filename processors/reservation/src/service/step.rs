@@ -272,7 +272,12 @@ impl ReservationService {
                             )?,
                         )
                     }
-                    Next::YieldToCancel => None,
+                    Next::YieldToCancel => {
+                        if let Some(gone) = self.finish_giving_up(&row, &result).await? {
+                            return Err(gone);
+                        }
+                        None
+                    }
                     Next::RefundRefused { to } => Some(Completion {
                         to,
                         expected_redis_version: None,
@@ -450,6 +455,28 @@ impl ReservationService {
         Ok(ServiceError::BucketLost {
             bucket: row.stock_bucket_id.clone(),
         })
+    }
+
+    /// A Try FENCED by a CANCELED fence yields to the Cancel that wrote it, which moved the
+    /// row out of PREPARING before its script ran. A row still PREPARING at the version this
+    /// step read has no such Cancel: the fence is the fence-only Cancel of a Try that found its
+    /// bucket lost and stopped (a crash, MySQL gone) before removing its row, which would
+    /// otherwise be resumed, fenced and left PREPARING for good. The row goes now, as that Try
+    /// meant: the answer is its `bucket_lost`, and a retry of the item starts afresh.
+    async fn finish_giving_up(
+        &self,
+        row: &Reservation,
+        result: &OpResult,
+    ) -> Result<Option<ServiceError>, ServiceError> {
+        if result.fence != stocksvr_core::model::FencePhase::Canceled
+            || !repo::discard_unapplied_try(&self.pool, row.id, row.version).await?
+        {
+            return Ok(None);
+        }
+        tracing::warn!(reservation_id = row.id, bucket = %row.stock_bucket_id, "a PREPARING row fenced by the Try that gave it up (its bucket was lost) is removed: that Try stopped before it could");
+        Ok(Some(ServiceError::BucketLost {
+            bucket: row.stock_bucket_id.clone(),
+        }))
     }
 
     /// Records that `bucket` is lost (once), so Trys are refused before any row is written.
