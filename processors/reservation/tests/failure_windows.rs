@@ -904,3 +904,55 @@ async fn a_row_left_by_a_try_that_gave_it_up_is_removed_not_resumed_for_ever() {
     assert_ne!(id2, id, "the retry starts afresh");
     assert_eq!(f.numbers().await, (TOTAL, TOTAL - 3, 3, 0));
 }
+
+/// A Try refused because its day closed before its bucket reached Redis fences its
+/// reservation before it commits REJECTED: a lazy init racing the close may still build the
+/// bucket, and a late copy of the Try (a repeat on another instance) must not reserve under a
+/// REJECTED row that nothing would ever cancel.
+#[tokio::test]
+async fn a_try_refused_for_a_closed_day_is_fenced_against_its_late_copies() {
+    let f = Fixture::with_config(
+        TOTAL,
+        ServiceConfig {
+            unknown_retries: 1,
+            ..ServiceConfig::default()
+        },
+    )
+    .await;
+    let bucket = f.keys().stock_bucket_id();
+    sqlx::query("UPDATE dish_stock_baseline SET bucket_status = ? WHERE stock_bucket_id = ?")
+        .bind(stocksvr_core::bucket::BucketState::Closed.code())
+        .bind(&bucket)
+        .execute(&f.pool)
+        .await
+        .expect("close the day");
+    let id = 122_000_000_000_000_000 + common::seed() % 1_000_000;
+    f.preparing(id, ITEM, QTY).await;
+    let report = worker_round(&f).await;
+    assert_eq!((report.resumed, report.failed), (1, 0), "{report:?}");
+    assert_eq!(f.status(id).await, "REJECTED");
+    let fence = f.lua.read_fence(&f.keys(), id).await.expect("read fence");
+    assert_eq!(
+        fence.map(|f| f.fence.phase.name()),
+        Some("CANCELED"),
+        "fenced before the refusal"
+    );
+
+    // The lazy init that raced the close builds the bucket; a late copy of the Try arrives.
+    f.lua
+        .init_bucket(&f.keys(), &format!("init_{bucket}_v1"), TOTAL, 1)
+        .await
+        .expect("init");
+    let late = f
+        .lua
+        .step(
+            &f.keys(),
+            id,
+            &try_operation_id(id),
+            stocksvr_store::lua::Step::Try { quantity: QTY },
+        )
+        .await
+        .expect("late Try");
+    assert_eq!(late.code, stocksvr_core::model::OpCode::Fenced, "{late:?}");
+    assert_eq!(f.numbers().await, (TOTAL, TOTAL, 0, 0), "nothing held");
+}

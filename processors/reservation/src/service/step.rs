@@ -187,6 +187,32 @@ impl ReservationService {
                 // The day was closed before its bucket ever reached Redis: refuse the Try
                 // as the script refuses one on a CLOSED bucket.
                 Ok(false) => {
+                    // Fenced first, as a Try giving up its row is: another copy of this Try (a
+                    // repeat on another instance, the worker) may meet the bucket that a lazy
+                    // init racing the close built in Redis, and must not reserve under a
+                    // REJECTED row that nothing would ever cancel.
+                    let fence = self.fence_unrun_try(&row, &keys).await;
+                    if !matches!(&fence, Ok(r) if r.code == OpCode::Succeeded) {
+                        let reason = match fence {
+                            Ok(r) => format!("the Try's fence before refusing it: {r:?}"),
+                            Err(e) => format!("the Try's fence before refusing it: {e}"),
+                        };
+                        // Held by another copy (the worker books it from the Try's op record)
+                        // or not written: the row stays PREPARING for the worker.
+                        repo::record_failure(
+                            &self.pool,
+                            row.id,
+                            status,
+                            &reason,
+                            self.retry_delay(row.retry_count),
+                        )
+                        .await?;
+                        return Err(ServiceError::OutcomeUnknown {
+                            reservation_id: row.id,
+                            status,
+                            reason,
+                        });
+                    }
                     let completion = rejection(&row, "BUCKET_CLOSED", None);
                     return Ok(Prepared::Commit {
                         row,
@@ -389,6 +415,27 @@ impl ReservationService {
         })
     }
 
+    /// The fence-only Cancel of a Try this actor gives up ([`Step::FenceTry`]): a CANCELED
+    /// fence when no copy of the Try ran, else a `Conflict` in phase RESERVED and no change.
+    async fn fence_unrun_try(
+        &self,
+        row: &Reservation,
+        keys: &BucketKey,
+    ) -> Result<OpResult, ExecError> {
+        let op = rules::cancel_operation_id(row.id);
+        retry_unknown(self.config.unknown_retries, &op, "cancel", || {
+            self.lua.step(
+                keys,
+                row.id,
+                &op,
+                Step::FenceTry {
+                    quantity: row.quantity,
+                },
+            )
+        })
+        .await
+    }
+
     /// A Try whose bucket turned out to be lost: its script changed nothing. Fence the
     /// reservation id in Redis (an empty rollback, written even without the stock hash) so
     /// that no copy of this Try still in flight can ever reserve under it, then remove the
@@ -400,18 +447,7 @@ impl ReservationService {
         keys: &BucketKey,
     ) -> Result<ServiceError, ServiceError> {
         self.note_lost(&row.stock_bucket_id).await?;
-        let op = rules::cancel_operation_id(row.id);
-        let fence = retry_unknown(self.config.unknown_retries, &op, "cancel", || {
-            self.lua.step(
-                keys,
-                row.id,
-                &op,
-                Step::FenceTry {
-                    quantity: row.quantity,
-                },
-            )
-        })
-        .await;
+        let fence = self.fence_unrun_try(row, keys).await;
         match fence {
             Ok(r)
                 if r.code == OpCode::Succeeded
