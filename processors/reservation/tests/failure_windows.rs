@@ -20,6 +20,8 @@
 //! | 6. Kafka sent, outbox not marked: duplicate on Kafka, the inbox dedupes | relay `relay.after_publish` | the same `outbox_windows.rs` test (one ledger row per operation); also `projector/tests/handler.rs` `duplicates_in_one_batch_and_across_batches_change_nothing`, `projector/tests/end_to_end.rs`, `stocksvr/tests/projector_kill.rs` |
 //! | 7. the process exits during Confirm/Cancel/Refund: the worker continues | `<step>.before_redis`, `<step>.before_commit` | `window_7_confirm_cancel_refund_interrupted_are_continued_by_the_worker` and the non-Try rows of windows 3 and 4; also `service.rs` `recovery_resumes_each_interrupted_step_once` (row C) |
 //! | 4 + OrderCreatedFailed: the Try's script ran, its commit did not, its order failed (the row goes PREPARING → CANCELING) | `try.before_commit`, `cancel.before_commit` | `a_try_applied_in_redis_then_cancelled_from_preparing_books_the_try_and_the_cancel` (the Cancel books the Try's stock-change too) |
+//! | a Try giving up its row (bucket lost) died between its fence and removing the row | the fence written by hand | `a_row_left_by_a_try_that_gave_it_up_is_removed_not_resumed_for_ever` |
+//! | a Try refused for a closed day, its bucket then built by a racing lazy init | the init and the late Try by hand | `a_try_refused_for_a_closed_day_is_fenced_against_its_late_copies` |
 
 mod common;
 
