@@ -4,8 +4,9 @@
 -- KEYS[1] stock hash   KEYS[2] fence hash   KEYS[3] op record
 -- ARGV[1] reservation_id   ARGV[2] operation_id   ARGV[3] quantity (>= 1)   ARGV[4] op TTL ms
 -- ARGV[5] '1' when the bucket was never built (no init succeeded), '' otherwise
--- ARGV[6] '1': fence only (a Try that found its bucket lost gives up its row): a RESERVED
---         fence is left as it is, see below; absent or '' otherwise
+-- ARGV[6] '1': fence only (a Try giving up its row: its bucket lost, or its day closed before
+--         the bucket was built), always with ARGV[5] '1' so the fence is written without the
+--         stock hash too; a RESERVED fence is left as it is, see below; absent or '' otherwise
 --
 -- Outcomes:
 --   replay of the operation id         -> the stored first result, replayed=1
@@ -13,8 +14,9 @@
 --   no stock hash, ARGV[5] ~= '1' -> BUCKET_MISSING, nothing recorded: the bucket was built,
 --                    so Redis lost it with its fences, and judging the missing fence as
 --                    "the Try never ran" would release nothing for a reservation that holds
---                    stock. The caller passes ARGV[5] = '1' only after MySQL showed that the
---                    bucket was never built.
+--                    stock. A Cancel passes ARGV[5] = '1' only after MySQL showed that the
+--                    bucket was never built; the fence-only call (ARGV[6]) always does, as it
+--                    releases nothing whatever it finds.
 --   fence NONE    -> empty rollback (seed 19.1): writes a CANCELED fence carrying ARGV quantity,
 --                    adds NO stock, SUCCEEDED with empty_rollback=1. Done even when the stock
 --                    hash of a never-built bucket is missing: the Try may be waiting for a lazy
@@ -24,7 +26,8 @@
 --                    tells whether the first Cancel was an empty rollback (no Try ever set try_op)
 --   fence CONFIRMED/REFUNDED -> CONFLICT, recorded (a sale is undone by refund, never by cancel)
 --   fence RESERVED, ARGV[6] = '1' -> CONFLICT with phase RESERVED, nothing changed or
---                    recorded: another copy of the Try ran (after a rebuild) and holds stock
+--                    recorded: another copy of the Try ran (after a rebuild, or in the bucket a
+--                    lazy init racing the day's close built) and holds stock
 --                    that is the reservation's own steps' to settle and book; releasing it here
 --                    would leave a reservation MySQL may answer as RESERVED with nothing held
 --   fence RESERVED -> the held quantity (fence quantity - refunded; the fence, not ARGV, is the

@@ -495,10 +495,11 @@ impl ReservationService {
 
     /// A Try FENCED by a CANCELED fence yields to the Cancel that wrote it, which moved the
     /// row out of PREPARING before its script ran. A row still PREPARING at the version this
-    /// step read has no such Cancel: the fence is the fence-only Cancel of a Try that found its
-    /// bucket lost and stopped (a crash, MySQL gone) before removing its row, which would
-    /// otherwise be resumed, fenced and left PREPARING for good. The row goes now, as that Try
-    /// meant: the answer is its `bucket_lost`, and a retry of the item starts afresh.
+    /// step read has no such Cancel: the fence is the fence-only Cancel of a Try that gave the
+    /// row up and stopped (a crash, MySQL gone) before removing it (a lost bucket) or before
+    /// committing REJECTED (a closed day), which would otherwise be resumed, fenced and left
+    /// PREPARING for good. The row goes now: nothing is held under that fence, the answer is
+    /// `bucket_lost` (503, retried), and a retry of the item starts afresh.
     async fn finish_giving_up(
         &self,
         row: &Reservation,

@@ -84,7 +84,8 @@ pub enum Step {
     /// never ran (written even without the stock hash, as `never_built` does), but a RESERVED
     /// fence (another copy of the Try did run) is left as it is and nothing is recorded: the
     /// reply is a `Conflict` with the phase RESERVED, and the reservation's own steps decide.
-    /// For a Try that found its bucket lost and gives up its row.
+    /// For a Try that gives up its row: its bucket lost, or its day closed before the bucket
+    /// was built.
     FenceTry { quantity: u32 },
     /// From RESERVED (reserved -> available) or CONFIRMED (sold -> available); partial refunds
     /// add up; more than what is left is `OverRefund`.
