@@ -285,6 +285,11 @@ impl Reader {
             problems.push(format!("assigning {} partitions: {e}", tpl.count()));
             return (found, problems);
         }
+        // librdkafka keeps a partition's pause across unassign/assign: an earlier round
+        // paused the partitions it had answered.
+        if let Err(e) = self.reader.resume(&tpl) {
+            problems.push(format!("resuming {} partitions: {e}", tpl.count()));
+        }
         let deadline = Instant::now() + self.fetch_timeout;
         while !pending.is_empty() {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -338,13 +343,12 @@ impl Reader {
                         pending.remove(&key);
                     }
                 }
-                // An answered partition is not paused: librdkafka kept the pause across the
-                // unassign, and the next round that resumed it usually waited about a second
-                // for its first fetch (a test with a 500 ms fetch timeout missed it in 7 of 9
-                // runs; without the pause in a few of 32, so some other wait remains). The
-                // reader's one-record queue keeps what it fetches meanwhile small.
                 None => {
                     pending.remove(&key);
+                    let mut done = TopicPartitionList::new();
+                    done.add_partition(&key.0, key.1);
+                    // Stops fetching a partition already answered; failing only wastes reads.
+                    let _ = self.reader.pause(&done);
                 }
             }
             pending.retain(|_, offsets| !offsets.is_empty());
