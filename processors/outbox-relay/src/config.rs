@@ -16,6 +16,11 @@ pub struct RelayConfig {
     pub batch_size: u32,
     /// Sleep after a partial batch, and the first sleep after an empty one.
     pub min_poll: Duration,
+    /// After a partial batch, the shortest time before a commit's wake-up starts the next
+    /// round: under a steady Try load each commit wakes the relay, and without it every
+    /// round published one commit's few rows as a Kafka request of its own. The first rows
+    /// after an empty round still go at once. At most `min_poll`.
+    pub linger: Duration,
     /// Longest sleep when idle: empty rounds double the sleep up to this (seed 003's
     /// adaptive polling: fast under backlog, easy on the database when idle).
     pub max_poll: Duration,
@@ -59,6 +64,7 @@ impl Default for RelayConfig {
         Self {
             batch_size: 500,
             min_poll: Duration::from_millis(20),
+            linger: Duration::from_millis(10),
             max_poll: Duration::from_secs(2),
             claim_lease: Duration::from_secs(30),
             publish_timeout: Duration::from_secs(20),
@@ -88,6 +94,9 @@ impl RelayConfig {
         }
         if self.min_poll.is_zero() || self.min_poll > self.max_poll {
             return fail("min_poll must be above zero and at most max_poll");
+        }
+        if self.linger > self.min_poll {
+            return fail("linger must be at most min_poll");
         }
         if self.publish_timeout.is_zero() || self.publish_timeout >= self.claim_lease {
             return fail("publish_timeout must be above zero and below claim_lease");
@@ -128,6 +137,10 @@ pub struct RelaySettings {
     pub batch_size: u32,
     /// Sleep after a partial batch and the first sleep after an empty one, in milliseconds.
     pub min_poll_ms: u64,
+    /// After a partial batch, milliseconds before a commit's wake-up may start the next
+    /// round (rounds of several commits' rows under load); 0 starts it at once. At most
+    /// min_poll_ms.
+    pub linger_ms: u64,
     /// Longest sleep while idle (empty rounds double the sleep up to this), in milliseconds.
     /// A commit in the same process wakes the relay at once, whatever the sleep.
     pub max_poll_ms: u64,
@@ -163,6 +176,7 @@ impl Default for RelaySettings {
         Self {
             batch_size: c.batch_size,
             min_poll_ms: c.min_poll.as_millis() as u64,
+            linger_ms: c.linger.as_millis() as u64,
             max_poll_ms: c.max_poll.as_millis() as u64,
             claim_lease_secs: c.claim_lease.as_secs(),
             publish_timeout_secs: c.publish_timeout.as_secs(),
@@ -184,6 +198,7 @@ impl RelaySettings {
         let c = RelayConfig {
             batch_size: self.batch_size,
             min_poll: Duration::from_millis(self.min_poll_ms),
+            linger: Duration::from_millis(self.linger_ms),
             max_poll: Duration::from_millis(self.max_poll_ms),
             claim_lease: Duration::from_secs(self.claim_lease_secs),
             publish_timeout: Duration::from_secs(self.publish_timeout_secs),
@@ -246,5 +261,14 @@ mod tests {
             ..RelayConfig::default()
         };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_linger_beyond_the_partial_batch_sleep_is_rejected() {
+        let c = RelayConfig {
+            linger: Duration::from_millis(21),
+            ..RelayConfig::default()
+        };
+        assert!(matches!(c.validate(), Err(RelayError::Config(m)) if m.contains("linger")));
     }
 }

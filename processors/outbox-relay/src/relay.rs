@@ -793,7 +793,8 @@ impl OutboxRelay {
 
     async fn publish_loop(&self, stop: watch::Receiver<bool>) -> Result<(), RelayError> {
         let batch = self.config.batch_size as usize;
-        let cadence = Cadence::adaptive(self.config.min_poll, self.config.max_poll);
+        let cadence = Cadence::adaptive(self.config.min_poll, self.config.max_poll)
+            .with_linger(self.config.linger);
         periodic::run("outbox relay", cadence, Some(&self.wake), stop, || async {
             let drained = self.drain_counting(DRAIN_ROUNDS).await;
             if let Ok((r, read)) = &drained {

@@ -6,7 +6,9 @@
 //! The rhythm is seed 003's adaptive polling: no sleep while there is a backlog, `min` after a
 //! round that found some work, and doubling towards `max` while idle or failing, so an idle
 //! deployment costs a query every few seconds per task instead of several a second. A
-//! [`Notify`] wake-up (a commit in the same process) ends a sleep at once and resets it.
+//! [`Notify`] wake-up (a commit in the same process) ends a sleep at once and resets it;
+//! after a round that found work, not before the task's `linger` has passed since that round
+//! (see [`Cadence::with_linger`]).
 
 use std::future::Future;
 use std::time::Duration;
@@ -81,6 +83,8 @@ impl Poller {
 pub struct Cadence {
     pub min: Duration,
     pub max: Duration,
+    /// After a partial round, the shortest time before a wake-up starts the next one.
+    pub linger: Duration,
 }
 
 impl Cadence {
@@ -89,12 +93,29 @@ impl Cadence {
         Self {
             min: every,
             max: every,
+            linger: Duration::ZERO,
         }
     }
 
     /// `min` after work, doubling to `max` while idle.
     pub const fn adaptive(min: Duration, max: Duration) -> Self {
-        Self { min, max }
+        Self {
+            min,
+            max,
+            linger: Duration::ZERO,
+        }
+    }
+
+    /// A wake-up that comes less than `linger` after a partial round waits for the rest of
+    /// it. Under a steady stream of commits every commit wakes the task, so without it each
+    /// round takes the few rows of one commit: the relay then made a Kafka produce request
+    /// (and the projector a fetch) for every handful of rows. With it, rounds come at most
+    /// every `linger` while work keeps arriving, each taking what arrived meanwhile; a
+    /// wake-up after an empty round (the first rows after a quiet spell) still starts one at
+    /// once, so a lone row is not delayed. Capped at `min`, the sleep after a partial round.
+    pub const fn with_linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
     }
 }
 
@@ -114,8 +135,10 @@ where
 {
     let mut poller = Poller::new(cadence.min, cadence.max.max(cadence.min));
     tracing::info!(task = name, min = ?cadence.min, max = ?cadence.max, "periodic task started");
+    let linger = cadence.linger.min(cadence.min);
     while !*stop.borrow() {
         let outcome = round().await?;
+        let ended = tokio::time::Instant::now();
         let sleep = poller.next(outcome);
         if sleep.is_zero() {
             continue;
@@ -128,7 +151,19 @@ where
         };
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
-            _ = woken => poller.woken(),
+            _ = woken => {
+                poller.woken();
+                if outcome == Round::Partial && !linger.is_zero() {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(ended + linger) => {}
+                        changed = stop.changed() => {
+                            if changed.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
             changed = stop.changed() => {
                 if changed.is_err() {
                     break;
@@ -227,5 +262,59 @@ mod tests {
         assert_eq!(rounds.load(Ordering::SeqCst), 2, "woken before the hour");
         stop_tx.send(true).expect("runner listening");
         task.await.expect("joined").expect("clean stop");
+    }
+
+    /// Runs rounds answering `outcome` for 100 ms of paused time while a commit wakes the
+    /// runner every millisecond; the times the rounds started.
+    async fn rounds_under_wakes(cadence: Cadence, outcome: Round) -> Vec<Duration> {
+        let wake = Arc::new(Notify::new());
+        let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (seen, waker) = (starts.clone(), wake.clone());
+        let t0 = tokio::time::Instant::now();
+        let task = tokio::spawn(async move {
+            run::<_, _, ()>("test", cadence, Some(&waker), stop_rx, move || {
+                seen.lock().expect("not poisoned").push(t0.elapsed());
+                async move { Ok(outcome) }
+            })
+            .await
+        });
+        for _ in 0..100 {
+            tokio::time::sleep(MS).await;
+            wake.notify_one();
+        }
+        stop_tx.send(true).expect("runner listening");
+        task.await.expect("joined").expect("clean stop");
+        let starts = starts.lock().expect("not poisoned").clone();
+        starts
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_a_stream_of_wakes_rounds_after_work_come_at_most_every_linger() {
+        let cadence = Cadence::adaptive(20 * MS, 2000 * MS);
+        let eager = rounds_under_wakes(cadence, Round::Partial).await;
+        assert!(
+            eager.len() >= 90,
+            "without linger every wake-up starts a round: {eager:?}"
+        );
+
+        let lingering = rounds_under_wakes(cadence.with_linger(10 * MS), Round::Partial).await;
+        assert!(
+            (9..=11).contains(&lingering.len()),
+            "one round per 10 ms: {lingering:?}"
+        );
+        for pair in lingering.windows(2) {
+            assert!(
+                pair[1] - pair[0] >= 10 * MS,
+                "rounds too close: {lingering:?}"
+            );
+        }
+
+        // After an empty round the first rows go at once: no linger before that round.
+        let idle = rounds_under_wakes(cadence.with_linger(10 * MS), Round::Empty).await;
+        assert!(
+            idle.len() >= 90,
+            "a wake after an empty round waits: {idle:?}"
+        );
     }
 }

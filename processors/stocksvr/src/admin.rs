@@ -7,10 +7,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use stocksvr::Settings;
-use stocksvr_pipeline::catalog::Catalog;
+use stocksvr_pipeline::catalog::{Catalog, EventSchema};
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::config::redact_url;
-use stocksvr_pipeline::registry::{RegisterOutcome, RegistryClient, SubjectState};
+use stocksvr_pipeline::registry::{RegisterOutcome, RegistryClient, RegistryError, SubjectState};
 use stocksvr_pipeline::{json, kafka, topics};
 
 pub async fn migrate(settings: &Settings) -> anyhow::Result<()> {
@@ -100,13 +100,41 @@ pub async fn topics_describe(settings: &Settings) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Attempts at one subject when the registry does not answer.
+const REGISTER_ATTEMPTS: u32 = 4;
+
+/// `register_event`, tried again when the registry did not answer (a registry that has just
+/// started answered one of the first requests after the 5 s timeout here). Registering is
+/// idempotent: a retried subject whose earlier attempt did land is found unchanged.
+async fn register_retrying(
+    client: &RegistryClient,
+    event: &EventSchema,
+) -> Result<(RegisterOutcome, bool), RegistryError> {
+    let mut attempt = 1;
+    loop {
+        match client.register_event(event).await {
+            Err(e @ RegistryError::Unreachable { .. }) if attempt < REGISTER_ATTEMPTS => {
+                let wait = Duration::from_secs(1 << (attempt - 1));
+                eprintln!(
+                    "stocksvr: registering {}: {e}; trying again in {} s (attempt {} of {REGISTER_ATTEMPTS})",
+                    event.subject(),
+                    wait.as_secs(),
+                    attempt + 1
+                );
+                tokio::time::sleep(wait).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 pub async fn schemas_register(settings: &Settings) -> anyhow::Result<ExitCode> {
     let catalog = Catalog::for_deployment(&settings.kafka)?;
     let client = RegistryClient::new(&settings.registry)?;
     let mut registered = 0;
     for event in catalog.events() {
-        let (outcome, level_changed) = client
-            .register_event(event)
+        let (outcome, level_changed) = register_retrying(&client, event)
             .await
             .with_context(|| format!("registering {}", event.subject()))?;
         let what = match outcome {

@@ -246,3 +246,63 @@ async fn an_incompatible_change_is_reported_before_it_is_registered() {
         "{state:?}"
     );
 }
+
+/// A registry that has just started can leave the first requests unanswered past the
+/// client's timeout (seen once right after `scripts/stack up`). Here a hop in front of the
+/// real registry holds its first connection open without an answer and forwards every later
+/// one: `schemas register` tries that subject again and finishes.
+#[tokio::test]
+async fn schemas_register_tries_again_when_the_registry_does_not_answer() {
+    use tokio::net::{TcpListener, TcpStream};
+    let registry = common::settings().registry.url;
+    let target = registry
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .expect("host:port")
+        .to_string();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let hop = listener.local_addr().expect("addr");
+    let forward = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            if held.is_empty() {
+                held.push(client); // stalled: never answered, closed when the test ends
+                continue;
+            }
+            let target = target.clone();
+            tokio::spawn(async move {
+                if let Ok(mut server) = TcpStream::connect(&target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    let url = registry.replacen(
+        registry
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .expect("host:port"),
+        &hop.to_string(),
+        1,
+    );
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        run(stocksvr()
+            .args(["schemas", "register"])
+            .env("STOCKSVR__REGISTRY__URL", url)
+            .env("STOCKSVR__REGISTRY__TIMEOUT_MS", "1000"))
+    })
+    .await
+    .expect("joined");
+    forward.abort();
+    assert!(ok, "{out}{err}");
+    assert!(
+        err.contains("trying again in 1 s (attempt 2 of 4)"),
+        "{err}"
+    );
+    assert!(out.contains("19 subjects"), "{out}");
+}
