@@ -784,10 +784,7 @@ async fn complete_group(
     query.push(" END");
     let done = query.one_off().execute(&mut *tx).deadline().await?;
     if done.rows_affected() == items.len() as u64 {
-        let outbox: Vec<NewOutbox> = items
-            .iter()
-            .flat_map(|(_, c)| c.outbox.iter().cloned())
-            .collect();
+        let outbox: Vec<&NewOutbox> = items.iter().flat_map(|(_, c)| &c.outbox).collect();
         insert_outbox(&mut tx, &outbox).await?;
         tx.commit().deadline().await?;
         return Ok(Some(
