@@ -297,11 +297,24 @@ impl RegistryClient {
     ) -> Result<(RegisterOutcome, bool), RegistryError> {
         let subject = event.subject();
         let outcome = self.register(&subject, event.raw).await?;
-        let level_changed = match self.compatibility(&subject).await? {
-            Some(level) if level.eq_ignore_ascii_case(COMPATIBILITY) => false,
-            _ => {
-                self.set_compatibility(&subject, COMPATIBILITY).await?;
-                true
+        let pinned = |level: Option<String>| {
+            level.is_some_and(|level| level.eq_ignore_ascii_case(COMPATIBILITY))
+        };
+        let level_changed = if pinned(self.compatibility(&subject).await?) {
+            false
+        } else {
+            match self.set_compatibility(&subject, COMPATIBILITY).await {
+                Ok(()) => true,
+                // Another `schemas register` (a second instance deploying at the same time)
+                // pinned it between the read and the write: Apicurio answers 409, the rule
+                // exists already. Fine if it is the level we want.
+                Err(e @ RegistryError::Status { status: 409, .. }) => {
+                    if !pinned(self.compatibility(&subject).await?) {
+                        return Err(e);
+                    }
+                    false
+                }
+                Err(e) => return Err(e),
             }
         };
         Ok((outcome, level_changed))

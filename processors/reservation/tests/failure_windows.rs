@@ -879,6 +879,9 @@ async fn a_try_applied_in_redis_then_cancelled_from_preparing_books_the_try_and_
 /// afresh.
 #[tokio::test]
 async fn a_row_left_by_a_try_that_gave_it_up_is_removed_not_resumed_for_ever() {
+    // Nothing is armed here, but the failpoints are process-wide: without the scenario's
+    // lock this test's Trys met another test's armed `try.before_commit` (seen in CI).
+    let _exclusive = scenario();
     let f = fixture().await;
     let id = 121_000_000_000_000_000 + common::seed() % 1_000_000;
     f.preparing(id, ITEM, QTY).await;
@@ -913,6 +916,8 @@ async fn a_row_left_by_a_try_that_gave_it_up_is_removed_not_resumed_for_ever() {
 /// REJECTED row that nothing would ever cancel.
 #[tokio::test]
 async fn a_try_refused_for_a_closed_day_is_fenced_against_its_late_copies() {
+    // Nothing is armed here; the lock keeps other tests' armed failpoints away (see above).
+    let _exclusive = scenario();
     let f = Fixture::with_config(
         TOTAL,
         ServiceConfig {

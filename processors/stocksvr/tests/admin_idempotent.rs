@@ -294,7 +294,9 @@ async fn schemas_register_tries_again_when_the_registry_does_not_answer() {
         run(stocksvr()
             .args(["schemas", "register"])
             .env("STOCKSVR__REGISTRY__URL", url)
-            .env("STOCKSVR__REGISTRY__TIMEOUT_MS", "1000"))
+            .env("STOCKSVR__REGISTRY__TIMEOUT_MS", "1000")
+            // Subjects of its own: the other tests register the default ones meanwhile.
+            .env("STOCKSVR__KAFKA__TOPIC_NAMESPACE", unique("reg-retry")))
     })
     .await
     .expect("joined");
@@ -305,4 +307,32 @@ async fn schemas_register_tries_again_when_the_registry_does_not_answer() {
         "{err}"
     );
     assert!(out.contains("19 subjects"), "{out}");
+}
+
+/// Two instances deploying at once both run `schemas register` on the same new subjects: each
+/// may find a subject unpinned and then lose the race to pin it (Apicurio answers 409, the
+/// rule exists). Both must finish, with every subject registered once and pinned BACKWARD.
+#[tokio::test]
+async fn concurrent_schemas_register_runs_all_succeed() {
+    let namespace = unique("reg-race");
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let namespace = namespace.clone();
+            std::thread::spawn(move || {
+                run(stocksvr()
+                    .args(["schemas", "register"])
+                    .env("STOCKSVR__KAFKA__TOPIC_NAMESPACE", namespace))
+            })
+        })
+        .collect();
+    for r in runs {
+        let (ok, out, err) = r.join().expect("joined");
+        assert!(ok, "{out}{err}");
+    }
+    let (ok, out, err) = run(stocksvr()
+        .args(["schemas", "register"])
+        .env("STOCKSVR__KAFKA__TOPIC_NAMESPACE", &namespace));
+    assert!(ok, "{err}");
+    assert!(out.contains("19 subjects, 0 new versions"), "{out}");
+    assert!(!out.contains("compatibility set"), "{out}");
 }
