@@ -213,7 +213,7 @@ def settle(b, busy_pct=25.0, timeout=60.0):
     """Waits until Kafka and MariaDB are no longer busy with the part before (the fresh group's
     catch-up can leave them working after its lag reads 0: page flushing, purge, offset
     commits), so the orders measure a steady rate, not that part's tail. Returns the seconds
-    waited (at least the one-second sample; 1 s in every run on 2026-12-03)."""
+    waited (at least the one-second sample; 1 to 5 s in the runs of 2026-12-03)."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         time.sleep(1.0)

@@ -1,6 +1,7 @@
 //! Operator commands. Each prints what it changed, one line per item, and is idempotent.
 
 use anyhow::{bail, Context};
+use backon::{ExponentialBuilder, Retryable};
 use rdkafka::producer::FutureRecord;
 use std::path::Path;
 use std::process::ExitCode;
@@ -100,33 +101,30 @@ pub async fn topics_describe(settings: &Settings) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Attempts at one subject when the registry does not answer.
-const REGISTER_ATTEMPTS: u32 = 4;
-
-/// `register_event`, tried again when the registry did not answer (a registry that has just
-/// started answered one of the first requests after the 5 s timeout here). Registering is
-/// idempotent: a retried subject whose earlier attempt did land is found unchanged.
+/// `register_event`, tried again (after 1, 2 and 4 s) when the registry did not answer: a
+/// registry that has just started answered one of the first requests after the 5 s timeout
+/// here. Registering is idempotent: a retried subject whose earlier attempt did land is
+/// found unchanged.
 async fn register_retrying(
     client: &RegistryClient,
     event: &EventSchema,
 ) -> Result<(RegisterOutcome, bool), RegistryError> {
-    let mut attempt = 1;
-    loop {
-        match client.register_event(event).await {
-            Err(e @ RegistryError::Unreachable { .. }) if attempt < REGISTER_ATTEMPTS => {
-                let wait = Duration::from_secs(1 << (attempt - 1));
-                eprintln!(
-                    "stocksvr: registering {}: {e}; trying again in {} s (attempt {} of {REGISTER_ATTEMPTS})",
-                    event.subject(),
-                    wait.as_secs(),
-                    attempt + 1
-                );
-                tokio::time::sleep(wait).await;
-                attempt += 1;
-            }
-            other => return other,
-        }
-    }
+    (|| client.register_event(event))
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_secs(1))
+                .with_max_delay(Duration::from_secs(4))
+                .with_max_times(3),
+        )
+        .when(|e| matches!(e, RegistryError::Unreachable { .. }))
+        .notify(|e, after| {
+            eprintln!(
+                "stocksvr: registering {}: {e}; trying again in {} s",
+                event.subject(),
+                after.as_secs()
+            )
+        })
+        .await
 }
 
 pub async fn schemas_register(settings: &Settings) -> anyhow::Result<ExitCode> {

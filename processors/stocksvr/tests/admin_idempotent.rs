@@ -255,6 +255,7 @@ async fn an_incompatible_change_is_reported_before_it_is_registered() {
 async fn schemas_register_tries_again_when_the_registry_does_not_answer() {
     use tokio::net::{TcpListener, TcpStream};
     let registry = common::settings().registry.url;
+    // "127.0.0.1:8081" of "http://127.0.0.1:8081/apis/ccompat/v7".
     let target = registry
         .trim_start_matches("http://")
         .split('/')
@@ -263,6 +264,7 @@ async fn schemas_register_tries_again_when_the_registry_does_not_answer() {
         .to_string();
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let hop = listener.local_addr().expect("addr");
+    let url = registry.replacen(&target, &hop.to_string(), 1);
     let forward = tokio::spawn(async move {
         let mut held = Vec::new();
         loop {
@@ -281,15 +283,6 @@ async fn schemas_register_tries_again_when_the_registry_does_not_answer() {
             });
         }
     });
-    let url = registry.replacen(
-        registry
-            .trim_start_matches("http://")
-            .split('/')
-            .next()
-            .expect("host:port"),
-        &hop.to_string(),
-        1,
-    );
     let (ok, out, err) = tokio::task::spawn_blocking(move || {
         run(stocksvr()
             .args(["schemas", "register"])
@@ -302,10 +295,7 @@ async fn schemas_register_tries_again_when_the_registry_does_not_answer() {
     .expect("joined");
     forward.abort();
     assert!(ok, "{out}{err}");
-    assert!(
-        err.contains("trying again in 1 s (attempt 2 of 4)"),
-        "{err}"
-    );
+    assert!(err.contains("trying again in 1 s"), "{err}");
     assert!(out.contains("19 subjects"), "{out}");
 }
 
