@@ -183,6 +183,8 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
     res["lua_per_try"] = rec["redis"]["evalsha"] / items if items else None
     res["delay_p99"], res["delay_n"] = (pipeline.histogram_quantile(m0, m1, "stocksvr_projection_delay_seconds", 0.99)
                                         if m1 else (None, 0))
+    res["delay_over_100ms"] = (pipeline.histogram_share_over(m0, m1, "stocksvr_projection_delay_seconds", 0.1)
+                               if m1 else None)
     if b.watch:
         res["backlog_max"], res["oldest_max"] = b.watch.max_between(rec["t0"], rec["t1"])
     bad = res["requests"] - res["ok2xx"]
@@ -238,7 +240,9 @@ def part_http(b, init=False):
               "rows", note=f"oldest pending row at most {hot.get('oldest_max')} s (stocksvr_outbox_* gauges)")
     b.fig.add("projection_delay_try", "projection delay p99 during the hot Try load",
               None if hot["delay_p99"] is None else hot["delay_p99"] * 1000, "ms",
-              note=f"stocksvr_projection_delay_seconds, {hot['delay_n']:.0f} events, bucket interpolation")
+              note=f"stocksvr_projection_delay_seconds, {hot['delay_n']:.0f} events, bucket interpolation; "
+                   + ("over 100 ms: " + (f"{hot['delay_over_100ms'] * 100:.1f}%"
+                                         if hot.get("delay_over_100ms") is not None else "unknown")))
     quiet(b)
     b.log(f"Try through HTTP, {P['cold_dishes']} cold dishes, 64 connections, {P['try_secs']} s")
     cold = _wrk(b, b.all, "try-cold-64", "single", 64, P["try_secs"], COLD_BASE, P["cold_dishes"])

@@ -202,6 +202,7 @@ def part_orders(b):
         b.notes.append(f"only {confirmed:,} of {n:,} orders CONFIRMED within {secs + 240} s of the first; "
                        "their latencies exclude the slowest")
     hq, hn = pipeline.histogram_quantile(m0, m1, "stocksvr_projection_delay_seconds", 0.99)
+    over = pipeline.histogram_share_over(m0, m1, "stocksvr_projection_delay_seconds", 0.1)
     b.fig.add("order_confirm", f"OrderCreated -> CONFIRMED at {rate}/s ({n:,} orders)", confirm_rate,
               p50_ms=_ms(pipeline.pct(lat, 50)), p99_ms=_ms(pipeline.pct(lat, 99)),
               note=f"produce -> CONFIRMED updated_at; {confirmed:,} confirmed, "
@@ -212,7 +213,8 @@ def part_orders(b):
     backlog, oldest = b.watch.max_between(rec["t0"], rec["t1"])
     b.fig.add("projection_delay", f"projection delay under {rate} orders/s", _ms(pipeline.pct(proj, 99)), "ms",
               p50_ms=_ms(pipeline.pct(proj, 50)), p99_ms=_ms(pipeline.pct(proj, 99)),
-              note=f"CONFIRMED -> its ledger row; histogram p99 {_ms(hq) or 0:.0f} ms over {hn:.0f} events; "
+              note=f"CONFIRMED -> its ledger row; histogram p99 {_ms(hq) or 0:.0f} ms over {hn:.0f} events"
+                   + (f" ({over * 100:.1f}% over 100 ms)" if over is not None else "") + "; "
                    f"outbox backlog max {backlog}")
     rss = [(p["usage"]["procs"].get("stocksvr all", {}).get("rss_max_mb", 0), p["name"]) for p in b.phases]
     top, where = max(rss)

@@ -269,6 +269,21 @@ def histogram_quantile(before, after, name, q):
     return inc[-1][0], total
 
 
+def histogram_share_over(before, after, name, bound):
+    """Share of a histogram's observations between two scrapes that were over `bound`, which
+    must be one of its bucket bounds: exact, where a quantile is interpolated inside a
+    bucket. None when nothing was observed or `bound` is not a bound."""
+    def count(m, le):
+        return sum(v for (n, labels), v in m.items()
+                   if n == name + "_bucket" and dict(labels).get("le") in le)
+    total = count(after, ("+Inf",)) - count(before, ("+Inf",))
+    labels = {repr(bound), f"{bound:g}", str(bound)}
+    within = count(after, labels) - count(before, labels)
+    if total <= 0 or not any(dict(lb).get("le") in labels for (n, lb) in after if n == name + "_bucket"):
+        return None
+    return 1.0 - within / total
+
+
 def group_lag(brokers, group, topic):
     """Records of topic the consumer group has not committed yet (None: unknown)."""
     c = Consumer({"bootstrap.servers": brokers, "group.id": group, "enable.auto.commit": False})
