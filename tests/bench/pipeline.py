@@ -242,9 +242,9 @@ def slow_seconds(timed, slow, top=5):
     return [(sec, n, k, mx) for sec, (n, k, mx) in worst if k]
 
 
-def histogram_quantile(before, after, name, q):
-    """histogram_quantile over the increase of a Prometheus histogram between two scrapes
-    (linear inside the bucket, as Prometheus does). Returns (value in seconds, count)."""
+def _bucket_increase(before, after, name):
+    """[(upper bound, cumulative count)] of a Prometheus histogram's increase between two
+    scrapes, summed over its label sets, ascending (+Inf last)."""
     def buckets(m):
         out = {}
         for (n, labels), v in m.items():
@@ -254,7 +254,13 @@ def histogram_quantile(before, after, name, q):
                 out[key] = out.get(key, 0.0) + v
         return out
     b0, b1 = buckets(before), buckets(after)
-    inc = sorted((le, b1[le] - b0.get(le, 0.0)) for le in b1)
+    return sorted((le, b1[le] - b0.get(le, 0.0)) for le in b1)
+
+
+def histogram_quantile(before, after, name, q):
+    """histogram_quantile over the increase of a Prometheus histogram between two scrapes
+    (linear inside the bucket, as Prometheus does). Returns (value in seconds, count)."""
+    inc = _bucket_increase(before, after, name)
     if not inc or inc[-1][1] <= 0:
         return None, 0
     total = inc[-1][1]
@@ -273,15 +279,11 @@ def histogram_share_over(before, after, name, bound):
     """Share of a histogram's observations between two scrapes that were over `bound`, which
     must be one of its bucket bounds: exact, where a quantile is interpolated inside a
     bucket. None when nothing was observed or `bound` is not a bound."""
-    def count(m, le):
-        return sum(v for (n, labels), v in m.items()
-                   if n == name + "_bucket" and dict(labels).get("le") in le)
-    total = count(after, ("+Inf",)) - count(before, ("+Inf",))
-    labels = {repr(bound), f"{bound:g}", str(bound)}
-    within = count(after, labels) - count(before, labels)
-    if total <= 0 or not any(dict(lb).get("le") in labels for (n, lb) in after if n == name + "_bucket"):
+    inc = dict(_bucket_increase(before, after, name))
+    total = inc.get(float("inf"), 0.0)
+    if total <= 0 or bound not in inc:
         return None
-    return 1.0 - within / total
+    return 1.0 - inc[bound] / total
 
 
 def group_lag(brokers, group, topic):
