@@ -698,3 +698,105 @@ async fn the_order_fence_and_a_racing_try_never_leave_stock_held() {
         "no Try ever got in before the fence: {by_reply:?}"
     );
 }
+
+/// A completion that InnoDB picks as a deadlock's victim is run again, not answered to the
+/// caller: its transaction was rolled back whole, and the Redis step it records has already
+/// happened. The deadlock is made for real: a transaction holds the gap at the end of the
+/// outbox (where the completion inserts its event) and then asks for the reservation row
+/// the completion's CAS holds. It has written more rows than the completion, so InnoDB
+/// rolls the completion back (asserted: the other side's UPDATE goes through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_chosen_as_deadlock_victim_is_run_again() {
+    use stocksvr_store::outbox::NewOutbox;
+    let f = Fixture::new(5).await;
+    let id = 700_000 + seed() % 1000;
+    f.preparing(id, 1, 1).await;
+    let row = repo::find(&f.pool, id).await.expect("find").expect("row");
+    sqlx::query("CREATE TABLE deadlock_ballast (id INT PRIMARY KEY)")
+        .execute(&f.pool)
+        .await
+        .expect("ballast table");
+
+    let mut other = f.pool.begin().await.expect("begin");
+    // Weight: InnoDB rolls back the transaction that has done less.
+    for n in 0..200 {
+        sqlx::query("INSERT INTO deadlock_ballast (id) VALUES (?)")
+            .bind(n)
+            .execute(&mut *other)
+            .await
+            .expect("ballast");
+    }
+    // The next-key lock on the outbox's supremum: an INSERT of a new event waits for it.
+    sqlx::query("SELECT id FROM inventory_outbox WHERE id > (SELECT COALESCE(MAX(id), 0) FROM inventory_outbox) FOR UPDATE")
+        .fetch_all(&mut *other)
+        .await
+        .expect("gap lock");
+
+    let completion = repo::Completion {
+        to: ReservationStatus::Rejected,
+        expected_redis_version: None,
+        refunded_add: 0,
+        reject_reason: Some("test".to_string()),
+        outbox: vec![NewOutbox {
+            event_id: format!("deadlock-victim-{id}"),
+            aggregate_id: id,
+            event_type: "InventoryRejected".to_string(),
+            topic: "deadlock-test".to_string(),
+            partition_key: id.to_string(),
+            payload: serde_json::json!({ "reservation_id": id }),
+        }],
+    };
+    let completing = {
+        let pool = f.pool.clone();
+        let version = row.version;
+        tokio::spawn(async move {
+            repo::complete_step(
+                &pool,
+                id,
+                ReservationStatus::Preparing,
+                version,
+                &completion,
+            )
+            .await
+        })
+    };
+    // The completion holds the reservation row and waits for the outbox's gap: its INSERT is
+    // the statement being executed on its connection (innodb_trx's LOCK WAIT was not
+    // dependable to see it: in some runs the waiting INSERT was not listed there).
+    let waiting = stocksvr_test_support::eventually(std::time::Duration::from_secs(4), || async {
+        let n: Vec<(i64,)> = sqlx::query_as(
+            "SELECT id FROM information_schema.processlist WHERE db = DATABASE() \
+             AND command = 'Execute' AND info LIKE 'INSERT INTO inventory_outbox%'",
+        )
+        .fetch_all(&f.pool)
+        .await
+        .expect("processlist");
+        n.len() == 1
+    })
+    .await;
+    assert!(waiting, "the completion never waited for the outbox's gap");
+    // Closes the cycle: InnoDB rolls the lighter transaction (the completion) back at once.
+    sqlx::query("UPDATE inventory_reservation SET last_error = last_error WHERE id = ?")
+        .bind(id)
+        .execute(&mut *other)
+        .await
+        .expect("the test's deadlock must pick the completion as its victim");
+    other.rollback().await.expect("rollback");
+
+    let landed = completing.await.expect("task");
+    assert!(
+        matches!(landed, Ok(true)),
+        "the completion must run again after losing the deadlock, got {landed:?}"
+    );
+    assert_eq!(f.status(id).await, "REJECTED");
+    let (events,): (i64,) =
+        sqlx::query_as("SELECT COUNT(*) FROM inventory_outbox WHERE aggregate_id = ?")
+            .bind(id)
+            .fetch_one(&f.pool)
+            .await
+            .expect("outbox");
+    assert_eq!(
+        events, 1,
+        "the event is written once, by the attempt that committed"
+    );
+}

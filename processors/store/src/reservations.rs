@@ -527,17 +527,19 @@ pub async fn begin_steps(
             return Ok(rows);
         }
     }
-    let mut conn = pool.acquire().deadline().await?;
     let mut begun = Vec::with_capacity(items.len());
     for b in items {
         let now = now();
         let from = b.row.status()?;
         let step = b.step();
-        begun.push(
-            begin_step_at(&mut conn, b.row.id, from, b.row.version, &step, now)
-                .await?
-                .then(|| step.applied_to(&b.row, now)),
-        );
+        // An autocommitted CAS that lost a deadlock (to a concurrent group's INSERT of
+        // PREPARING rows) did nothing, so it is run again rather than answered to the caller.
+        let landed = crate::retry::on_lock_conflict(3, || async {
+            let mut conn = pool.acquire().deadline().await?;
+            begin_step_at(&mut conn, b.row.id, from, b.row.version, &step, now).await
+        })
+        .await?;
+        begun.push(landed.then(|| step.applied_to(&b.row, now)));
     }
     Ok(begun)
 }
@@ -633,6 +635,21 @@ pub async fn complete_step(
 
 /// [`complete_step`], answering the time written as `updated_at` when the CAS landed.
 async fn complete_step_at(
+    pool: &MySqlPool,
+    id: u64,
+    from: ReservationStatus,
+    version: u32,
+    completion: &Completion,
+) -> Result<Option<NaiveDateTime>, sqlx::Error> {
+    // The CAS and its outbox rows can deadlock with a concurrent group's INSERT of PREPARING
+    // rows (gap locks); InnoDB rolls the whole transaction back, so it is simply run again,
+    // as the group paths do, instead of failing a Try whose Redis effect already landed.
+    crate::retry::on_lock_conflict(3, || complete_step_tx(pool, id, from, version, completion))
+        .await
+}
+
+/// One attempt of [`complete_step_at`]: the CAS and the outbox rows in one transaction.
+async fn complete_step_tx(
     pool: &MySqlPool,
     id: u64,
     from: ReservationStatus,
