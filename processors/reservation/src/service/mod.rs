@@ -84,7 +84,7 @@ impl Default for ServiceConfig {
             op_ttl: Duration::from_secs(30 * 24 * 3600),
             try_cache_ttl: Duration::from_secs(2),
             try_group_max: 64,
-            try_groups_in_flight: 4,
+            try_groups_in_flight: 1,
             try_lua_group: false,
         }
     }
