@@ -539,6 +539,11 @@ def reservations():
          [q(f"sum by (stage) (rate(stocksvr_try_group_size_sum{{{INST}}}[$__rate_interval])) / "
             f"clamp_min(sum by (stage) (rate(stocksvr_try_group_size_count{{{INST}}}"
             "[$__rate_interval])), 1e-9)", "{{stage}}")], min=0)
+    b.ts("Group write time p99", "99th percentile time one group of the group commit took "
+         "to write, by stage. With one group in flight (the default) a request waits up to one "
+         "such write before its own, so twice this bounds what a stage adds to a Try.", "s",
+         [q(hist("stocksvr_try_group_write_seconds", "stage", 0.99, INST), "{{stage}}")],
+         min=0)
     b.ts("Unknown outcomes and conflicts", "Redis calls with an unknown outcome (resumed with "
          "the same operation id) and conflicting order events, per second.", "ops",
          [q(f"sum by (operation) (rate(stocksvr_redis_unknown_outcomes_total{{{INST}}}"

@@ -187,6 +187,8 @@ catalog! {
         "Latency of one reservation service operation (Try, Confirm, Cancel, Refund, MarkCreated).";
     TRY_GROUP_SIZE = "stocksvr_try_group_size", Histogram, "rows", [known("stage", &["insert", "begin", "commit", "lua"])],
         "Reservations written together by the reservation service's group commit: one INSERT of the Trys' PREPARING rows (insert), one CAS of Confirms and Cancels into their intermediate status (begin), one transaction completing steps with their outbox rows (commit: Trys, Confirms, Cancels, MarkCreated and recovery resumes; not refunds), or the Trys of one bucket in one call of try.lua (lua).";
+    TRY_GROUP_WRITE_SECONDS = "stocksvr_try_group_write_seconds", Histogram, "seconds", [known("stage", &["insert", "begin", "commit", "lua"])],
+        "Time one group of the reservation service's group commit took to write (stages as in stocksvr_try_group_size); with one group in flight a request waits up to one such write before its own, so this bounds what group commit adds to a Try.";
     RESERVATIONS_INTERMEDIATE = "stocksvr_reservations_intermediate", Gauge, "reservations", [known("status", INTERMEDIATE)],
         "Reservations in an intermediate status, dead ones included (CREATED_RESERVED_OVERDUE: CREATED_RESERVED past its processing time).";
     RESERVATIONS_INTERMEDIATE_OLDEST_SECONDS = "stocksvr_reservations_intermediate_oldest_seconds", Gauge, "seconds", [known("status", INTERMEDIATE)],

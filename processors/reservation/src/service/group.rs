@@ -192,7 +192,10 @@ async fn try_by_bucket(
         metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => "lua").record(items.len() as f64);
         lua.try_group(bucket, items)
     });
+    let started = std::time::Instant::now();
     let replies = futures::future::join_all(calls).await;
+    metrics::histogram!(names::TRY_GROUP_WRITE_SECONDS, "stage" => "lua")
+        .record(started.elapsed().as_secs_f64());
     let mut results: Vec<Option<Result<OpResult, ExecError>>> = (0..n).map(|_| None).collect();
     for ((_, positions, _), replies) in buckets.iter().zip(replies) {
         for (&position, reply) in positions.iter().zip(replies) {
@@ -244,7 +247,11 @@ impl Stage {
             metrics::histogram!(names::TRY_GROUP_SIZE, "stage" => name).record(n as f64);
             let written = write(pool.clone(), items);
             async move {
-                match written.await {
+                let started = std::time::Instant::now();
+                let written = written.await;
+                metrics::histogram!(names::TRY_GROUP_WRITE_SECONDS, "stage" => name)
+                    .record(started.elapsed().as_secs_f64());
+                match written {
                     Ok(results) => results.into_iter().map(Ok).collect(),
                     Err(e) => (0..n).map(|_| Err(copy_error(&e))).collect(),
                 }
