@@ -699,6 +699,72 @@ async fn the_order_fence_and_a_racing_try_never_leave_stock_held() {
     );
 }
 
+/// A transaction heavier than any single step (InnoDB rolls back the one that has done
+/// less), for the deadlock tests: 200 rows in a table of its own.
+async fn heavy_transaction(f: &Fixture) -> sqlx::Transaction<'static, sqlx::MySql> {
+    sqlx::query("CREATE TABLE IF NOT EXISTS deadlock_ballast (id INT PRIMARY KEY)")
+        .execute(&f.pool)
+        .await
+        .expect("ballast table");
+    let mut other = f.pool.begin().await.expect("begin");
+    for n in 0..200 {
+        sqlx::query("INSERT INTO deadlock_ballast (id) VALUES (?)")
+            .bind(n)
+            .execute(&mut *other)
+            .await
+            .expect("ballast");
+    }
+    other
+}
+
+/// Closes a deadlock: `step` (spawned) holds reservation `id` and waits, in a statement
+/// starting with `waits_in`, for a lock `other` holds; `other` then asks for the row and
+/// InnoDB rolls the lighter `step` back. Answers `step`'s result once `other` is gone.
+async fn deadlock<T>(
+    f: &Fixture,
+    mut other: sqlx::Transaction<'static, sqlx::MySql>,
+    id: u64,
+    waits_in: &str,
+    step: tokio::task::JoinHandle<T>,
+) -> T {
+    let deadlocks = || async {
+        let (_, n): (String, String) = sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+            .fetch_one(&f.pool)
+            .await
+            .expect("Innodb_deadlocks");
+        n.parse::<u64>().expect("a count")
+    };
+    let before = deadlocks().await;
+    // The statement being executed on the step's connection (innodb_trx's LOCK WAIT was not
+    // dependable: in some runs the waiting statement was not listed there).
+    let pattern = format!("{waits_in}%");
+    let waiting = stocksvr_test_support::eventually(std::time::Duration::from_secs(4), || async {
+        let n: Vec<(i64,)> = sqlx::query_as(
+            "SELECT id FROM information_schema.processlist WHERE db = DATABASE() \
+             AND command = 'Execute' AND info LIKE ?",
+        )
+        .bind(&pattern)
+        .fetch_all(&f.pool)
+        .await
+        .expect("processlist");
+        n.len() == 1
+    })
+    .await;
+    assert!(waiting, "the step never waited in `{waits_in}`");
+    sqlx::query("UPDATE inventory_reservation SET last_error = last_error WHERE id = ?")
+        .bind(id)
+        .execute(&mut *other)
+        .await
+        .expect("the test's deadlock must pick the step as its victim");
+    other.rollback().await.expect("rollback");
+    let result = step.await.expect("task");
+    assert!(
+        deadlocks().await > before,
+        "InnoDB saw no deadlock: the test did not make one"
+    );
+    result
+}
+
 /// A completion that InnoDB picks as a deadlock's victim is run again, not answered to the
 /// caller: its transaction was rolled back whole, and the Redis step it records has already
 /// happened. The deadlock is made for real: a transaction holds the gap at the end of the
@@ -712,20 +778,7 @@ async fn a_completion_chosen_as_deadlock_victim_is_run_again() {
     let id = 700_000 + seed() % 1000;
     f.preparing(id, 1, 1).await;
     let row = repo::find(&f.pool, id).await.expect("find").expect("row");
-    sqlx::query("CREATE TABLE deadlock_ballast (id INT PRIMARY KEY)")
-        .execute(&f.pool)
-        .await
-        .expect("ballast table");
-
-    let mut other = f.pool.begin().await.expect("begin");
-    // Weight: InnoDB rolls back the transaction that has done less.
-    for n in 0..200 {
-        sqlx::query("INSERT INTO deadlock_ballast (id) VALUES (?)")
-            .bind(n)
-            .execute(&mut *other)
-            .await
-            .expect("ballast");
-    }
+    let mut other = heavy_transaction(&f).await;
     // The next-key lock on the outbox's supremum: an INSERT of a new event waits for it.
     sqlx::query("SELECT id FROM inventory_outbox WHERE id > (SELECT COALESCE(MAX(id), 0) FROM inventory_outbox) FOR UPDATE")
         .fetch_all(&mut *other)
@@ -760,30 +813,7 @@ async fn a_completion_chosen_as_deadlock_victim_is_run_again() {
             .await
         })
     };
-    // The completion holds the reservation row and waits for the outbox's gap: its INSERT is
-    // the statement being executed on its connection (innodb_trx's LOCK WAIT was not
-    // dependable to see it: in some runs the waiting INSERT was not listed there).
-    let waiting = stocksvr_test_support::eventually(std::time::Duration::from_secs(4), || async {
-        let n: Vec<(i64,)> = sqlx::query_as(
-            "SELECT id FROM information_schema.processlist WHERE db = DATABASE() \
-             AND command = 'Execute' AND info LIKE 'INSERT INTO inventory_outbox%'",
-        )
-        .fetch_all(&f.pool)
-        .await
-        .expect("processlist");
-        n.len() == 1
-    })
-    .await;
-    assert!(waiting, "the completion never waited for the outbox's gap");
-    // Closes the cycle: InnoDB rolls the lighter transaction (the completion) back at once.
-    sqlx::query("UPDATE inventory_reservation SET last_error = last_error WHERE id = ?")
-        .bind(id)
-        .execute(&mut *other)
-        .await
-        .expect("the test's deadlock must pick the completion as its victim");
-    other.rollback().await.expect("rollback");
-
-    let landed = completing.await.expect("task");
+    let landed = deadlock(&f, other, id, "INSERT INTO inventory_outbox", completing).await;
     assert!(
         matches!(landed, Ok(true)),
         "the completion must run again after losing the deadlock, got {landed:?}"
@@ -799,4 +829,51 @@ async fn a_completion_chosen_as_deadlock_victim_is_run_again() {
         events, 1,
         "the event is written once, by the attempt that committed"
     );
+}
+
+/// A failed attempt recorded on a PREPARING row (the Try's reply lost) that InnoDB picks as
+/// a deadlock's victim is recorded once, not answered to the caller as a MySQL error: the
+/// failure window test saw exactly that once (a Try answered 1213). Its UPDATE moves the
+/// row's (status, next_retry_at) index entry into a gap the other transaction holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_failure_chosen_as_deadlock_victim_is_run_again() {
+    let f = Fixture::new(5).await;
+    let id = 710_000 + seed() % 1000;
+    f.preparing(id, 1, 1).await;
+    let row = repo::find(&f.pool, id).await.expect("find").expect("row");
+    let mut other = heavy_transaction(&f).await;
+    // Every PREPARING entry after this row's in (status, next_retry_at), and the gap after.
+    sqlx::query(
+        "SELECT id FROM inventory_reservation FORCE INDEX (idx_state_retry) \
+         WHERE status = ? AND next_retry_at > ? FOR UPDATE",
+    )
+    .bind(ReservationStatus::Preparing.code() as i8)
+    .bind(row.next_retry_at)
+    .fetch_all(&mut *other)
+    .await
+    .expect("gap lock");
+    let recording = {
+        let pool = f.pool.clone();
+        tokio::spawn(async move {
+            repo::record_failure(
+                &pool,
+                id,
+                ReservationStatus::Preparing,
+                "reply lost",
+                chrono::TimeDelta::hours(1),
+            )
+            .await
+        })
+    };
+    let recorded = deadlock(&f, other, id, "UPDATE inventory_reservation", recording).await;
+    assert!(
+        recorded.is_ok(),
+        "the failure must be recorded after losing the deadlock, got {recorded:?}"
+    );
+    let row = repo::find(&f.pool, id).await.expect("find").expect("row");
+    assert_eq!(
+        row.retry_count, 1,
+        "recorded once, by the attempt that committed"
+    );
+    assert_eq!(row.last_error.as_deref(), Some("reply lost"));
 }

@@ -839,17 +839,22 @@ pub async fn record_failure(
     retry_after: chrono::Duration,
 ) -> Result<(), sqlx::Error> {
     let error: String = error.chars().take(1000).collect();
-    sqlx::query(
-        "UPDATE inventory_reservation SET retry_count = retry_count + 1, last_error = ?, \
-         next_retry_at = ?, updated_at = ? WHERE id = ? AND status = ?",
-    )
-    .bind(error)
-    .bind(now() + retry_after)
-    .bind(now())
-    .bind(id)
-    .bind(status.code() as i8)
-    .execute(pool)
-    .deadline()
+    // Moving next_retry_at rewrites the row's (status, next_retry_at) index entry, which can
+    // deadlock with a group's INSERT of PREPARING rows; the victim's UPDATE did nothing, so it
+    // is run again rather than turning the step's own answer (OutcomeUnknown) into an error.
+    crate::retry::on_lock_conflict(3, || {
+        sqlx::query(
+            "UPDATE inventory_reservation SET retry_count = retry_count + 1, last_error = ?, \
+             next_retry_at = ?, updated_at = ? WHERE id = ? AND status = ?",
+        )
+        .bind(&error)
+        .bind(now() + retry_after)
+        .bind(now())
+        .bind(id)
+        .bind(status.code() as i8)
+        .execute(pool)
+        .deadline()
+    })
     .await?;
     Ok(())
 }
@@ -865,17 +870,20 @@ pub async fn postpone(
     retry_after: chrono::Duration,
 ) -> Result<(), sqlx::Error> {
     let reason: String = reason.chars().take(1000).collect();
-    sqlx::query(
-        "UPDATE inventory_reservation SET last_error = ?, next_retry_at = ?, updated_at = ? \
-         WHERE id = ? AND status = ?",
-    )
-    .bind(reason)
-    .bind(now() + retry_after)
-    .bind(now())
-    .bind(id)
-    .bind(status.code() as i8)
-    .execute(pool)
-    .deadline()
+    // As record_failure: a deadlock victim's UPDATE did nothing and is run again.
+    crate::retry::on_lock_conflict(3, || {
+        sqlx::query(
+            "UPDATE inventory_reservation SET last_error = ?, next_retry_at = ?, updated_at = ? \
+             WHERE id = ? AND status = ?",
+        )
+        .bind(&reason)
+        .bind(now() + retry_after)
+        .bind(now())
+        .bind(id)
+        .bind(status.code() as i8)
+        .execute(pool)
+        .deadline()
+    })
     .await?;
     Ok(())
 }
