@@ -838,25 +838,7 @@ pub async fn record_failure(
     error: &str,
     retry_after: chrono::Duration,
 ) -> Result<(), sqlx::Error> {
-    let error: String = error.chars().take(1000).collect();
-    // Moving next_retry_at rewrites the row's (status, next_retry_at) index entry, which can
-    // deadlock with a group's INSERT of PREPARING rows; the victim's UPDATE did nothing, so it
-    // is run again rather than turning the step's own answer (OutcomeUnknown) into an error.
-    crate::retry::on_lock_conflict(3, || {
-        sqlx::query(
-            "UPDATE inventory_reservation SET retry_count = retry_count + 1, last_error = ?, \
-             next_retry_at = ?, updated_at = ? WHERE id = ? AND status = ?",
-        )
-        .bind(&error)
-        .bind(now() + retry_after)
-        .bind(now())
-        .bind(id)
-        .bind(status.code() as i8)
-        .execute(pool)
-        .deadline()
-    })
-    .await?;
-    Ok(())
+    put_off(pool, id, status, error, retry_after, true).await
 }
 
 /// Puts a step off without counting an attempt: it waits for something outside its own
@@ -869,14 +851,30 @@ pub async fn postpone(
     reason: &str,
     retry_after: chrono::Duration,
 ) -> Result<(), sqlx::Error> {
-    let reason: String = reason.chars().take(1000).collect();
-    // As record_failure: a deadlock victim's UPDATE did nothing and is run again.
+    put_off(pool, id, status, reason, retry_after, false).await
+}
+
+/// Moves `next_retry_at` of the row in `status` by `retry_after` with `note` as its last
+/// error, counting an attempt when `attempt`.
+async fn put_off(
+    pool: &MySqlPool,
+    id: u64,
+    status: ReservationStatus,
+    note: &str,
+    retry_after: chrono::Duration,
+    attempt: bool,
+) -> Result<(), sqlx::Error> {
+    let note: String = note.chars().take(1000).collect();
+    // Moving next_retry_at rewrites the row's (status, next_retry_at) index entry, which can
+    // deadlock with a group's INSERT of PREPARING rows; the victim's UPDATE did nothing, so it
+    // is run again rather than turning the step's own answer (OutcomeUnknown) into an error.
     crate::retry::on_lock_conflict(3, || {
         sqlx::query(
-            "UPDATE inventory_reservation SET last_error = ?, next_retry_at = ?, updated_at = ? \
-             WHERE id = ? AND status = ?",
+            "UPDATE inventory_reservation SET retry_count = retry_count + ?, last_error = ?, \
+             next_retry_at = ?, updated_at = ? WHERE id = ? AND status = ?",
         )
-        .bind(&reason)
+        .bind(u32::from(attempt))
+        .bind(&note)
         .bind(now() + retry_after)
         .bind(now())
         .bind(id)
