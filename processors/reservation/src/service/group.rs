@@ -470,14 +470,19 @@ mod tests {
         // The stalled write holds the only slot before anything else is queued.
         entered.notified().await;
         let started = tokio::time::Instant::now();
-        let (next, later) = {
-            let (a, b) = (group.clone(), group.clone());
+        let (a, b) = (group.clone(), group.clone());
+        let both = async move {
             tokio::join!(a.submit(1), async move {
                 // Queued behind the spare slot's own group: it waits for a slot to free.
                 tokio::time::sleep(stall / 2).await;
                 b.submit(2).await
             })
         };
+        // Without a spare slot both would wait for the stalled write, that is for ever: a
+        // bound turns that into a failure instead of a hung test.
+        let (next, later) = tokio::time::timeout(stall * 10, both)
+            .await
+            .expect("the next groups were held behind the stalled write");
         assert_eq!(next, Some(10), "the next group went out on the spare slot");
         assert_eq!(later, Some(20));
         let waited = started.elapsed();
