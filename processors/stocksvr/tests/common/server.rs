@@ -107,3 +107,13 @@ impl Server {
         (status, self.log())
     }
 }
+
+impl Drop for Server {
+    /// A passing test's server log goes with it (a CI run started about a hundred servers and
+    /// left each one's log in the temp directory); a failing test's stays for a look.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
