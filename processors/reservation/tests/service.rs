@@ -877,3 +877,59 @@ async fn a_recorded_failure_chosen_as_deadlock_victim_is_run_again() {
     );
     assert_eq!(row.last_error.as_deref(), Some("reply lost"));
 }
+
+/// A step begun alone (a group of one, or a group that lost a CAS and begins each row by
+/// itself) that InnoDB picks as a deadlock's victim is begun again, not answered to the
+/// caller as a MySQL error. Its autocommitted CAS moves the row's (status, next_retry_at)
+/// entry into the CONFIRMING range of `idx_state_retry`, whose gap the other side holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_begun_alone_chosen_as_deadlock_victim_is_begun_again() {
+    let f = Fixture::new(5).await;
+    let id = 720_000 + seed() % 1000;
+    f.preparing(id, 1, 1).await;
+    let preparing = repo::find(&f.pool, id).await.expect("find").expect("row");
+    let reserved = repo::complete_one(
+        &f.pool,
+        &preparing,
+        &repo::Completion {
+            to: ReservationStatus::Reserved,
+            expected_redis_version: None,
+            refunded_add: 0,
+            reject_reason: None,
+            outbox: Vec::new(),
+        },
+    )
+    .await
+    .expect("reserve")
+    .expect("landed");
+    let mut other = heavy_transaction(&f).await;
+    // The CONFIRMING range of (status, next_retry_at) and the gap after it.
+    sqlx::query(
+        "SELECT id FROM inventory_reservation FORCE INDEX (idx_state_retry) \
+         WHERE status = ? AND next_retry_at > '2000-01-01' FOR UPDATE",
+    )
+    .bind(ReservationStatus::Confirming.code() as i8)
+    .fetch_all(&mut *other)
+    .await
+    .expect("gap lock");
+    let beginning = {
+        let pool = f.pool.clone();
+        let begin = repo::Begin {
+            row: reserved.clone(),
+            to: ReservationStatus::Confirming,
+            operation_id: stocksvr_core::reservation::confirm_operation_id(id),
+            pending_quantity: reserved.held(),
+            resume_status: None,
+        };
+        tokio::spawn(async move { repo::begin_steps(&pool, &[begin]).await })
+    };
+    let begun = deadlock(&f, other, id, "UPDATE inventory_reservation", beginning).await;
+    let begun = match begun {
+        Ok(rows) => rows,
+        Err(e) => panic!("the step must be begun again after losing the deadlock, got {e:?}"),
+    };
+    let row = repo::find(&f.pool, id).await.expect("find").expect("row");
+    assert_eq!(row.status_name(), "CONFIRMING");
+    assert_eq!(row.version, reserved.version + 1, "begun once");
+    assert_eq!(begun, vec![Some(row)], "answered as the row MySQL holds");
+}
