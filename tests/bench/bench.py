@@ -121,6 +121,10 @@ class Bench:
             "STOCKSVR__KAFKA__TOPICS_FILE": os.path.join(REPO, "topics.yaml"),
             "STOCKSVR__SCHEDULE__WHEEL_NAMESPACE": self.ns,
             "STOCKSVR__HTTP__ADMIN_TOKEN": self.token,
+            # No next-day buckets: with the default lead a run started after 22:00 UTC had
+            # its `stocksvr all` prepare tomorrow's bucket of each of its 1,004 dishes (WAL,
+            # Lua, events, projection) in the middle of a measured phase. `--set` can undo it.
+            "STOCKSVR__STOCK_OPS__DAILY_LEAD_MINUTES": "0",
         })
         env.update(settings_env(self.a.set))
         self.env = env
