@@ -15,6 +15,7 @@ Parts, in this order, all in one run:
 """
 
 import argparse
+import fcntl
 import os
 import subprocess
 import sys
@@ -52,6 +53,17 @@ def main():
                          "(the backlog drained by the relay and the projector, the fresh group, the orders) and the "
                          "durability check; the ratios to the baselines need a full run")
     a = ap.parse_args()
+    # Two runs at once share the private stack (its ports and data folder) and the machine:
+    # the second one's servers fail to bind and its cleanup stops the first one's MariaDB
+    # mid-run, and both runs' figures are worthless. One run at a time, refused plainly.
+    os.makedirs(os.path.dirname(os.path.abspath(a.private_stack_dir)), exist_ok=True)
+    lock = open(os.path.abspath(a.private_stack_dir) + ".lock", "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"bench: another run is using {a.private_stack_dir} (lock {lock.name}); wait for it to "
+              f"finish, or give this one its own --private-stack-dir and --port-base", file=sys.stderr)
+        return 2
     a.log4j = os.path.join(REPO, "stack", "kafka", "tools-log4j2.properties")
     a.bin = os.path.abspath(a.bin)
     b = Bench(a)

@@ -541,8 +541,11 @@ def reservations():
             "[$__rate_interval])), 1e-9)", "{{stage}}")], min=0)
     b.ts("Group write time p99", "99th percentile time one group of the group commit took "
          "to write, by stage. With one group in flight (the default) a request waits up to one "
-         "such write before its own, so twice this bounds what a stage adds to a Try.", "s",
-         [q(hist("stocksvr_try_group_write_seconds", "stage", 0.99, INST), "{{stage}}")],
+         "such write before its own, so twice this bounds what a stage adds to a Try. The "
+         "commit stage's parts (commit: open = pool connection and BEGIN, cas, outbox, "
+         "commit = COMMIT with its log flush) tell which one holds its groups back.", "s",
+         [q(hist("stocksvr_try_group_write_seconds", "stage", 0.99, INST), "{{stage}}"),
+          q(hist("stocksvr_try_group_part_seconds", "part", 0.99, INST), "commit: {{part}}")],
          min=0)
     b.ts("Unknown outcomes and conflicts", "Redis calls with an unknown outcome (resumed with "
          "the same operation id) and conflicting order events, per second.", "ops",

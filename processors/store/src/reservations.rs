@@ -741,7 +741,9 @@ async fn complete_group(
     pool: &MySqlPool,
     items: &[(&Reservation, &Completion)],
 ) -> Result<Option<Vec<Option<Reservation>>>, sqlx::Error> {
+    let mut part = PartClock::start();
     let mut tx = crate::deadline::begin(pool).await?;
+    part.done("open");
     let now = now();
     let mut query =
         sqlx::QueryBuilder::<MySql>::new("UPDATE inventory_reservation SET status = CASE id");
@@ -800,10 +802,13 @@ async fn complete_group(
     }
     query.push(" END");
     let done = query.one_off().execute(&mut *tx).deadline().await?;
+    part.done("cas");
     if done.rows_affected() == items.len() as u64 {
         let outbox: Vec<&NewOutbox> = items.iter().flat_map(|(_, c)| &c.outbox).collect();
         insert_outbox(&mut tx, &outbox).await?;
+        part.done("outbox");
         tx.commit().deadline().await?;
+        part.done("commit");
         return Ok(Some(
             items
                 .iter()
@@ -813,6 +818,25 @@ async fn complete_group(
     }
     tx.rollback().deadline().await?;
     Ok(None)
+}
+
+/// Times the parts of a commit group's transaction (`stocksvr_try_group_part_seconds`): the
+/// group's write time alone does not say whether the connection, a statement or the log
+/// flush holds the group back.
+struct PartClock(std::time::Instant);
+
+impl PartClock {
+    fn start() -> Self {
+        Self(std::time::Instant::now())
+    }
+
+    /// Records the part that ends now and starts the next.
+    fn done(&mut self, part: &'static str) {
+        let now = std::time::Instant::now();
+        metrics::histogram!(stocksvr_telemetry::names::TRY_GROUP_PART_SECONDS, "part" => part)
+            .record(now.duration_since(self.0).as_secs_f64());
+        self.0 = now;
+    }
 }
 
 /// [`complete_step`] of `row` from its own status and version, returning the committed row.
