@@ -18,8 +18,8 @@ fn series(metrics: &str, name: &str, label: &str) -> f64 {
 }
 
 /// Forty concurrent Trys queue behind one group writer, so most of them commit in groups.
-/// Each group transaction that landed records its four parts once (a lone completion takes
-/// the single-row path and records none), and the parts never add up to more than the
+/// Each group transaction that committed records its four parts once (a lone completion
+/// takes the single-row path and records none), and the parts never add up to more than the
 /// stage's write time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_commit_group_records_its_four_parts_once() {

@@ -809,6 +809,7 @@ async fn complete_group(
         part.done("outbox");
         tx.commit().deadline().await?;
         part.done("commit");
+        part.record();
         return Ok(Some(
             items
                 .iter()
@@ -822,20 +823,35 @@ async fn complete_group(
 
 /// Times the parts of a commit group's transaction (`stocksvr_try_group_part_seconds`): the
 /// group's write time alone does not say whether the connection, a statement or the log
-/// flush holds the group back.
-struct PartClock(std::time::Instant);
+/// flush holds the group back. Recorded only for a transaction that committed, so each part
+/// counts once per landed group (an attempt lost to a deadlock or a lost CAS is in the
+/// stage's write time only).
+struct PartClock {
+    since: std::time::Instant,
+    parts: Vec<(&'static str, f64)>,
+}
 
 impl PartClock {
     fn start() -> Self {
-        Self(std::time::Instant::now())
+        Self {
+            since: std::time::Instant::now(),
+            parts: Vec::with_capacity(4),
+        }
     }
 
-    /// Records the part that ends now and starts the next.
+    /// The part that ends now; the next one starts.
     fn done(&mut self, part: &'static str) {
         let now = std::time::Instant::now();
-        metrics::histogram!(stocksvr_telemetry::names::TRY_GROUP_PART_SECONDS, "part" => part)
-            .record(now.duration_since(self.0).as_secs_f64());
-        self.0 = now;
+        self.parts
+            .push((part, now.duration_since(self.since).as_secs_f64()));
+        self.since = now;
+    }
+
+    fn record(self) {
+        for (part, seconds) in self.parts {
+            metrics::histogram!(stocksvr_telemetry::names::TRY_GROUP_PART_SECONDS, "part" => part)
+                .record(seconds);
+        }
     }
 }
 

@@ -190,7 +190,7 @@ catalog! {
     TRY_GROUP_WRITE_SECONDS = "stocksvr_try_group_write_seconds", Histogram, "seconds", [known("stage", &["insert", "begin", "commit", "lua"])],
         "Time one group of the reservation service's group commit took to write (stages as in stocksvr_try_group_size); with one group in flight a request waits up to one such write before its own, so this bounds what group commit adds to a Try.";
     TRY_GROUP_PART_SECONDS = "stocksvr_try_group_part_seconds", Histogram, "seconds", [known("part", &["open", "cas", "outbox", "commit"])],
-        "Where one commit-stage group's transaction spends its time: taking a pool connection and BEGIN (open), the CAS UPDATE of its rows (cas), the INSERT of their outbox rows (outbox), COMMIT with its log flush (commit). The four add up to about stocksvr_try_group_write_seconds{stage=\"commit\"} of a group that kept its CAS.";
+        "Where one commit-stage group's transaction spends its time: taking a pool connection and BEGIN (open), the CAS UPDATE of its rows (cas), the INSERT of their outbox rows (outbox), COMMIT with its log flush (commit). Recorded for each group transaction that committed (an attempt lost to a deadlock or a lost CAS is not); the four add up to about its stocksvr_try_group_write_seconds{stage=\"commit\"}.";
     RESERVATIONS_INTERMEDIATE = "stocksvr_reservations_intermediate", Gauge, "reservations", [known("status", INTERMEDIATE)],
         "Reservations in an intermediate status, dead ones included (CREATED_RESERVED_OVERDUE: CREATED_RESERVED past its processing time).";
     RESERVATIONS_INTERMEDIATE_OLDEST_SECONDS = "stocksvr_reservations_intermediate_oldest_seconds", Gauge, "seconds", [known("status", INTERMEDIATE)],
