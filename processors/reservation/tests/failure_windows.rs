@@ -26,7 +26,6 @@
 mod common;
 
 use common::{make_due, Fixture};
-use stocksvr_core::bucket::BucketKey;
 use stocksvr_core::events::topics;
 use stocksvr_core::reservation::{
     cancel_operation_id, confirm_operation_id, refund_operation_id, try_operation_id,
@@ -255,11 +254,7 @@ async fn fixture() -> Fixture {
         ..ServiceConfig::default()
     };
     let f = Fixture::with_config(TOTAL, config).await;
-    let bucket = BucketKey::new(f.merchant_id, f.dish_id, f.today).stock_bucket_id();
-    f.lua
-        .init_bucket(&f.keys(), &format!("init_{bucket}_v1"), TOTAL, 1)
-        .await
-        .expect("init bucket");
+    f.init_today(TOTAL).await;
     f
 }
 
@@ -655,11 +650,7 @@ async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
             ..ServiceConfig::default()
         };
         let f = std::sync::Arc::new(Fixture::with_config(100, config).await);
-        let bucket = BucketKey::new(f.merchant_id, f.dish_id, f.today).stock_bucket_id();
-        f.lua
-            .init_bucket(&f.keys(), &format!("init_{bucket}_v1"), 100, 1)
-            .await
-            .expect("init bucket");
+        f.init_today(100).await;
         let fp = scenario();
         let point = Step::Try.point(place);
         fp.arm(point, Action::CrashTimes(CRASHES));

@@ -4,7 +4,6 @@
 mod common;
 
 use common::Fixture;
-use stocksvr_core::bucket::BucketKey;
 use stocksvr_reservation::ServiceConfig;
 
 /// The value of the series `name{label="value"}` in a /metrics text (0 when absent).
@@ -30,11 +29,7 @@ async fn each_commit_group_records_its_four_parts_once() {
         ..ServiceConfig::default()
     };
     let f = std::sync::Arc::new(Fixture::with_config(100, config).await);
-    let bucket = BucketKey::new(f.merchant_id, f.dish_id, f.today).stock_bucket_id();
-    f.lua
-        .init_bucket(&f.keys(), &format!("init_{bucket}_v1"), 100, 1)
-        .await
-        .expect("init bucket");
+    f.init_today(100).await;
     let metrics = stocksvr_pipeline::telemetry::init_metrics();
     let trys: Vec<_> = (1..=TRYS)
         .map(|item| {

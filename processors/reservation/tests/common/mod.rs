@@ -156,6 +156,15 @@ impl Fixture {
         BucketKey::new(self.merchant_id, self.dish_id, self.today)
     }
 
+    /// Builds today's bucket in Redis with `total` units, as its first lazy init would.
+    pub async fn init_today(&self, total: i64) {
+        let bucket = self.keys().stock_bucket_id();
+        self.lua
+            .init_bucket(&self.keys(), &format!("init_{bucket}_v1"), total, 1)
+            .await
+            .expect("init bucket");
+    }
+
     pub fn request(&self, item: u64, quantity: u32) -> TryRequest {
         TryRequest {
             order_id: 5_000 + item / 10,
