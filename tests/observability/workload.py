@@ -11,7 +11,8 @@ stock Confluent producer and AvroSerializer (TopicRecordNameStrategy, as tests/i
 Healthy mix, one order per step (about 8 steps a second): instant Try then OrderCreated
 (confirm), OrderCreatedFailed (cancel), OrderCanceled after OrderCreated (refund), a partial
 RefundRequested after OrderCreated, a Try the small bucket rejects, and every seventh order
-held back without an event (`--held` file, for the outage phase). Once each: a scheduled order
+held back without an event (`--held` file, for the outage phase); every 40th step a rush of
+16 concurrent Trys, each confirmed (so the API forms commit groups of more than one row). Once each: a scheduled order
 due a few seconds later (the time wheel confirms it), an OrderCreated after an
 OrderCreatedFailed (a conflict), a RefundRequested before its OrderCreated (deferred, then
 applied), a record that is not Avro (dead-lettered, parked, then replayed by the operator API),
@@ -27,7 +28,9 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
 import requests
@@ -69,11 +72,13 @@ class Orders:
                     "subject.name.strategy": topic_record_subject_name_strategy,
                 })
         self.counts = {}
+        self.counts_lock = threading.Lock()  # a rush counts from its threads
         self.failed_acks = 0
         self.seq = 0
 
     def count(self, what):
-        self.counts[what] = self.counts.get(what, 0) + 1
+        with self.counts_lock:
+            self.counts[what] = self.counts.get(what, 0) + 1
 
     def _acked(self, err, _msg):
         if err is not None:
@@ -103,8 +108,9 @@ class Orders:
                               on_delivery=self._acked)
         self.producer.poll(0)
 
-    def try_(self, order_id, dish=None, quantity=1, scheduled_at=None):
-        """One Try; the reservation id, or None when it was not reserved."""
+    def try_(self, order_id, dish=None, quantity=1, scheduled_at=None, http=None):
+        """One Try; the reservation id, or None when it was not reserved. `http` is the
+        client to send it with (a rush's threads each bring their own)."""
         body = {
             "order_id": order_id, "order_item_id": order_id * 10 + 1,
             "merchant_id": self.args.merchant, "dish_id": dish or self.args.dish,
@@ -114,7 +120,7 @@ class Orders:
         if scheduled_at:
             body["processing_time"] = rfc3339(scheduled_at)
         try:
-            reply = self.http.post(f"{self.api}/v1/reservations", json=body, timeout=10)
+            reply = (http or self.http).post(f"{self.api}/v1/reservations", json=body, timeout=10)
         except requests.RequestException as e:
             self.count(f"try error {type(e).__name__}")
             return None
@@ -141,6 +147,23 @@ def created(o, order, rid, scheduled_at=None):
 def failed(o, order, rid):
     o.event("OrderCreatedFailed", order, {"inventory_reservation_ids": [rid],
                                           "reason": "payment failed"})
+
+
+RUSH_TRYS = 16
+
+
+def rush(o, first_order):
+    """A lunch rush on the big dish: RUSH_TRYS concurrent Trys, each then confirmed. The
+    steady mix sends one request at a time, so the API's commit groups would hold one row
+    each and the group panels (group size, `stocksvr_try_group_part_seconds`, which is
+    recorded only for groups of two or more) would show nothing."""
+    orders = range(first_order, first_order + RUSH_TRYS)
+    with ThreadPoolExecutor(RUSH_TRYS) as pool:
+        rids = list(pool.map(lambda order: o.try_(order, http=requests), orders))
+    o.count("rush")
+    for order, rid in zip(orders, rids):
+        if rid:
+            created(o, order, rid)
 
 
 def rare_cases(o, base):
@@ -224,6 +247,8 @@ def healthy(o, seconds, held_file):
                 elif kind == 4:
                     o.event("OrderCanceled", order, {"inventory_reservation_ids": [rid],
                                                      "reason": "customer canceled"})
+        if step % 40 == 1:  # about every 5 s, so every 1-minute rate window holds rushes
+            rush(o, base + 1_000_000 + step * RUSH_TRYS)
         if not replayed and step % 20 == 0:
             replay_parked(o, within=0.1)  # a look, no wait: the loop goes on
             replayed = "dlq replay 200" in o.counts
