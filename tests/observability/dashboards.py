@@ -539,6 +539,16 @@ def reservations():
          [q(f"sum by (stage) (rate(stocksvr_try_group_size_sum{{{INST}}}[$__rate_interval])) / "
             f"clamp_min(sum by (stage) (rate(stocksvr_try_group_size_count{{{INST}}}"
             "[$__rate_interval])), 1e-9)", "{{stage}}")], min=0)
+    # le is "1" as stocksvr writes it and "1.0" once Prometheus 3 has normalised it.
+    b.ts("Groups of one", "Share of the group commit's writes that carried a single Try or "
+         "step, by stage. The mean size hides them: a stage whose writes alternate between "
+         "one row and many shows a mean in between. A high share under load means the first "
+         "request after a write goes out alone while the rest of its wave queues behind it.",
+         "percentunit",
+         [q(f"sum by (stage) (rate(stocksvr_try_group_size_bucket{{{INST},le=~\"1|1.0\"}}"
+            "[$__rate_interval])) / clamp_min(sum by (stage) (rate("
+            f"stocksvr_try_group_size_count{{{INST}}}[$__rate_interval])), 1e-9)", "{{stage}}")],
+         min=0, max=1)
     b.ts("Group write time p99", "99th percentile time one group of the group commit took "
          "to write, by stage. With one group in flight (the default) a request waits up to one "
          "such write before its own, so twice this bounds what a stage adds to a Try. The "
