@@ -162,8 +162,9 @@ class Bench:
 
     # ---- processes ----------------------------------------------------------------------
 
-    def role(self, sub, port_offset, **env):
-        r = Role(self.a.bin, sub, dict(self.env, **env), f"127.0.0.1:{self.base_port + port_offset}",
+    def role(self, sub, port_offset, binary=None, **env):
+        """Starts `stocksvr <sub>` (binary: another build than --bin, for an A/B run)."""
+        r = Role(binary or self.a.bin, sub, dict(self.env, **env), f"127.0.0.1:{self.base_port + port_offset}",
                  os.path.join(self.logs, f"stocksvr-{sub}.log"), REPO)
         r.port_offset, r.extra_env = port_offset, env
         r.start()
@@ -187,7 +188,7 @@ class Bench:
         self.sampler.untrack(f"stocksvr {r.sub}")
         if r in self.roles:
             self.roles.remove(r)
-        new = self.role(r.sub, r.port_offset, **r.extra_env)
+        new = self.role(r.sub, r.port_offset, binary=r.binary, **r.extra_env)
         if self.all is r:
             self.all = new
         if self.watch is not None and self.watch.role is r:

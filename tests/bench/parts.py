@@ -269,6 +269,60 @@ def part_http(b, init=False):
     b.raw["sweep"] = sweep
 
 
+def part_ab(b, against, against_env, rounds):
+    """The hot-dish Try at 64 connections of two `stocksvr all`s in one run, alternated round
+    by round (A B, B A, A B, ...): A is --bin with --set, B is `against` (a binary, or --bin)
+    with the extra settings `against_env`. Run to run the hot Try moves by about ±10% on a
+    shared 2-core machine, more than most changes to the Try path, so a before/after needs
+    both sides in the same minutes; each round's B/A pairs the two loads closest in time.
+    Every load starts from a drained outbox and a caught-up projector, as the other parts'."""
+    P = b.P
+    sides = {"A": (None, {}), "B": (against, against_env)}
+    got = {"A": [], "B": []}
+    for rnd in range(1, rounds + 1):
+        for side in ("A", "B") if rnd % 2 else ("B", "A"):
+            binary, env = sides[side]
+            b.all = b.role("all", 88, binary=binary, **env)
+            if rnd == 1 and not got["A"] and not got["B"]:
+                b.log(f"{init_buckets(b, b.all.url(''))} buckets initialised through POST /admin/buckets")
+            b.watch = MetricsWatch(b.all)
+            b.watch.start()
+            quiet(b)
+            _wrk(b, b.all, "warm-up", "single", 64, P["warm_secs"], HOT_DISH, 1)
+            quiet(b)
+            b.log(f"round {rnd}/{rounds}, {side}: hot dish, 64 connections, {P['try_secs']} s")
+            got[side].append(_wrk(b, b.all, f"ab-{side}{rnd}", "single", 64, P["try_secs"], HOT_DISH, 1))
+            # Trys that wrk's end cut off (their client gone mid-request) stay PREPARING until
+            # this process's recovery worker finishes them, about 10 s on: wait for it, so the
+            # next side neither inherits them nor leaves them for a check no worker serves.
+            left = checks.wait_settled(b.db, b.merchant, 60)
+            if left:
+                b.notes.append(f"ab-{side}{rnd}: {left} reservations still intermediate 60 s after the load")
+            quiet(b)  # the next side starts with nothing of this one's left to publish or book
+            b.watch.stop()
+            b.watch = None
+            b.stop_role(b.all)
+            b.all = None
+
+    def median(xs):
+        xs = sorted(x for x in xs if x is not None)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2 if xs else None
+
+    for side in ("A", "B"):
+        runs = got[side]
+        what = b.a.bin if side == "A" else (against or b.a.bin)
+        settings = ", ".join(b.a.against_set) if side == "B" else ""
+        b.fig.add(f"ab_{side}", f"{side}: hot Try, 64 conn, median of {rounds}", median([r["rate"] for r in runs]),
+                  p50_ms=median([r["p50_ms"] for r in runs]), p99_ms=median([r["p99_ms"] for r in runs]),
+                  concurrency=64,
+                  note=f"{what}{' with ' + settings if settings else ''}; rounds "
+                       + " / ".join(f"{r['rate']:,.0f}" for r in runs) + " per s, p99 "
+                       + " / ".join(f"{r['p99_ms']:.1f}" for r in runs) + " ms")
+    paired = [bb["rate"] / aa["rate"] for aa, bb in zip(got["A"], got["B"]) if aa["rate"]]
+    b.fig.ratio_value("ratio_ab", "B / A, hot Try (median of the rounds' ratios)", median(paired),
+                      "rounds " + " / ".join(f"{x:.2f}" for x in paired))
+
+
 def quiet(b):
     """wait_quiet before a measured load; a stocksvr all that exited meanwhile is restarted
     and warmed up again, so the load does not measure a cold process."""

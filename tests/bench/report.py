@@ -25,7 +25,9 @@ class Figures:
 
     def ratio(self, key, label, num, den, note=""):
         a, b = self.get(num), self.get(den)
-        value = a / b if a is not None and b else None
+        self.ratio_value(key, label, a / b if a is not None and b else None, note)
+
+    def ratio_value(self, key, label, value, note=""):
         self.ratios.append((label, value, note))
         self.rows.append(dict(key=key, label=label, value=value, unit="ratio", p50_ms=None,
                               p99_ms=None, concurrency=None, note=note))

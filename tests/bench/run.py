@@ -26,7 +26,7 @@ import parts
 import parts_pipeline
 import report
 import storage
-from bench import REPO, Bench, dump_json
+from bench import REPO, Bench, dump_json, settings_env
 from system import BenchError
 
 
@@ -52,7 +52,23 @@ def main():
                          "durability check, for a quick before/after of the Try path; pipeline: only parts 4 and 5 "
                          "(the backlog drained by the relay and the projector, the fresh group, the orders) and the "
                          "durability check; the ratios to the baselines need a full run")
+    ap.add_argument("--against", metavar="BIN",
+                    help="an A/B run instead: only the hot-dish Try at 64 connections, --bin (A) and this "
+                         "binary (B) alternated for --rounds rounds, then the durability check; prints each "
+                         "side's median and B/A")
+    ap.add_argument("--against-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting for B only (with or without --against: B is then --bin with it)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of an A/B run (default 3)")
     a = ap.parse_args()
+    ab = bool(a.against or a.against_set)
+    if ab and a.only:
+        ap.error("--against/--against-set is a run of its own; leave out --only")
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    try:
+        against_env = settings_env(a.against_set)
+    except BenchError as e:
+        ap.error(str(e))
     # Two runs at once share the private stack (its ports and data folder) and the machine:
     # the second one's servers fail to bind and its cleanup stops the first one's MariaDB
     # mid-run, and both runs' figures are worthless. One run at a time, refused plainly.
@@ -67,13 +83,18 @@ def main():
     a.log4j = os.path.join(REPO, "stack", "kafka", "tools-log4j2.properties")
     a.bin = os.path.abspath(a.bin)
     b = Bench(a)
+    if ab:
+        b.mode = "A/B"
     b.all = None
     b.group_prefix = b.ns
     b.log(f"{b.mode} run; results in {b.out}")
     error = None
     try:
         b.setup()
-        if a.only == "http":
+        if ab:
+            parts.part_ab(b, a.against and os.path.abspath(a.against), against_env, a.rounds)
+            parts_pipeline.part_durability(b)
+        elif a.only == "http":
             parts.part_http(b, init=True)
             parts_pipeline.part_durability(b)
         elif a.only == "pipeline":
@@ -110,8 +131,7 @@ def git_rev():
         return "?"
 
 
-def write(b, error):
-    fig = b.fig
+def _baseline_ratios(fig):
     fig.ratio("ratio_try_update", "Try (hot, HTTP, 64) / bare hot-row UPDATE (64)", "try_http_hot", "bare_update",
               "target >= 1, aim 2")
     fig.ratio("ratio_try_lua", "Try (hot, HTTP, 64) / bare try.lua (64)", "try_http_hot", "bare_lua")
@@ -119,10 +139,18 @@ def write(b, error):
     fig.ratio("ratio_relay_kafka", "relay / Kafka producer tool", "relay", "kafka_producer", "aim ~0.5")
     fig.ratio("ratio_projector_kafka", "projector / Kafka consumer tool", "projector", "kafka_consumer")
     fig.ratio("ratio_cold_hot", "cold dishes / hot dish", "try_http_cold", "try_http_hot", "target >= 1")
+
+
+def write(b, error):
+    fig = b.fig
+    if fig.get("ab_A") is None:  # an A/B run has none of those figures, only its own ratio
+        _baseline_ratios(fig)
     took = time.time() - b.t_start
     load = os.getloadavg()
     header = (f"stocksvr bench, {b.mode} run {b.stamp} UTC, git {git_rev()}, binary {b.a.bin}\n"
               + (f"settings: {', '.join(b.a.set)}\n" if b.a.set else "")
+              + (f"B: {b.a.against or b.a.bin}" + (f" with {', '.join(b.a.against_set)}" if b.a.against_set else "")
+                 + "\n" if b.a.against or b.a.against_set else "")
               + f"{os.cpu_count()} cores, load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}; "
               f"'others' below = CPU of processes the bench did not start (other builds and tests)")
     phase_lines = [b.phase_line(p) for p in b.phases if p["name"] not in ("warm-up",)]
