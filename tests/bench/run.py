@@ -143,7 +143,7 @@ def _baseline_ratios(fig):
 
 def write(b, error):
     fig = b.fig
-    if fig.get("ab_A") is None:  # an A/B run has none of those figures, only its own ratio
+    if b.mode != "A/B":  # an A/B run has none of those figures, only its own ratio
         _baseline_ratios(fig)
     took = time.time() - b.t_start
     load = os.getloadavg()
