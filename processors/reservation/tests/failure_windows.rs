@@ -25,7 +25,7 @@
 
 mod common;
 
-use common::{make_due, Fixture};
+use common::{make_due, series, Fixture};
 use stocksvr_core::events::topics;
 use stocksvr_core::reservation::{
     cancel_operation_id, confirm_operation_id, refund_operation_id, try_operation_id,
@@ -612,17 +612,10 @@ async fn a_worker_that_dies_mid_recovery_is_followed_by_one_that_finishes_once()
 /// Count and sum of `stocksvr_try_group_size{stage="lua"}` in a /metrics text: the script
 /// calls of grouped Trys, and the Trys in them.
 fn lua_stage(metrics: &str) -> (f64, f64) {
-    let read = |name: &str| {
-        metrics
-            .lines()
-            .find(|l| l.starts_with(name) && l.contains("stage=\"lua\""))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    };
+    let lua = "stage=\"lua\"";
     (
-        read("stocksvr_try_group_size_count"),
-        read("stocksvr_try_group_size_sum"),
+        series(metrics, "stocksvr_try_group_size_count", lua),
+        series(metrics, "stocksvr_try_group_size_sum", lua),
     )
 }
 

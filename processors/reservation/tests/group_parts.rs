@@ -3,18 +3,8 @@
 
 mod common;
 
-use common::Fixture;
+use common::{series, Fixture};
 use stocksvr_reservation::ServiceConfig;
-
-/// The value of the series `name{label="value"}` in a /metrics text (0 when absent).
-fn series(metrics: &str, name: &str, label: &str) -> f64 {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
 
 /// Forty concurrent Trys queue behind one group writer, so most of them commit in groups.
 /// Each group transaction that committed records its four parts once (a lone completion

@@ -274,3 +274,14 @@ pub fn open_baseline_row(merchant_id: u64, dish_id: u64, date: NaiveDate, total:
         lost_at: None,
     }
 }
+
+/// The value of the first series of `name` whose labels contain `label` in a /metrics text
+/// (0 when absent), e.g. `series(text, "stocksvr_try_group_size_count", "stage=\"commit\"")`.
+pub fn series(metrics: &str, name: &str, label: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
