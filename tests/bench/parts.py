@@ -4,6 +4,7 @@ bench.fig and records its phases (what every process used meanwhile)."""
 import concurrent.futures
 import json
 import os
+import statistics
 import time
 
 import checks
@@ -305,8 +306,8 @@ def part_ab(b, against, against_env, rounds):
             b.all = None
 
     def median(xs):
-        xs = sorted(x for x in xs if x is not None)
-        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2 if xs else None
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
 
     for side in ("A", "B"):
         runs = got[side]
