@@ -21,6 +21,76 @@ use stocksvr_pipeline::telemetry;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+/// The long-running parts of one process, each a named task. The names are kept until
+/// their task ends, so a drain that runs out of time says which parts were still busy.
+struct Parts {
+    tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
+    running: std::collections::BTreeMap<&'static str, usize>,
+}
+
+impl Parts {
+    fn new() -> Self {
+        Self {
+            tasks: JoinSet::new(),
+            running: Default::default(),
+        }
+    }
+
+    fn spawn<F>(&mut self, name: &'static str, part: F)
+    where
+        F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        *self.running.entry(name).or_default() += 1;
+        self.tasks.spawn(async move { (name, part.await) });
+    }
+
+    /// The next part to end, with its result (None once every part has ended).
+    async fn next(&mut self) -> Option<Result<(&'static str, anyhow::Result<()>), String>> {
+        let joined = self.tasks.join_next().await?;
+        Some(match joined {
+            Ok((name, result)) => {
+                self.ended(name);
+                Ok((name, result))
+            }
+            // A panicked task's name is lost with its output: `running` keeps it, which
+            // only matters to a drain that times out afterwards.
+            Err(e) => Err(e.to_string()),
+        })
+    }
+
+    fn ended(&mut self, name: &'static str) {
+        if let Some(n) = self.running.get_mut(name) {
+            *n -= 1;
+            if *n == 0 {
+                self.running.remove(name);
+            }
+        }
+    }
+
+    /// Waits up to `within` for every part to end, logging a part that ended with an error.
+    /// `Err` names the parts still running when the time ran out.
+    async fn drain(&mut self, within: Duration) -> Result<(), Vec<&'static str>> {
+        let all = async {
+            while let Some(joined) = self.next().await {
+                match joined {
+                    Ok((name, Err(e))) => {
+                        tracing::warn!(task = name, error = %format!("{e:#}"), "task ended with an error while draining")
+                    }
+                    Ok((_, Ok(()))) => {}
+                    Err(e) => tracing::warn!(error = %e, "a task panicked while draining"),
+                }
+            }
+        };
+        match tokio::time::timeout(within, all).await {
+            Ok(()) => Ok(()),
+            Err(_) => Err(self.running.keys().copied().collect()),
+        }
+    }
+}
+
+/// How long the parts get to finish their work after a shutdown was asked for.
+const DRAIN_WITHIN: Duration = Duration::from_secs(15);
+
 /// Resolves on SIGTERM or SIGINT. The handlers are installed here, before anything is
 /// served: a SIGTERM that arrives while the process is still starting must drain it, not
 /// kill it with the default disposition.
@@ -174,14 +244,14 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every long-running part is one named task; the first to end (always a failure
     // while no shutdown was asked for) or a signal stops them all.
-    let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
+    let mut tasks = Parts::new();
     let mut http_stop = stop_rx.clone();
-    tasks.spawn(async move {
-        let served = http::serve(listener, router, async move {
+    tasks.spawn("http listener", async move {
+        http::serve(listener, router, async move {
             let _ = http_stop.wait_for(|stop| *stop).await;
         })
-        .await;
-        ("http listener", served.map_err(anyhow::Error::from))
+        .await
+        .map_err(anyhow::Error::from)
     });
     let codec = AvroCodec::new(&settings.registry, catalog.clone())?;
     // The relay starts first so the reservation service can wake it after each commit.
@@ -197,11 +267,8 @@ pub async fn run(
         .in_namespace(settings.kafka.namespace());
         outbox_waker = Some(relay.waker());
         let stop = stop_rx.clone();
-        tasks.spawn(async move {
-            (
-                "outbox relay",
-                relay.run(stop).await.map_err(anyhow::Error::from),
-            )
+        tasks.spawn("outbox relay", async move {
+            relay.run(stop).await.map_err(anyhow::Error::from)
         });
     }
     if roles.dead_letter {
@@ -213,14 +280,10 @@ pub async fn run(
             &settings.kafka.group_prefix,
         ));
         let (settings, stop, codec) = (settings.clone(), stop_rx.clone(), codec.clone());
-        tasks.spawn(async move {
-            let result =
-                stocksvr_pipeline::consumer::run(&settings.kafka, codec, config, handler, stop)
-                    .await;
-            (
-                stocksvr_dead_letter::NAME,
-                result.map_err(anyhow::Error::from),
-            )
+        tasks.spawn(stocksvr_dead_letter::NAME, async move {
+            stocksvr_pipeline::consumer::run(&settings.kafka, codec, config, handler, stop)
+                .await
+                .map_err(anyhow::Error::from)
         });
     }
     if roles.lag_exporter {
@@ -229,25 +292,26 @@ pub async fn run(
             settings.lag_exporter.clone(),
             stop_rx.clone(),
         );
-        tasks.spawn(async move {
-            let result = stocksvr_lag_exporter::run(&kafka, config, stop).await;
-            ("lag exporter", result.map_err(anyhow::Error::from))
+        tasks.spawn("lag exporter", async move {
+            stocksvr_lag_exporter::run(&kafka, config, stop)
+                .await
+                .map_err(anyhow::Error::from)
         });
     }
     if roles.projector {
         let group = stocksvr_projector::group_name(&settings.kafka);
         let handler = Arc::new(stocksvr_projector::Projector::new(pool.clone(), group)?);
         let (settings, stop, codec) = (settings.clone(), stop_rx.clone(), codec.clone());
-        tasks.spawn(async move {
-            let result = stocksvr_pipeline::consumer::run(
+        tasks.spawn("projector", async move {
+            stocksvr_pipeline::consumer::run(
                 &settings.kafka,
                 codec,
                 stocksvr_projector::loop_config(&settings.kafka).with_consumer(&settings.consumer),
                 handler,
                 stop,
             )
-            .await;
-            ("projector", result.map_err(anyhow::Error::from))
+            .await
+            .map_err(anyhow::Error::from)
         });
     }
     if roles.needs_service() {
@@ -257,9 +321,8 @@ pub async fn run(
             stop_rx.clone(),
             codec.clone(),
         );
-        tasks.spawn(async move {
-            let result = boot::run(settings, pool, api, codec, outbox_waker, roles, stop).await;
-            ("reservation service and its processors", result)
+        tasks.spawn("reservation service and its processors", async move {
+            boot::run(settings, pool, api, codec, outbox_waker, roles, stop).await
         });
     }
 
@@ -268,7 +331,7 @@ pub async fn run(
             tracing::info!("shutdown requested, draining");
             Ok(())
         }
-        Some(joined) = tasks.join_next() => match joined {
+        Some(joined) = tasks.next() => match joined {
             Ok((name, Ok(()))) => Err(anyhow::anyhow!("{name} stopped unexpectedly")),
             Ok((name, Err(e))) => Err(e.context(format!("{name} failed"))),
             Err(e) => Err(anyhow::anyhow!("a task panicked: {e}")),
@@ -276,18 +339,12 @@ pub async fn run(
     };
     let _ = stop_tx.send(true);
     // Bounded drain: processors commit what they finished, then the process exits.
-    let drain = async {
-        while let Some(joined) = tasks.join_next().await {
-            if let Ok((name, Err(e))) = joined {
-                tracing::warn!(task = name, error = %format!("{e:#}"), "task ended with an error while draining");
-            }
-        }
-    };
-    if tokio::time::timeout(Duration::from_secs(15), drain)
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain did not finish within 15 s; exiting anyway");
+    if let Err(busy) = tasks.drain(DRAIN_WITHIN).await {
+        tracing::warn!(
+            still_running = %busy.join(", "),
+            "drain did not finish within {} s; exiting anyway",
+            DRAIN_WITHIN.as_secs()
+        );
     }
     tracing::info!("stocksvr stopped");
     outcome
@@ -296,6 +353,27 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_drain_that_runs_out_of_time_names_the_parts_still_running() {
+        let mut parts = Parts::new();
+        parts.spawn("quick", async { Ok(()) });
+        parts.spawn("failing", async { Err(anyhow::anyhow!("boom")) });
+        parts.spawn("stuck", std::future::pending());
+        parts.spawn("stuck", std::future::pending());
+        assert_eq!(
+            parts.drain(Duration::from_secs(1)).await,
+            Err(vec!["stuck"])
+        );
+        // Both of the same name are still counted.
+        assert_eq!(parts.running.get("stuck"), Some(&2));
+
+        let mut parts = Parts::new();
+        parts.spawn("quick", async { Ok(()) });
+        parts.spawn("failing", async { Err(anyhow::anyhow!("boom")) });
+        assert_eq!(parts.drain(Duration::from_secs(1)).await, Ok(()));
+        assert!(parts.running.is_empty());
+    }
 
     /// The admin part as `run` assembles it (a stand-in for the real handlers), next to a
     /// Try API route, served on a loopback port: the decision is an input, so the refused
