@@ -80,7 +80,14 @@ cleanup() {
         "${db_admin[@]}" -e "DROP DATABASE IF EXISTS \`$run_id\`" 2>/dev/null || true
         "$PYK" "$here/workload.py" cleanup --namespace "$run_id" >&2 || true
     fi
-    echo "live: $(( $(date +%s) - started )) s in all; files in $work" >&2
+    # A passing run leaves nothing in /tmp (its Prometheus TSDB and logs are of no further
+    # use); a failing run, --render, KEEP or an OBS_LIVE_DIR chosen by the caller keeps them.
+    if [ "$rc" -eq 0 ] && [ "$render" -eq 0 ] && [ -z "${KEEP:-}" ] && [ -z "${OBS_LIVE_DIR:-}" ]; then
+        rm -rf "$work"
+        echo "live: $(( $(date +%s) - started )) s in all; files removed (KEEP=1 keeps them)" >&2
+    else
+        echo "live: $(( $(date +%s) - started )) s in all; files in $work" >&2
+    fi
     exit "$rc"
 }
 trap cleanup EXIT
