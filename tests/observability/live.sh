@@ -203,5 +203,5 @@ if [ "$render" -eq 1 ]; then
     # Which alerts the run's Prometheus fired, for the record.
     curl -fsS "$prom/api/v1/alerts" >"$work/alerts.json" || true
 fi
-say "done (queries.txt, queries.json, all.log, exporter.log, prometheus.log in $work)"
+say "done"
 exit "$check_rc"
