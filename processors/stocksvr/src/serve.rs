@@ -21,18 +21,19 @@ use stocksvr_pipeline::telemetry;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-/// The long-running parts of one process, each a named task. The names are kept until
-/// their task ends, so a drain that runs out of time says which parts were still busy.
+/// The long-running parts of one process, each a named task. A part's name is kept by its
+/// task id until the task ends (returned, failed or panicked), so a drain that runs out of
+/// time says which parts were still busy.
 struct Parts {
-    tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
-    running: std::collections::BTreeMap<&'static str, usize>,
+    tasks: JoinSet<anyhow::Result<()>>,
+    names: std::collections::HashMap<tokio::task::Id, &'static str>,
 }
 
 impl Parts {
     fn new() -> Self {
         Self {
             tasks: JoinSet::new(),
-            running: Default::default(),
+            names: Default::default(),
         }
     }
 
@@ -40,50 +41,38 @@ impl Parts {
     where
         F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
     {
-        *self.running.entry(name).or_default() += 1;
-        self.tasks.spawn(async move { (name, part.await) });
+        let id = self.tasks.spawn(part).id();
+        self.names.insert(id, name);
     }
 
-    /// The next part to end, with its result (None once every part has ended).
-    async fn next(&mut self) -> Option<Result<(&'static str, anyhow::Result<()>), String>> {
-        let joined = self.tasks.join_next().await?;
-        Some(match joined {
-            Ok((name, result)) => {
-                self.ended(name);
-                Ok((name, result))
-            }
-            // A panicked task's name is lost with its output: `running` keeps it, which
-            // only matters to a drain that times out afterwards.
-            Err(e) => Err(e.to_string()),
-        })
-    }
-
-    fn ended(&mut self, name: &'static str) {
-        if let Some(n) = self.running.get_mut(name) {
-            *n -= 1;
-            if *n == 0 {
-                self.running.remove(name);
-            }
-        }
+    /// The next part to end, by name, with its result (a panic is an error); None once
+    /// every part has ended.
+    async fn next(&mut self) -> Option<(&'static str, anyhow::Result<()>)> {
+        let (id, result) = match self.tasks.join_next_with_id().await? {
+            Ok((id, result)) => (id, result),
+            Err(e) => (e.id(), Err(anyhow::anyhow!("panicked: {e}"))),
+        };
+        Some((self.names.remove(&id).unwrap_or("a task"), result))
     }
 
     /// Waits up to `within` for every part to end, logging a part that ended with an error.
     /// `Err` names the parts still running when the time ran out.
     async fn drain(&mut self, within: Duration) -> Result<(), Vec<&'static str>> {
         let all = async {
-            while let Some(joined) = self.next().await {
-                match joined {
-                    Ok((name, Err(e))) => {
-                        tracing::warn!(task = name, error = %format!("{e:#}"), "task ended with an error while draining")
-                    }
-                    Ok((_, Ok(()))) => {}
-                    Err(e) => tracing::warn!(error = %e, "a task panicked while draining"),
+            while let Some((name, result)) = self.next().await {
+                if let Err(e) = result {
+                    tracing::warn!(task = name, error = %format!("{e:#}"), "task ended with an error while draining");
                 }
             }
         };
         match tokio::time::timeout(within, all).await {
             Ok(()) => Ok(()),
-            Err(_) => Err(self.running.keys().copied().collect()),
+            Err(_) => {
+                let mut busy: Vec<&'static str> = self.names.values().copied().collect();
+                busy.sort_unstable();
+                busy.dedup();
+                Err(busy)
+            }
         }
     }
 }
@@ -331,10 +320,9 @@ pub async fn run(
             tracing::info!("shutdown requested, draining");
             Ok(())
         }
-        Some(joined) = tasks.next() => match joined {
-            Ok((name, Ok(()))) => Err(anyhow::anyhow!("{name} stopped unexpectedly")),
-            Ok((name, Err(e))) => Err(e.context(format!("{name} failed"))),
-            Err(e) => Err(anyhow::anyhow!("a task panicked: {e}")),
+        Some((name, result)) = tasks.next() => match result {
+            Ok(()) => Err(anyhow::anyhow!("{name} stopped unexpectedly")),
+            Err(e) => Err(e.context(format!("{name} failed"))),
         },
     };
     let _ = stop_tx.send(true);
@@ -359,6 +347,7 @@ mod tests {
         let mut parts = Parts::new();
         parts.spawn("quick", async { Ok(()) });
         parts.spawn("failing", async { Err(anyhow::anyhow!("boom")) });
+        parts.spawn("panicking", async { panic!("a part that panics") });
         parts.spawn("stuck", std::future::pending());
         parts.spawn("stuck", std::future::pending());
         assert_eq!(
@@ -366,13 +355,13 @@ mod tests {
             Err(vec!["stuck"])
         );
         // Both of the same name are still counted.
-        assert_eq!(parts.running.get("stuck"), Some(&2));
+        assert_eq!(parts.names.values().filter(|n| **n == "stuck").count(), 2);
 
         let mut parts = Parts::new();
         parts.spawn("quick", async { Ok(()) });
         parts.spawn("failing", async { Err(anyhow::anyhow!("boom")) });
         assert_eq!(parts.drain(Duration::from_secs(1)).await, Ok(()));
-        assert!(parts.running.is_empty());
+        assert!(parts.names.is_empty());
     }
 
     /// The admin part as `run` assembles it (a stand-in for the real handlers), next to a
