@@ -284,7 +284,7 @@ def part_ab(b, against, against_env, rounds):
         for side in ("A", "B") if rnd % 2 else ("B", "A"):
             binary, env = sides[side]
             b.all = b.role("all", 88, binary=binary, **env)
-            if rnd == 1 and not got["A"] and not got["B"]:
+            if not got["A"] and not got["B"]:  # the first side of the run
                 b.log(f"{init_buckets(b, b.all.url(''))} buckets initialised through POST /admin/buckets")
             b.watch = MetricsWatch(b.all)
             b.watch.start()
