@@ -29,7 +29,7 @@ import replay as replay_mod  # noqa: E402
 from checker import Checker  # noqa: E402
 from state import State  # noqa: E402
 from system import API_ROLES, ROLES, SERVERS, System  # noqa: E402
-from workload import Config, EventProducer, Workload  # noqa: E402
+from workload import Config, EventProducer, Workload, noon_zone  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 
@@ -84,7 +84,11 @@ class Run:
         self.dir = a.run_dir or os.path.join("/tmp/stocksvr-chaos", f"seed{a.seed}-{stamp}")
         os.makedirs(self.dir, exist_ok=True)
         self.history = history_mod.History(os.path.join(self.dir, "history.jsonl"))
+        # Merchants 501-503 have no zone of their own: every stocksvr process (roles and
+        # commands) gets the run's noon zone as the default, picked once (see noon_zone).
+        self.zone_name, self.zone = noon_zone(dt.datetime.now(dt.timezone.utc).hour)
         settings = {
+            "STOCKSVR__RESERVATION__DEFAULT_TIMEZONE": self.zone_name,
             "STOCKSVR__RESERVATION__HOLD_TTL_SECS": str(a.hold_ttl),
             "STOCKSVR__LOG__FILTER": "info,librdkafka=warn,sqlx=warn",
         }
@@ -112,7 +116,8 @@ class Run:
     def setup(self):
         a, s = self.a, self.system
         self.phase(f"setup: private stack in {s.stack_dir} on ports {a.port_base}+ (kafka {s.port['kafka']}, "
-                   f"mariadb {s.port['mariadb']}, redis {s.port['redis']}, registry {s.port['registry']})")
+                   f"mariadb {s.port['mariadb']}, redis {s.port['redis']}, registry {s.port['registry']}); "
+                   f"merchants' zone {self.zone_name}")
         t0 = time.monotonic()
         s.stack_up()
         s.toxiproxy("up")
@@ -134,11 +139,11 @@ class Run:
             cfg.workers = a.workers
         cfg.max_orders = a.orders
         cfg.round_robin = bool(a.instances)
-        today = dt.datetime.now(dt.timezone.utc).date()
+        today = dt.datetime.now(self.zone).date()
         reader = redis_lib.Redis(host="127.0.0.1", port=s.port["redis"], decode_responses=True,
                                  socket_timeout=2, socket_connect_timeout=2)
         self.workload = Workload(self.history, [s.api_url(r) for r in API_ROLES], self.producer, a.seed, cfg, today,
-                                 redis_direct=reader)
+                                 self.zone, redis_direct=reader)
         buckets = self.workload.plan_buckets()
         for b in buckets:
             rc, out, err = s.cli("bucket", "init", "--merchant-id", str(b.merchant), "--dish-id", str(b.dish),

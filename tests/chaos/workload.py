@@ -46,6 +46,17 @@ def rfc3339(t):
     return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def noon_zone(utc_hour):
+    """(IANA name, tzinfo) of the whole-hour zone where it is 12:xx while it is `utc_hour`:xx in
+    UTC. The merchants' business day (their bucket's date) is computed in their zone; in UTC a
+    run across midnight made today's buckets and then tried against tomorrow's, which do not
+    exist. From noon a run would have to last about eleven hours to see the day change."""
+    offset = 12 - utc_hour  # -11..12
+    # The Etc zones keep POSIX signs, inverted: Etc/GMT-5 is five hours AHEAD of UTC.
+    name = "Etc/GMT" if offset == 0 else f"Etc/GMT{-offset:+d}"
+    return name, dt.timezone(dt.timedelta(hours=offset), name)
+
+
 # ---- HTTP ---------------------------------------------------------------------------------
 
 
@@ -269,13 +280,14 @@ class Config:
 
 
 class Workload:
-    def __init__(self, history, api_bases, producer, seed, cfg, date, redis_direct=None):
+    def __init__(self, history, api_bases, producer, seed, cfg, date, zone, redis_direct=None):
         self.history = history
         self.api_bases = list(api_bases)
         self.producer = producer
         self.seed = seed
         self.cfg = cfg
-        self.date = date
+        self.date = date  # the merchants' business day in `zone` (a tzinfo)
+        self.zone = zone
         self.http = Http(history, cfg.http_timeout)
         # A Redis client straight to the server: reads of the stock hash that do not depend on
         # stocksvr answering (the no-oversell check looks at both kinds of reads).
@@ -386,7 +398,7 @@ class Workload:
         processing_time = None
         if rng.random() < cfg.p_scheduled:
             pt = utc_now() + dt.timedelta(seconds=rng.uniform(*cfg.scheduled_delay))
-            if pt.date() == self.date:  # a bucket exists only for today
+            if pt.astimezone(self.zone).date() == self.date:  # a bucket exists only for today
                 order_type, processing_time = "SCHEDULED", rfc3339(pt)
         api_pick = rng.randrange(len(self.api_bases))
         if cfg.round_robin:

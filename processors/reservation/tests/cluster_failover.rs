@@ -9,7 +9,6 @@
 
 mod common;
 
-use chrono::Utc;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -133,7 +132,7 @@ async fn a_master_killed_under_load_loses_no_acknowledged_try() {
         ids,
         config,
     ));
-    let today = Utc::now().date_naive();
+    let today = stocksvr_test_support::zone::today();
     let bucket = |dish: u64| BucketKey::new(merchant_id, dish, today);
 
     // One merchant's dish ids 1..50 on one day do not reach every master: CRC16 is linear, so

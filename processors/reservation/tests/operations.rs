@@ -335,7 +335,8 @@ async fn the_daily_job_prepares_tomorrow_before_midnight_once() {
     stocksvr_store::baselines::ensure_baseline(&f.pool, &f.baseline(yesterday, 25))
         .await
         .expect("baseline");
-    let midnight: DateTime<Utc> = tomorrow.and_hms_opt(0, 0, 0).expect("t").and_utc();
+    // The merchant's midnight (the job looks ahead to it in the baselines' zone).
+    let midnight: DateTime<Utc> = stocksvr_test_support::zone::start_of(tomorrow);
     let lead = TimeDelta::hours(3);
     // Twenty hours before midnight: only today is ensured (a catch-up, yesterday's total).
     let early = f

@@ -13,6 +13,7 @@ use stocksvr_core::reservation::{try_operation_id, ReservationStatus};
 use stocksvr_reservation::{IntentOutcome, ServiceConfig, ServiceError};
 use stocksvr_store::lua::Step;
 use stocksvr_store::reservations as repo;
+use stocksvr_test_support::zone;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_thousand_concurrent_trys_never_oversell() {
@@ -325,8 +326,8 @@ async fn refunds_from_confirmed_and_created_reserved_are_idempotent_and_bounded(
     let mut req = f.request(2, 4);
     req.order_type = OrderType::Scheduled;
     req.processing_time = Some(Utc::now() + chrono::TimeDelta::minutes(1));
-    if req.processing_time.map(|t| t.date_naive()) != Some(f.today) {
-        return; // a minute before midnight UTC the bucket would be tomorrow's; nothing to learn then
+    if req.processing_time.map(zone::date_of) != Some(f.today) {
+        return; // a minute before the merchant's midnight the bucket would be tomorrow's
     }
     let scheduled: u64 = f
         .service
@@ -932,4 +933,36 @@ async fn a_step_begun_alone_chosen_as_deadlock_victim_is_begun_again() {
     assert_eq!(row.status_name(), "CONFIRMING");
     assert_eq!(row.version, reserved.version + 1, "begun once");
     assert_eq!(begun, vec![Some(row)], "answered as the row MySQL holds");
+}
+
+/// The test merchants' zone (see `stocksvr_test_support::zone`) is one the service accepts,
+/// and its days are the service's business days, for the zone of every hour a test binary
+/// may start at (an inverted Etc sign would put the day boundary 2 x offset hours off).
+#[test]
+fn the_test_merchants_zone_is_the_services_business_day() {
+    use stocksvr_core::bucket::{business_date, parse_timezone};
+    use stocksvr_test_support::zone::NoonZone;
+    let day = chrono::NaiveDate::from_ymd_opt(2026, 3, 29).expect("a day");
+    for hour in 0..24 {
+        let zone = NoonZone::for_utc_hour(hour);
+        let tz = parse_timezone(zone.name()).expect("the service knows the zone");
+        let start = zone.start_of(day);
+        for t in [
+            start - chrono::TimeDelta::milliseconds(1),
+            start,
+            start + chrono::TimeDelta::hours(12),
+            start + chrono::TimeDelta::days(1) - chrono::TimeDelta::milliseconds(1),
+            start + chrono::TimeDelta::days(1),
+        ] {
+            assert_eq!(
+                zone.date_of(t),
+                business_date(t, tz),
+                "{t} in {}",
+                zone.name()
+            );
+        }
+    }
+    let now = Utc::now();
+    let tz = parse_timezone(zone::zone_name()).expect("this process's zone");
+    assert_eq!(zone::date_of(now), business_date(now, tz));
 }

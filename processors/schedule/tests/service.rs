@@ -17,7 +17,7 @@ use stocksvr_schedule::ScheduleSettings;
 use stocksvr_schedule::{ScheduleConfig, TimeWheel};
 use stocksvr_store::baselines::Baseline;
 use stocksvr_store::lua::LuaExecutor;
-use stocksvr_test_support::TestDb;
+use stocksvr_test_support::{zone, TestDb};
 
 fn seed() -> u64 {
     use std::hash::{Hash, Hasher};
@@ -73,7 +73,7 @@ impl Fixture {
         })
         .expect("config");
         let merchant_id = 3_000_000 + s % 1_000_000_000;
-        stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, "UTC")
+        stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, zone::zone_name())
             .await
             .expect("tz");
         Self {
@@ -97,7 +97,7 @@ impl Fixture {
                 merchant_id: self.merchant_id,
                 dish_id: self.dish_id,
                 stock_date: date,
-                timezone: "UTC".into(),
+                timezone: zone::zone_name().into(),
                 total_stock: total,
                 baseline_version: 1,
                 stock_status: 1,
@@ -111,7 +111,7 @@ impl Fixture {
 
     /// A SCHEDULED reservation due at `due`, created by its order (CREATED_RESERVED).
     async fn parked(&self, item: u64, quantity: u32, due: DateTime<Utc>) -> u64 {
-        self.baseline(due.date_naive(), 10).await;
+        self.baseline(zone::date_of(due), 10).await;
         let reply = self
             .service
             .try_reserve(&TryRequest {
@@ -264,14 +264,14 @@ async fn the_scan_confirms_what_the_wheel_missed_once_and_rearms_lost_entries() 
         0,
         "the scan confirms directly"
     );
-    let keys = BucketKey::new(f.merchant_id, f.dish_id, due.date_naive());
+    let keys = BucketKey::new(f.merchant_id, f.dish_id, zone::date_of(due));
     let numbers = f
         .lua
         .read_bucket(&keys)
         .await
         .expect("read")
         .expect("bucket");
-    if due.date_naive() == later.date_naive() && later.date_naive() == far.date_naive() {
+    if zone::date_of(due) == zone::date_of(later) && zone::date_of(later) == zone::date_of(far) {
         assert_eq!(
             (numbers.available, numbers.reserved, numbers.sold),
             (10 - 5, 2, 3)

@@ -17,14 +17,13 @@
 
 mod common;
 
-use chrono::Utc;
 use common::api::wait_for_api;
 use common::TestEnv;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_store::baselines::Baseline;
-use stocksvr_test_support::PrivateStack;
+use stocksvr_test_support::{zone, PrivateStack};
 
 const TOKEN: &str = "fuzz-admin-token";
 /// The merchant and dish of the document's request examples (`processors/api`).
@@ -55,10 +54,10 @@ async fn the_api_conforms_to_its_openapi_document_under_fuzzing() {
     env.overrides
         .push(("STOCKSVR__REDIS__URL", redis.var("STOCKSVR__REDIS__URL")));
     let pool = env.pool();
-    stocksvr_store::baselines::set_merchant_timezone(&pool, MERCHANT, "UTC")
+    stocksvr_store::baselines::set_merchant_timezone(&pool, MERCHANT, zone::zone_name())
         .await
         .expect("time zone");
-    let today = Utc::now().date_naive();
+    let today = zone::today();
     stocksvr_store::baselines::ensure_baseline(
         &pool,
         &Baseline {
@@ -66,7 +65,7 @@ async fn the_api_conforms_to_its_openapi_document_under_fuzzing() {
             merchant_id: MERCHANT,
             dish_id: DISH,
             stock_date: today,
-            timezone: "UTC".into(),
+            timezone: zone::zone_name().into(),
             // Enough that no generated Try runs the bucket dry.
             total_stock: 10_000_000,
             baseline_version: 1,

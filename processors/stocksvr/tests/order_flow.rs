@@ -106,7 +106,7 @@ async fn insert_preparing(
     reservation_id: u64,
     quantity: u32,
 ) {
-    let today = chrono::Utc::now().date_naive();
+    let today = stocksvr_test_support::zone::today();
     let key = stocksvr_core::bucket::BucketKey::new(shop.merchant_id, shop.dish_id, today);
     let new = stocksvr_store::reservations::NewReservation {
         id: reservation_id,

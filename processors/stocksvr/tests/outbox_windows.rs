@@ -175,7 +175,7 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
     let bucket = stocksvr_core::bucket::BucketKey::new(
         shop.merchant_id,
         shop.dish_id,
-        chrono::Utc::now().date_naive(),
+        stocksvr_test_support::zone::today(),
     )
     .stock_bucket_id();
     let operations = [
@@ -327,7 +327,7 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
     let keys = BucketKey::new(
         shop.merchant_id,
         shop.dish_id,
-        chrono::Utc::now().date_naive(),
+        stocksvr_test_support::zone::today(),
     );
     let redis = lua.read_bucket(&keys).await.expect("read").expect("bucket");
     assert_eq!(

@@ -35,7 +35,7 @@ fn bucket_of(shop: &Shop) -> BucketKey {
     BucketKey::new(
         shop.merchant_id,
         shop.dish_id,
-        chrono::Utc::now().date_naive(),
+        stocksvr_test_support::zone::today(),
     )
 }
 

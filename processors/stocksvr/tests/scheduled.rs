@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_schedule::TimeWheel;
 use stocksvr_store::baselines::Baseline;
+use stocksvr_test_support::zone;
 
 struct Scheduled {
     shop: Shop,
@@ -100,7 +101,7 @@ impl Scheduled {
                 merchant_id: self.shop.merchant_id,
                 dish_id,
                 stock_date: date,
-                timezone: "UTC".into(),
+                timezone: zone::zone_name().into(),
                 total_stock: total,
                 baseline_version: 1,
                 stock_status: 1,
@@ -118,7 +119,7 @@ impl Scheduled {
     /// first.
     async fn caught_up(&self, server: &Server, order_id: u64) {
         let dish_id = self.shop.dish_id + 1;
-        self.bucket(dish_id, Utc::now().date_naive(), 1).await;
+        self.bucket(dish_id, zone::today(), 1).await;
         let body = json!({"order_id": order_id, "order_item_id": order_id * 10,
             "merchant_id": self.shop.merchant_id, "dish_id": dish_id, "quantity": 1, "order_type": "INSTANT"});
         let (status, reply) = post(server, "/v1/reservations", &body.to_string()).await;
@@ -274,7 +275,7 @@ async fn the_wheel_confirms_once_at_the_due_time_and_a_cancel_before_it_refunds_
     let due1 = in_secs(10);
     let due2 = in_secs(30);
     for due in [due1, due2] {
-        t.bucket(t.shop.dish_id, due.date_naive(), 10).await;
+        t.bucket(t.shop.dish_id, zone::date_of(due), 10).await;
     }
     let r1 = t.try_scheduled(&server, o1, 3, due1).await;
     let r2 = t.try_scheduled(&server, o2, 2, due2).await;
@@ -333,8 +334,8 @@ async fn the_wheel_confirms_once_at_the_due_time_and_a_cancel_before_it_refunds_
         t.outbox(r2, "InventoryRefunded").await[0]["data"]["before_confirm"],
         true
     );
-    let day2 = due2.date_naive();
-    if day2 == due1.date_naive() {
+    let day2 = zone::date_of(due2);
+    if day2 == zone::date_of(due1) {
         // r1 may have been confirmed meanwhile: its 3 units are reserved or sold.
         let (available, reserved, sold) = t.numbers(&server, day2).await;
         assert_eq!(
@@ -363,7 +364,7 @@ async fn the_wheel_confirms_once_at_the_due_time_and_a_cancel_before_it_refunds_
         None,
         "fired entries leave the wheel"
     );
-    let day1 = due1.date_naive();
+    let day1 = zone::date_of(due1);
     assert_eq!(t.numbers(&server, day1).await.2, 3, "r1 sold once");
 
     // A duplicated trigger (a producer retry, a replay) finds the work done.
@@ -413,7 +414,7 @@ async fn a_timer_lost_while_the_process_was_down_is_confirmed_by_the_scan_once()
     let order = 5_500_000 + m % 1_000_000 * 10;
     t.caught_up(&server, order + 9).await;
     let due = in_secs(8);
-    t.bucket(t.shop.dish_id, due.date_naive(), 10).await;
+    t.bucket(t.shop.dish_id, zone::date_of(due), 10).await;
     let id = t.try_scheduled(&server, order, 2, due).await;
     let (partition, offset) = t
         .shop
@@ -481,7 +482,7 @@ async fn a_timer_lost_while_the_process_was_down_is_confirmed_by_the_scan_once()
     assert_eq!(t.outbox(id, "InventoryRedisConfirmed").await.len(), 1);
     assert_eq!(t.outbox(id, "InventoryConfirmed").await.len(), 1);
     assert_eq!(
-        t.numbers(&server, due.date_naive()).await,
+        t.numbers(&server, zone::date_of(due)).await,
         (10 - 2, 0, 2),
         "sold once, nothing left reserved"
     );

@@ -7,11 +7,11 @@ mod common;
 
 use common::server::Server;
 
-use chrono::Utc;
 use common::api::{post, shop, wait_for_api};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use stocksvr_core::bucket::BucketKey;
+use stocksvr_test_support::zone;
 
 const TOKEN: &str = "ops-secret";
 
@@ -39,7 +39,7 @@ async fn operators_init_adjust_close_and_inspect_a_bucket() {
     let server = shop.server(&[("STOCKSVR__HTTP__ADMIN_TOKEN", TOKEN)]);
     wait_for_api(&server).await;
     let dish = 41;
-    let bucket = BucketKey::new(shop.merchant_id, dish, Utc::now().date_naive()).stock_bucket_id();
+    let bucket = BucketKey::new(shop.merchant_id, dish, zone::today()).stock_bucket_id();
     let init = json!({"merchant_id": shop.merchant_id, "dish_id": dish, "total": 10});
 
     // Without the token nothing happens.

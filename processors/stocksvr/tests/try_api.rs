@@ -4,11 +4,11 @@
 
 mod common;
 
-use chrono::Utc;
 use common::api::{get, post, shop, wait_for_api};
 use serde_json::{json, Value};
 use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
+use stocksvr_test_support::zone;
 
 #[tokio::test]
 async fn try_api_reserves_repeats_and_reads() {
@@ -36,7 +36,7 @@ async fn try_api_reserves_repeats_and_reads() {
     assert_eq!(one["status"], "RESERVED");
     assert_eq!(
         one["stock_bucket_id"],
-        BucketKey::new(shop.merchant_id, shop.dish_id, Utc::now().date_naive()).stock_bucket_id()
+        BucketKey::new(shop.merchant_id, shop.dish_id, zone::today()).stock_bucket_id()
     );
 
     // Whole order: one item fits, one does not; the fitting one is not cancelled by us.

@@ -4,7 +4,9 @@
 //! and Redis on 127.0.0.1) and isolate themselves: each gets its own database, its own topic
 //! namespace and its own consumer groups, and everything it creates is released by a guard
 //! when the test ends, pass or fail (a panicking test unwinds through the guards' `Drop`).
-//! Set `STOCKSVR_TEST_KEEP=1` to keep databases and topics for a post-mortem.
+//! Set `STOCKSVR_TEST_KEEP=1` to keep databases and topics for a post-mortem. Test merchants
+//! live in [`zone`]'s time zone, where it is about noon when the tests start, so no test
+//! crosses their midnight.
 
 mod db;
 mod ids;
@@ -12,6 +14,7 @@ mod kafka;
 mod private_stack;
 mod process;
 mod stack;
+pub mod zone;
 
 pub use db::TestDb;
 pub use ids::{unique, unique_id};

@@ -15,6 +15,7 @@ use stocksvr_reservation::{ReservationService, ServiceConfig, TryRequest};
 use stocksvr_store::baselines::Baseline;
 use stocksvr_store::lua::LuaExecutor;
 use stocksvr_store::reservations::{self as repo, InsertOutcome, NewReservation};
+use stocksvr_test_support::zone;
 use stocksvr_test_support::TestDb;
 
 fn env_or(key: &str, default: &str) -> String {
@@ -91,7 +92,7 @@ pub async fn stores(config: &ServiceConfig) -> Stores {
     .await
     .expect("redis");
     let merchant_id = 1_000_000 + s % 1_000_000_000;
-    stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, "UTC")
+    stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, zone::zone_name())
         .await
         .expect("tz");
     Stores {
@@ -129,7 +130,7 @@ impl Fixture {
             merchant_id,
         } = stores(&config).await;
         let dish_id = 77;
-        let today = Utc::now().date_naive();
+        let today = zone::today();
         let fixture = Self {
             _db: db,
             service: Arc::new(ReservationService::new(
@@ -242,8 +243,8 @@ pub async fn make_due(pool: &sqlx::MySqlPool) {
         .expect("due");
 }
 
-/// The baseline row of an open bucket of `total` units (UTC merchant), as the daily job or a
-/// bucket init writes it.
+/// The baseline row of an open bucket of `total` units (in the test merchants' zone), as the
+/// daily job or a bucket init writes it.
 pub async fn open_baseline(
     pool: &sqlx::MySqlPool,
     merchant_id: u64,
@@ -266,7 +267,7 @@ pub fn open_baseline_row(merchant_id: u64, dish_id: u64, date: NaiveDate, total:
         merchant_id,
         dish_id,
         stock_date: date,
-        timezone: "UTC".into(),
+        timezone: zone::zone_name().into(),
         total_stock: total,
         baseline_version: 1,
         stock_status: 1,

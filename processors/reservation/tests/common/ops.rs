@@ -43,7 +43,7 @@ impl Ops {
             pool,
             merchant_id,
             dish_id: 88,
-            today: Utc::now().date_naive(),
+            today: stocksvr_test_support::zone::today(),
         }
     }
 

@@ -1,11 +1,11 @@
 //! A shop (fresh database, merchant, today's bucket) and small HTTP helpers for API tests.
 
 use super::server::Server;
-use chrono::Utc;
 use serde_json::Value;
 use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_store::baselines::Baseline;
+use stocksvr_test_support::zone;
 
 pub struct Shop {
     /// The test's database, topics and groups.
@@ -22,8 +22,8 @@ impl Shop {
     }
 }
 
-/// A test environment (database, topics, groups) with a merchant (UTC) and today's bucket
-/// of `total` for one dish.
+/// A test environment (database, topics, groups) with a merchant (in the tests' noon zone,
+/// see `stocksvr_test_support::zone`) and today's bucket of `total` for one dish.
 pub async fn shop(total: i64) -> Shop {
     shop_in(super::TestEnv::new().await, total).await
 }
@@ -37,10 +37,10 @@ pub async fn shop_in(env: super::TestEnv, total: i64) -> Shop {
     // be unique per test, not just per microsecond (parallel tests start together).
     let merchant_id = stocksvr_test_support::unique_id(2_000_000);
     let dish_id = 31;
-    stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, "UTC")
+    stocksvr_store::baselines::set_merchant_timezone(&pool, merchant_id, zone::zone_name())
         .await
         .expect("tz");
-    let today = Utc::now().date_naive();
+    let today = zone::today();
     stocksvr_store::baselines::ensure_baseline(
         &pool,
         &Baseline {
@@ -48,7 +48,7 @@ pub async fn shop_in(env: super::TestEnv, total: i64) -> Shop {
             merchant_id,
             dish_id,
             stock_date: today,
-            timezone: "UTC".into(),
+            timezone: zone::zone_name().into(),
             total_stock: total,
             baseline_version: 1,
             stock_status: 1,

@@ -116,11 +116,19 @@ impl TestEnv {
         let mut env = self.ns.env();
         env.push(self.db.env());
         env.push(("STOCKSVR__SCHEDULE__WHEEL_NAMESPACE", self.wheel.clone()));
-        // No next-day buckets: with the default lead (120 min) a server started after 22:00
-        // UTC prepares tomorrow's bucket of every dish, a second bucket the tests that count
-        // a pass's buckets did not make (three reconcile tests failed so in a CI run then).
-        // The daily job's own tests call `prepare_days` with their own lead and clock.
+        // No next-day buckets: with the default lead (120 min) a server started in the last
+        // two hours of the merchants' day prepares tomorrow's bucket of every dish, a second
+        // bucket the tests that count a pass's buckets did not make (three reconcile tests
+        // failed so in a CI run when test merchants were in UTC; the noon zone below keeps
+        // them far from midnight too). The daily job's own tests call `prepare_days` with
+        // their own lead and clock.
         env.push(("STOCKSVR__STOCK_OPS__DAILY_LEAD_MINUTES", "0".to_string()));
+        // A merchant without a zone of its own is in the tests' noon zone too, so no test's
+        // business day changes while it runs (see `stocksvr_test_support::zone`).
+        env.push((
+            "STOCKSVR__RESERVATION__DEFAULT_TIMEZONE",
+            stocksvr_test_support::zone::zone_name().to_string(),
+        ));
         env.extend(self.overrides.iter().cloned());
         env
     }
