@@ -23,6 +23,10 @@ pub enum Round {
     Partial,
     /// Nothing claimable.
     Empty,
+    /// Nothing claimable now, and the earliest work known comes due in this long (a time
+    /// wheel's next entry): sleep as after [`Round::Empty`], but not past it, so that entry
+    /// is taken on time while the idle sleeps grow.
+    EmptyUntil(Duration),
     /// Work done, and no more due before the longest sleep (a task on a schedule of its own,
     /// like the reconciler's shards): sleep `max` once, then start again from `min`.
     Idle,
@@ -62,6 +66,13 @@ impl Poller {
             }
             Round::Empty | Round::Failed => {
                 let sleep = self.idle;
+                self.idle = (self.idle * 2).min(self.max);
+                sleep
+            }
+            Round::EmptyUntil(due) => {
+                // At least a millisecond: a round must never come back at once with nothing
+                // done (a due time rounded down to now would spin).
+                let sleep = self.idle.min(due.max(Duration::from_millis(1)));
                 self.idle = (self.idle * 2).min(self.max);
                 sleep
             }
@@ -202,6 +213,25 @@ mod tests {
         // Done until the schedule says otherwise: the longest sleep, then short ones again.
         assert_eq!(p.next(Round::Idle), 2000 * MS);
         assert_eq!(p.next(Round::Empty), 20 * MS);
+    }
+
+    #[test]
+    fn an_idle_sleep_ends_when_the_next_known_work_comes_due() {
+        let mut p = Poller::new(200 * MS, 1000 * MS);
+        // Work due in 10 s: the idle sleeps grow as after an empty round ...
+        let far: Vec<_> = (0..5)
+            .map(|_| p.next(Round::EmptyUntil(10_000 * MS)))
+            .collect();
+        assert_eq!(far, [200, 400, 800, 1000, 1000].map(|m| m * MS));
+        // ... but never past the due time, even below `min` ...
+        assert_eq!(p.next(Round::EmptyUntil(350 * MS)), 350 * MS);
+        assert_eq!(p.next(Round::EmptyUntil(30 * MS)), 30 * MS);
+        // ... and never zero: a round that did nothing does not come back at once.
+        assert_eq!(p.next(Round::EmptyUntil(Duration::ZERO)), MS);
+        // Work found: back to `min`, and the growth starts again.
+        assert_eq!(p.next(Round::Partial), 200 * MS);
+        assert_eq!(p.next(Round::EmptyUntil(10_000 * MS)), 200 * MS);
+        assert_eq!(p.next(Round::EmptyUntil(10_000 * MS)), 400 * MS);
     }
 
     #[tokio::test(start_paused = true)]

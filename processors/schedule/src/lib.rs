@@ -69,6 +69,8 @@ pub enum ScheduleError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduleConfig {
     pub tick: Duration,
+    /// The longest sleep of the wheel poller while nothing is due (at least `tick`).
+    pub idle_tick: Duration,
     pub claim_timeout: Duration,
     /// Entries claimed per shard and script call.
     pub claim_batch: usize,
@@ -94,6 +96,12 @@ impl ScheduleConfig {
                     .into(),
             );
         }
+        if s.idle_tick_ms < s.tick_ms {
+            return bad(format!(
+                "schedule.idle_tick_ms ({}) must be at least tick_ms ({})",
+                s.idle_tick_ms, s.tick_ms
+            ));
+        }
         if s.load_ahead_secs < s.scan_interval_secs {
             return bad(format!(
                 "schedule.load_ahead_secs ({}) must be at least scan_interval_secs ({}), or entries due between two scans are never re-armed",
@@ -108,6 +116,7 @@ impl ScheduleConfig {
         };
         Ok(Self {
             tick: Duration::from_millis(s.tick_ms),
+            idle_tick: Duration::from_millis(s.idle_tick_ms),
             claim_timeout: Duration::from_secs(s.claim_timeout_secs),
             claim_batch: 100,
             scan_interval: Duration::from_secs(s.scan_interval_secs),
@@ -132,6 +141,7 @@ pub async fn run(
     tracing::info!(
         ?wheel,
         tick = ?config.tick,
+        idle_tick = ?config.idle_tick,
         scan_interval = ?config.scan_interval,
         "scheduled confirms started"
     );
@@ -157,12 +167,15 @@ pub async fn run(
 mod tests {
     use super::*;
 
+    const MS: Duration = Duration::from_millis(1);
+
     #[test]
     fn the_defaults_are_valid() {
         let c = ScheduleConfig::from_settings(&ScheduleSettings::default()).expect("valid");
         assert_eq!(c.scan_interval, Duration::from_secs(30));
         assert_eq!(c.scan_grace, TimeDelta::seconds(30));
         assert_eq!(c.load_ahead, TimeDelta::seconds(600));
+        assert_eq!((c.tick, c.idle_tick), (200 * MS, 1000 * MS));
     }
 
     #[test]
@@ -175,6 +188,7 @@ mod tests {
         for bad in [
             with(|s| s.shards = 0),
             with(|s| s.tick_ms = 0),
+            with(|s| s.idle_tick_ms = 100),
             with(|s| s.scan_interval_secs = 0),
             with(|s| s.load_ahead_secs = 10),
             with(|s| s.wheel_namespace = "a}b".into()),

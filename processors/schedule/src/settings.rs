@@ -13,8 +13,14 @@ pub struct ScheduleSettings {
     /// Sorted sets the wheel is spread over (reservation id modulo shards). Entries left in a
     /// shard that a smaller count drops are re-armed by the load-ahead or confirmed by the scan.
     pub shards: u16,
-    /// How often each instance claims due entries from the wheel, in milliseconds.
+    /// How often each instance claims due entries from the wheel while entries are being
+    /// fired, in milliseconds.
     pub tick_ms: u64,
+    /// The longest sleep of an instance's poller while nothing is due, in milliseconds (at
+    /// least `tick_ms`). The sleep ends at the earliest entry's due time, or at once when the
+    /// instance itself arms one; an entry another instance arms for sooner fires at most
+    /// this late.
+    pub idle_tick_ms: u64,
     /// How long a claimed entry stays hidden from other pollers before it falls due again
     /// (its claimant died before emitting), in seconds.
     pub claim_timeout_secs: u64,
@@ -35,6 +41,7 @@ impl Default for ScheduleSettings {
             wheel_namespace: "stocksvr".into(),
             shards: 8,
             tick_ms: 200,
+            idle_tick_ms: 1000,
             claim_timeout_secs: 30,
             scan_interval_secs: 30,
             scan_grace_secs: 30,

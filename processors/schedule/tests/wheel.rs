@@ -156,6 +156,14 @@ async fn due_keys_names_exactly_the_shards_with_a_due_head() {
         wheel.due_keys().await.expect("peek"),
         vec![wheel.key_for(1)]
     );
+    // The same look says when the earliest entry not due yet comes due: shard 2's, in five
+    // minutes (the poller sleeps until then at most).
+    let next = wheel.peek().await.expect("peek").next_due_in;
+    let five = Duration::from_secs(300);
+    assert!(
+        next.is_some_and(|n| n <= five && n > five - Duration::from_secs(10)),
+        "{next:?}"
+    );
     // Claimed: hidden under its lease, so the shard is not due ...
     let lease = Duration::from_millis(600);
     let claim = wheel
@@ -184,6 +192,39 @@ async fn due_keys_names_exactly_the_shards_with_a_due_head() {
         .expect("claim");
     assert_eq!(again.members, vec!["1".to_string()], "the claim agrees");
     for id in [1, 2] {
+        wheel.remove(id).await.expect("clean up");
+    }
+}
+
+/// An entry armed through a handle wakes a poller of the same process sleeping on
+/// `armed()` (a clone's too), so it is not left to the poller's next look; arming an entry
+/// that is on the wheel already changes nothing and wakes nobody.
+#[tokio::test]
+async fn arming_an_entry_wakes_the_pollers_of_this_process() {
+    let wheel = wheel("armed", 2).await;
+    let armed = wheel.armed();
+    let woken = armed.notified();
+    tokio::pin!(woken);
+    woken.as_mut().enable();
+    let due = Utc::now() + TimeDelta::minutes(5);
+    assert!(wheel.clone().arm(7, due).await.expect("arm"), "added");
+    tokio::time::timeout(Duration::from_secs(1), woken)
+        .await
+        .expect("the arm woke the poller");
+    // Already there: no wake-up (a poller would look again for nothing).
+    assert!(!wheel.arm(7, due).await.expect("arm"), "not added twice");
+    assert_eq!(wheel.arm_many(&[(7, due)]).await.expect("arm"), 0);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), armed.notified())
+            .await
+            .is_err(),
+        "no wake-up for an entry already armed"
+    );
+    assert_eq!(wheel.arm_many(&[(8, due)]).await.expect("arm"), 1);
+    tokio::time::timeout(Duration::from_secs(1), armed.notified())
+        .await
+        .expect("arm_many woke the poller");
+    for id in [7, 8] {
         wheel.remove(id).await.expect("clean up");
     }
 }

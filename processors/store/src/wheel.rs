@@ -45,13 +45,24 @@ pub struct Claim {
     pub members: Vec<String>,
 }
 
-/// Handle on the wheel's shards. Cheap to clone.
+/// What a poller's look at the wheel found ([`TimeWheel::peek`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peek {
+    /// The shards worth a claim now.
+    pub due: Vec<String>,
+    /// How long until the earliest entry not due yet comes due, by the server's clock; None
+    /// when no shard holds one, or in a cluster (each shard has its own clock there).
+    pub next_due_in: Option<Duration>,
+}
+
+/// Handle on the wheel's shards. Cheap to clone; clones share [`TimeWheel::armed`].
 #[derive(Clone)]
 pub struct TimeWheel {
     conn: RedisConn,
     namespace: String,
     shards: u16,
     scripts: Arc<(Script, Script)>,
+    armed: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for TimeWheel {
@@ -74,7 +85,16 @@ impl TimeWheel {
             namespace: namespace.to_string(),
             shards,
             scripts: Arc::new((Script::new(CLAIM_LUA), Script::new(RELEASE_LUA))),
+            armed: Arc::new(tokio::sync::Notify::new()),
         })
+    }
+
+    /// Notified whenever this handle or a clone of it adds an entry: a poller in the same
+    /// process that sleeps until the earliest entry it knew of wakes to look again, so an
+    /// entry armed here for sooner than that fires on time. Entries armed by another process
+    /// are seen at the poller's next look.
+    pub fn armed(&self) -> Arc<tokio::sync::Notify> {
+        self.armed.clone()
     }
 
     /// The shard holding `reservation_id`.
@@ -104,9 +124,18 @@ impl TimeWheel {
     /// the next tick, as it would after a claim). A cluster judges each shard by the clock of
     /// its own master, so there every shard is returned and each claim script decides.
     pub async fn due_keys(&self) -> Result<Vec<String>, RedisError> {
+        Ok(self.peek().await?.due)
+    }
+
+    /// [`TimeWheel::due_keys`], and how long until the earliest entry that is not due yet
+    /// comes due (read in the same round trip), so an idle poller can sleep until then.
+    pub async fn peek(&self) -> Result<Peek, RedisError> {
         let keys = self.keys();
         if self.conn.is_cluster() {
-            return Ok(keys);
+            return Ok(Peek {
+                due: keys,
+                next_due_in: None,
+            });
         }
         let mut pipe = redis::pipe();
         pipe.cmd("TIME");
@@ -125,17 +154,20 @@ impl TimeWheel {
         let (secs, micros): (i64, i64) = redis::from_redis_value(replies.remove(0))?;
         let now_ms = secs * 1000 + micros / 1000;
         let mut due = Vec::new();
+        let mut next_ms: Option<i64> = None;
         for (key, head) in keys.into_iter().zip(heads) {
             let head: Vec<(String, f64)> = redis::from_redis_value(head)?;
             // Scores are whole epoch milliseconds, exact in a double.
-            if head
-                .first()
-                .is_some_and(|(_, score)| *score as i64 <= now_ms)
-            {
-                due.push(key);
+            match head.first().map(|(_, score)| *score as i64) {
+                Some(score) if score <= now_ms => due.push(key),
+                Some(score) => next_ms = Some(next_ms.map_or(score, |n| n.min(score))),
+                None => {}
             }
         }
-        Ok(due)
+        Ok(Peek {
+            due,
+            next_due_in: next_ms.map(|n| Duration::from_millis((n - now_ms).unsigned_abs())),
+        })
     }
 
     /// Adds `reservation_id` due at `due` unless it is on the wheel already. True if added.
@@ -148,6 +180,9 @@ impl TimeWheel {
             .arg(reservation_id)
             .query_async(&mut conn)
             .await?;
+        if added == 1 {
+            self.armed.notify_one();
+        }
         Ok(added == 1)
     }
 
@@ -173,7 +208,11 @@ impl TimeWheel {
             .map(redis::from_redis_value::<i64>)
             .collect::<Result<Vec<_>, _>>()
             .map_err(RedisError::from)?;
-        Ok(added.iter().filter(|a| **a == 1).count())
+        let added = added.iter().filter(|a| **a == 1).count();
+        if added > 0 {
+            self.armed.notify_one();
+        }
+        Ok(added)
     }
 
     /// Claims up to `limit` due entries of `key` for `timeout` (see `lua/wheel_claim.lua`).
