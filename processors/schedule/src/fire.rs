@@ -227,10 +227,11 @@ impl Poller {
     /// whatever a failed tick claimed falls due again after the claim timeout.
     ///
     /// Every `tick` while entries are being fired; with nothing due, the sleeps grow to
-    /// `idle_tick` but end at the earliest entry's due time, and an entry armed in this
-    /// process ends them at once. An idle wheel so costs one look a second instead of five
-    /// (the wheel poller was the largest share of an idle `stocksvr all`); an entry armed by
-    /// another process for sooner than the sleep's end fires at most `idle_tick` late.
+    /// `idle_tick` but end at the earliest entry's due time (standalone Redis; a cluster's
+    /// shards each judge by their own clock, so there the sleeps just grow), and an entry
+    /// armed in this process ends them at once. An idle wheel so costs one look a second
+    /// instead of five (the wheel poller was the largest share of an idle `stocksvr all`);
+    /// an entry that comes due during a sleep it did not end fires at most `idle_tick` late.
     pub async fn run(self, stop: watch::Receiver<bool>) -> Result<(), ScheduleError> {
         let cadence = Cadence::adaptive(self.tick, self.idle_tick);
         let armed = self.wheel.armed();

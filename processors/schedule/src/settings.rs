@@ -17,9 +17,9 @@ pub struct ScheduleSettings {
     /// fired, in milliseconds.
     pub tick_ms: u64,
     /// The longest sleep of an instance's poller while nothing is due, in milliseconds (at
-    /// least `tick_ms`). The sleep ends at the earliest entry's due time, or at once when the
-    /// instance itself arms one; an entry another instance arms for sooner fires at most
-    /// this late.
+    /// least `tick_ms`). The sleep ends at the earliest entry's due time (standalone Redis;
+    /// a cluster's shards have clocks of their own, so there it does not), or at once when
+    /// the instance itself arms one; an entry fires at most this late otherwise.
     pub idle_tick_ms: u64,
     /// How long a claimed entry stays hidden from other pollers before it falls due again
     /// (its claimant died before emitting), in seconds.
