@@ -736,13 +736,16 @@ async fn deadlock<T>(
         n.parse::<u64>().expect("a count")
     };
     let before = deadlocks().await;
-    // The statement being executed on the step's connection (innodb_trx's LOCK WAIT was not
-    // dependable: in some runs the waiting statement was not listed there).
+    // The statement being executed on the step's connection for 100 ms already (innodb_trx's
+    // LOCK WAIT was not dependable: in some runs the waiting statement was not listed there).
+    // One row's statement still running after 100 ms is waiting for `other`'s lock; seen any
+    // sooner, it might not have locked its row yet, and `other` could take the row first with
+    // no deadlock formed (a CI run under load, 2026-12-05).
     let pattern = format!("{waits_in}%");
     let waiting = stocksvr_test_support::eventually(std::time::Duration::from_secs(4), || async {
         let n: Vec<(i64,)> = sqlx::query_as(
             "SELECT id FROM information_schema.processlist WHERE db = DATABASE() \
-             AND command = 'Execute' AND info LIKE ?",
+             AND command = 'Execute' AND info LIKE ? AND time_ms >= 100",
         )
         .bind(&pattern)
         .fetch_all(&f.pool)
