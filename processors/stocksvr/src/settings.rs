@@ -259,6 +259,66 @@ mod tests {
         assert_eq!(from_file.mysql.url.expose(), defaults.mysql.url.expose());
     }
 
+    /// `section.key` of every `key = value` line of a TOML file, commented out or not, and
+    /// every `[section]` header: an optional setting is documented as `# key = example`.
+    fn documented_keys(text: &str) -> std::collections::BTreeSet<String> {
+        let mut keys = std::collections::BTreeSet::new();
+        let mut section = String::new();
+        for line in text.lines().map(str::trim) {
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = name.to_string();
+                keys.insert(section.clone());
+                continue;
+            }
+            let line = line.trim_start_matches('#').trim_start();
+            let Some((key, _)) = line.split_once(" = ") else {
+                continue;
+            };
+            if !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                keys.insert(format!("{section}.{key}"));
+            }
+        }
+        keys
+    }
+
+    fn setting_paths(value: &serde_json::Value, prefix: &str, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(fields) if !fields.is_empty() => {
+                for (key, field) in fields {
+                    let path = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}.{key}")
+                    };
+                    setting_paths(field, &path, out);
+                }
+            }
+            _ => out.push(prefix.to_string()),
+        }
+    }
+
+    #[test]
+    fn the_example_file_documents_every_setting() {
+        let dir = std::env::var("CARGO_MANIFEST_DIR")
+            .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+        let file = format!("{dir}/../../config/stocksvr.example.toml");
+        let text = std::fs::read_to_string(&file).expect("example file");
+        let documented = documented_keys(&text);
+        let defaults = Settings::load_from(None, Some(HashMap::new())).expect("defaults");
+        let mut paths = Vec::new();
+        setting_paths(
+            &serde_json::to_value(&defaults).expect("json"),
+            "",
+            &mut paths,
+        );
+        assert!(paths.len() > 50, "{paths:?}");
+        let missing: Vec<&String> = paths.iter().filter(|p| !documented.contains(*p)).collect();
+        assert!(
+            missing.is_empty(),
+            "settings missing from config/stocksvr.example.toml: {missing:?}"
+        );
+    }
+
     #[test]
     fn missing_config_file_is_an_error() {
         let err = Settings::load_from(Some(Path::new("/nonexistent/x.toml")), Some(HashMap::new()))
