@@ -123,11 +123,11 @@ async fn concurrent_pollers_claim_every_due_entry_exactly_once() {
     }
 }
 
-/// The poller claims only from the shards `due_keys` names: it must name every shard whose
+/// The poller claims only from the shards `peek` names due: it must name every shard whose
 /// head is due by the server's clock (a due entry, or a claim whose lease ran out) and no
 /// other, or a tick would skip a due entry or run scripts for nothing.
 #[tokio::test]
-async fn due_keys_names_exactly_the_shards_with_a_due_head() {
+async fn peek_names_exactly_the_shards_with_a_due_head() {
     let wheel = wheel("peek", 4).await;
     let cluster =
         stocksvr_store::RedisTarget::from_env(stocksvr_test_support::infra().redis.url.expose())
@@ -136,11 +136,11 @@ async fn due_keys_names_exactly_the_shards_with_a_due_head() {
     if cluster {
         // Each shard is judged by the clock of its own master: every shard is named and each
         // claim script decides (the claim tests above cover that path).
-        assert_eq!(wheel.due_keys().await.expect("peek"), wheel.keys());
+        assert_eq!(wheel.peek().await.expect("peek").due, wheel.keys());
         return;
     }
     assert!(
-        wheel.due_keys().await.expect("peek").is_empty(),
+        wheel.peek().await.expect("peek").due.is_empty(),
         "an empty wheel has nothing due"
     );
     // Shard 1: due a moment ago. Shard 2: due in five minutes. Shards 0 and 3: empty.
@@ -153,7 +153,7 @@ async fn due_keys_names_exactly_the_shards_with_a_due_head() {
         .await
         .expect("arm"));
     assert_eq!(
-        wheel.due_keys().await.expect("peek"),
+        wheel.peek().await.expect("peek").due,
         vec![wheel.key_for(1)]
     );
     // The same look says when the earliest entry not due yet comes due: shard 2's, in five
@@ -171,11 +171,11 @@ async fn due_keys_names_exactly_the_shards_with_a_due_head() {
         .await
         .expect("claim");
     assert_eq!(claim.members, vec!["1".to_string()]);
-    assert!(wheel.due_keys().await.expect("peek").is_empty());
+    assert!(wheel.peek().await.expect("peek").due.is_empty());
     // ... until the lease runs out by the server's clock: then it is due again.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let due = wheel.due_keys().await.expect("peek");
+        let due = wheel.peek().await.expect("peek").due;
         if !due.is_empty() {
             assert_eq!(due, vec![wheel.key_for(1)]);
             break;

@@ -113,8 +113,10 @@ impl TimeWheel {
             .collect()
     }
 
-    /// The shards worth a claim now: those whose earliest entry (due time, or the lease of a
-    /// claimed entry) is at or before the server's clock. A poller asks this every tick, so an
+    /// The shards worth a claim now (`due`): those whose earliest entry (due time, or the
+    /// lease of a claimed entry) is at or before the server's clock; and how long until the
+    /// earliest entry that is not due yet comes due (`next_due_in`, read in the same round
+    /// trip), so an idle poller can sleep until then. A poller asks this every tick, so an
     /// idle wheel costs one round trip of plain reads (`TIME` and each shard's head) instead of
     /// one claim script per shard: 8 shards at 5 ticks a second were 40 script calls and 40
     /// round trips a second, the largest share of an idle `stocksvr all`'s wake-ups.
@@ -122,13 +124,8 @@ impl TimeWheel {
     /// Standalone only: the server's `TIME` in the same pipeline is the clock the claim script
     /// judges by, so the answer is exact as of that moment (an entry armed after it waits for
     /// the next tick, as it would after a claim). A cluster judges each shard by the clock of
-    /// its own master, so there every shard is returned and each claim script decides.
-    pub async fn due_keys(&self) -> Result<Vec<String>, RedisError> {
-        Ok(self.peek().await?.due)
-    }
-
-    /// [`TimeWheel::due_keys`], and how long until the earliest entry that is not due yet
-    /// comes due (read in the same round trip), so an idle poller can sleep until then.
+    /// its own master, so there every shard is returned, each claim script decides, and
+    /// `next_due_in` is `None`.
     pub async fn peek(&self) -> Result<Peek, RedisError> {
         let keys = self.keys();
         if self.conn.is_cluster() {

@@ -37,11 +37,6 @@ impl NoonZone {
         &self.name
     }
 
-    /// Hours ahead of UTC (negative: behind).
-    pub fn offset_hours(&self) -> i32 {
-        self.offset_hours
-    }
-
     fn offset(&self) -> TimeDelta {
         TimeDelta::hours(i64::from(self.offset_hours))
     }
@@ -109,8 +104,8 @@ mod tests {
     fn every_utc_hour_gets_a_zone_where_it_is_just_past_noon() {
         for hour in 0..24 {
             let zone = NoonZone::for_utc_hour(hour);
-            assert!((-11..=12).contains(&zone.offset_hours()), "{zone:?}");
-            assert_eq!(offset_named(zone.name()), zone.offset_hours(), "{zone:?}");
+            assert!((-11..=12).contains(&zone.offset_hours), "{zone:?}");
+            assert_eq!(offset_named(zone.name()), zone.offset_hours, "{zone:?}");
             for (min, sec) in [(0, 0), (30, 0), (59, 59)] {
                 let t = at(hour, min, sec);
                 let local = (t + zone.offset()).time();
