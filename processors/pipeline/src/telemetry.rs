@@ -27,14 +27,15 @@ pub fn init_tracing(settings: &LogSettings) {
 /// buckets (what the exporter's own upkeep task does, which `build_recorder` does not start).
 pub const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Runs `upkeep` every `every` on a thread of its own for the life of the process: no
+/// Runs `upkeep` every `every` on a thread of its own (`name`) for the life of the process: no
 /// runtime needed, and a sleeping thread costs nothing between rounds.
 fn spawn_upkeep(
+    name: &str,
     every: std::time::Duration,
     upkeep: impl Fn() + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
-        .name("metrics-upkeep".into())
+        .name(name.into())
         .spawn(move || loop {
             std::thread::sleep(every);
             upkeep();
@@ -60,7 +61,9 @@ pub fn init_metrics() -> PrometheusHandle {
             // down, a deployment without it) grows by every sample it records. At 2,300 Trys
             // a second that was 0.27 MB a second, without end; one scrape gave 33 MB back.
             let drained = handle.clone();
-            if let Err(e) = spawn_upkeep(UPKEEP_EVERY, move || drained.run_upkeep()) {
+            if let Err(e) = spawn_upkeep("metrics-upkeep", UPKEEP_EVERY, move || {
+                drained.run_upkeep()
+            }) {
                 tracing::warn!(error = %e, "could not start the metrics upkeep thread; histogram samples are drained only by scrapes of /metrics");
             }
             // Fails only if another recorder is installed; then this handle renders ours
@@ -83,7 +86,7 @@ mod tests {
     #[test]
     fn the_upkeep_runs_again_and_again_without_a_scrape() {
         let (tx, rx) = mpsc::channel();
-        spawn_upkeep(Duration::from_millis(10), move || {
+        spawn_upkeep("upkeep-test", Duration::from_millis(10), move || {
             let _ = tx.send(());
         })
         .expect("thread");
@@ -91,5 +94,21 @@ mod tests {
             rx.recv_timeout(Duration::from_secs(10))
                 .unwrap_or_else(|_| panic!("upkeep round {round} never ran"));
         }
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn installing_the_recorder_starts_its_upkeep_thread() {
+        let _ = init_metrics();
+        let names: Vec<String> = std::fs::read_dir("/proc/self/task")
+            .expect("tasks")
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|name| name.trim().to_string())
+            .collect();
+        assert_eq!(
+            names.iter().filter(|n| *n == "metrics-upkeep").count(),
+            1,
+            "{names:?}"
+        );
     }
 }
