@@ -243,12 +243,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_example_file_loads_and_equals_the_defaults() {
+    fn example_file() -> std::path::PathBuf {
         let dir = std::env::var("CARGO_MANIFEST_DIR")
             .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
-        let file = format!("{dir}/../../config/stocksvr.example.toml");
-        let path = Path::new(&file);
+        Path::new(&dir).join("../../config/stocksvr.example.toml")
+    }
+
+    #[test]
+    fn the_example_file_loads_and_equals_the_defaults() {
+        let file = example_file();
+        let path = file.as_path();
         let from_file =
             Settings::load_from(Some(path), Some(HashMap::new())).expect("example loads");
         let defaults = Settings::load_from(None, Some(HashMap::new())).expect("defaults");
@@ -299,10 +303,7 @@ mod tests {
 
     #[test]
     fn the_example_file_documents_every_setting() {
-        let dir = std::env::var("CARGO_MANIFEST_DIR")
-            .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
-        let file = format!("{dir}/../../config/stocksvr.example.toml");
-        let text = std::fs::read_to_string(&file).expect("example file");
+        let text = std::fs::read_to_string(example_file()).expect("example file");
         let documented = documented_keys(&text);
         let defaults = Settings::load_from(None, Some(HashMap::new())).expect("defaults");
         let mut paths = Vec::new();
