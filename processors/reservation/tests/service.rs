@@ -543,11 +543,21 @@ async fn stale_reservations_are_alerted_once_and_never_cancelled() {
     .execute(&f.pool)
     .await
     .expect("age it");
-    assert_eq!(alert_stale_once(&f.service, 100).await.expect("scan"), 1);
+    let (stale_order,): (u64,) =
+        sqlx::query_as("SELECT order_id FROM inventory_reservation WHERE id = ?")
+            .bind(stale)
+            .fetch_one(&f.pool)
+            .await
+            .expect("order");
+    let first = alert_stale_once(&f.service, 100, true).await.expect("scan");
+    assert_eq!((first.found, first.alerted), (1, 1));
+    assert_eq!(first.stale, Some(1), "the gauge counts the stale one only");
+    assert_eq!(first.orders, vec![stale_order]);
+    let again = alert_stale_once(&f.service, 100, true).await.expect("scan");
     assert_eq!(
-        alert_stale_once(&f.service, 100).await.expect("scan"),
-        0,
-        "alerted once"
+        (again.found, again.alerted, again.stale),
+        (0, 0, Some(1)),
+        "alerted once, still stale"
     );
     assert_eq!(
         f.status(stale).await,
@@ -566,6 +576,71 @@ async fn stale_reservations_are_alerted_once_and_never_cancelled() {
         payload.contains(STALE_REASON) && payload.contains(&stale.to_string()),
         "{payload}"
     );
+}
+
+/// An outage of the order domain leaves a backlog of stale reservations far larger than one
+/// batch. The watcher takes batch after batch at its pace, not one batch an interval (with
+/// the interval of an hour here, a second batch would otherwise come an hour later), and
+/// each reservation is alerted exactly once.
+#[tokio::test]
+async fn a_backlog_of_stale_reservations_is_alerted_batch_after_batch() {
+    use stocksvr_reservation::stale::{run_with, StaleScan};
+    let f = Fixture::new(100).await;
+    let mut ids = Vec::new();
+    for item in 1..=7 {
+        ids.push(f.reserve(item, 1).await);
+    }
+    let fresh = f.reserve(8, 1).await;
+    let mut age = sqlx::QueryBuilder::<sqlx::MySql>::new(
+        "UPDATE inventory_reservation SET expire_at = NOW(3) - INTERVAL 1 MINUTE WHERE id IN (",
+    );
+    let mut list = age.separated(", ");
+    for id in &ids {
+        list.push_bind(*id);
+    }
+    list.push_unseparated(")");
+    age.build().execute(&f.pool).await.expect("age them");
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let scan = StaleScan {
+        interval: std::time::Duration::from_secs(3600),
+        batch: 2,
+        pace: std::time::Duration::from_millis(20),
+    };
+    let watcher = tokio::spawn(run_with(f.service.clone(), scan, stop));
+    let alerted = |pool: sqlx::MySqlPool| async move {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM inventory_reservation WHERE stale_alerted_at IS NOT NULL",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+        n
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while alerted(f.pool.clone()).await < 7 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of 7 stale reservations alerted in 20 s (batches of 2)",
+            alerted(f.pool.clone()).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    stop_tx.send(true).expect("stop");
+    watcher.await.expect("join").expect("watcher");
+    let (events,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM inventory_outbox WHERE event_type = 'InventoryReserved' AND event_id LIKE 'stale_%'",
+    )
+    .fetch_one(&f.pool)
+    .await
+    .expect("events");
+    assert_eq!(events, 7, "one event per stale reservation, none twice");
+    assert_eq!(
+        alerted(f.pool.clone()).await,
+        7,
+        "the fresh one is not stale"
+    );
+    assert_eq!(f.status(fresh).await, "RESERVED");
+    assert_eq!(f.numbers().await, (100, 92, 8, 0), "no stock moved");
 }
 
 /// The TCC hanging problem at the order level: an OrderCreatedFailed (the order fence) and
