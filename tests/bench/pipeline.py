@@ -242,14 +242,16 @@ def slow_seconds(timed, slow, top=5):
     return [(sec, n, k, mx) for sec, (n, k, mx) in worst if k]
 
 
-def _bucket_increase(before, after, name):
+def _bucket_increase(before, after, name, match=None):
     """[(upper bound, cumulative count)] of a Prometheus histogram's increase between two
-    scrapes, summed over its label sets, ascending (+Inf last)."""
+    scrapes, summed over its label sets (those with every label of `match`), ascending
+    (+Inf last)."""
     def buckets(m):
         out = {}
         for (n, labels), v in m.items():
-            if n == name + "_bucket":
-                le = dict(labels).get("le")
+            labels = dict(labels)
+            if n == name + "_bucket" and all(labels.get(k) == w for k, w in (match or {}).items()):
+                le = labels.get("le")
                 key = float("inf") if le == "+Inf" else float(le)
                 out[key] = out.get(key, 0.0) + v
         return out
@@ -257,10 +259,11 @@ def _bucket_increase(before, after, name):
     return sorted((le, b1[le] - b0.get(le, 0.0)) for le in b1)
 
 
-def histogram_quantile(before, after, name, q):
+def histogram_quantile(before, after, name, q, match=None):
     """histogram_quantile over the increase of a Prometheus histogram between two scrapes
-    (linear inside the bucket, as Prometheus does). Returns (value in seconds, count)."""
-    inc = _bucket_increase(before, after, name)
+    (linear inside the bucket, as Prometheus does), over the label sets with every label of
+    `match`. Returns (value in seconds, count)."""
+    inc = _bucket_increase(before, after, name, match)
     if not inc or inc[-1][1] <= 0:
         return None, 0
     total = inc[-1][1]

@@ -389,9 +389,13 @@ def pipeline():
     b.ts("Records settled", "Records settled per second by processor and outcome.", "ops",
          [q(f"sum by (processor, outcome) (rate(stocksvr_events_applied_total{{{INST}}}"
             "[$__rate_interval]))", "{{processor}} {{outcome}}")], min=0)
-    b.ts("Batch time p50 / p99", "Time to settle one batch, by processor.", "s",
-         [q(hist("stocksvr_processing_seconds", "processor", 0.5, INST), "p50 {{processor}}"),
-          q(hist("stocksvr_processing_seconds", "processor", 0.99, INST), "p99 {{processor}}")])
+    b.ts("Record age and batch time p50 / p99", "The two halves of a consumed event's delay, by "
+         "processor: a record's age when it arrives (now minus its timestamp: the producer, the "
+         "broker and the fetch) and the time to settle its batch.", "s",
+         [q(hist("stocksvr_consumer_record_age_seconds", "processor", 0.5, INST), "age p50 {{processor}}"),
+          q(hist("stocksvr_consumer_record_age_seconds", "processor", 0.99, INST), "age p99 {{processor}}"),
+          q(hist("stocksvr_processing_seconds", "processor", 0.5, INST), "batch p50 {{processor}}"),
+          q(hist("stocksvr_processing_seconds", "processor", 0.99, INST), "batch p99 {{processor}}")])
     b.ts("Retries", "Retry attempts per second, by processor.", "ops",
          [q(f"sum by (processor) (rate(stocksvr_processing_retries_total{{{INST}}}"
             "[$__rate_interval]))", "{{processor}}")], min=0)

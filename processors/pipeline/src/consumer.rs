@@ -37,13 +37,13 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Message, OwnedMessage, Timestamp};
 use rdkafka::TopicPartitionList;
 use serde::de::DeserializeOwned;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 /// How a record ended, for metrics.
@@ -412,7 +412,7 @@ pub async fn run(
             m = consumer.recv() => m,
         };
         let first = match first {
-            Ok(m) => m.detach(),
+            Ok(m) => worker.received(&m),
             Err(e) => {
                 // Transport errors surface here; librdkafka reconnects by itself.
                 tracing::warn!(processor = worker.config.name, error = %e, "consume error");
@@ -422,7 +422,7 @@ pub async fn run(
         let mut pending = VecDeque::from([first]);
         while pending.len() < worker.config.max_batch {
             match consumer.recv().now_or_never() {
-                Some(Ok(m)) => pending.push_back(m.detach()),
+                Some(Ok(m)) => pending.push_back(worker.received(&m)),
                 _ => break,
             }
         }
@@ -468,6 +468,16 @@ struct Worker {
 }
 
 impl Worker {
+    /// A record as it arrives (each once, however often its batch is attempted): its age is
+    /// observed here, before any wait of ours.
+    fn received(&self, message: &BorrowedMessage<'_>) -> OwnedMessage {
+        if let Some(age) = record_age(message.timestamp(), SystemTime::now()) {
+            metrics::histogram!(names::CONSUMER_RECORD_AGE_SECONDS, "processor" => self.config.name)
+                .record(age.as_secs_f64());
+        }
+        message.detach()
+    }
+
     /// Brings every pending record to a durable end, waiting out outages with the
     /// partitions paused.
     async fn drive(
@@ -530,7 +540,7 @@ impl Worker {
                     }
                     _ = &mut sleep => break,
                     m = consumer.recv() => match m {
-                        Ok(m) => pending.push_back(m.detach()),
+                        Ok(m) => pending.push_back(self.received(&m)),
                         Err(e) => tracing::debug!(processor = self.config.name, error = %e, "consume error while paused"),
                     },
                 }
@@ -783,15 +793,47 @@ impl Worker {
 }
 
 /// The reason a dead letter carries for a record that cannot be decoded.
+/// Now minus a record's timestamp; none for a record without one. A producer's clock ahead
+/// of ours reads as age zero, not as a negative age.
+fn record_age(timestamp: Timestamp, now: SystemTime) -> Option<Duration> {
+    let millis = u64::try_from(timestamp.to_millis()?).ok()?;
+    let stamped = UNIX_EPOCH + Duration::from_millis(millis);
+    Some(now.duration_since(stamped).unwrap_or(Duration::ZERO))
+}
+
 fn describe(e: &DecodeError) -> String {
     format!("{} ({})", e, e.kind())
+}
+
+#[cfg(test)]
+mod record_age_tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_as_old_as_its_timestamp_and_never_younger_than_zero() {
+        let now = UNIX_EPOCH + Duration::from_millis(1_700_000_000_250);
+        assert_eq!(
+            record_age(Timestamp::CreateTime(1_700_000_000_000), now),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            record_age(Timestamp::LogAppendTime(1_700_000_000_200), now),
+            Some(Duration::from_millis(50))
+        );
+        assert_eq!(
+            record_age(Timestamp::CreateTime(1_700_000_001_000), now),
+            Some(Duration::ZERO),
+            "a producer's clock ahead of ours"
+        );
+        assert_eq!(record_age(Timestamp::NotAvailable, now), None);
+        assert_eq!(record_age(Timestamp::CreateTime(-1), now), None);
+    }
 }
 
 #[cfg(test)]
 mod keyed_tests {
     use super::*;
     use crate::codec::Decoded;
-    use rdkafka::Timestamp;
     use std::sync::Mutex;
     use tokio::sync::Notify;
 
