@@ -390,8 +390,9 @@ def pipeline():
          [q(f"sum by (processor, outcome) (rate(stocksvr_events_applied_total{{{INST}}}"
             "[$__rate_interval]))", "{{processor}} {{outcome}}")], min=0)
     b.ts("Record age and batch time p50 / p99", "The two halves of a consumed event's delay, by "
-         "processor: a record's age when it arrives (now minus its timestamp: the producer, the "
-         "broker and the fetch) and the time to settle its batch.", "s",
+         "processor: a record's age when the processor takes it (now minus its timestamp: the "
+         "producer, the broker, the fetch and the wait behind the batch in progress) and the "
+         "time to settle its batch.", "s",
          [q(hist("stocksvr_consumer_record_age_seconds", "processor", 0.5, INST), "age p50 {{processor}}"),
           q(hist("stocksvr_consumer_record_age_seconds", "processor", 0.99, INST), "age p99 {{processor}}"),
           q(hist("stocksvr_processing_seconds", "processor", 0.5, INST), "batch p50 {{processor}}"),

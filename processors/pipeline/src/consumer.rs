@@ -468,8 +468,9 @@ struct Worker {
 }
 
 impl Worker {
-    /// A record as it arrives (each once, however often its batch is attempted): its age is
-    /// observed here, before any wait of ours.
+    /// A record as the loop takes it from the consumer (each once, however often its batch
+    /// is attempted). Its age here includes the time it sat in the consumer's queue while the
+    /// batch before it settled: the part of its delay before its own batch starts.
     fn received(&self, message: &BorrowedMessage<'_>) -> OwnedMessage {
         if let Some(age) = record_age(message.timestamp(), SystemTime::now()) {
             metrics::histogram!(names::CONSUMER_RECORD_AGE_SECONDS, "processor" => self.config.name)
