@@ -27,10 +27,10 @@ const ORDERS_NAMED: usize = 5;
 pub struct StaleScan {
     /// Between two scans when the last one found fewer than `batch` (`stale_interval_secs`).
     pub interval: Duration,
-    /// Reservations alerted per round, each in a transaction of its own with its event.
+    /// Reservations alerted per round, in one transaction with their events.
     pub batch: u32,
     /// Between two rounds while there is a backlog: about `batch` alerts a `pace`, so a
-    /// large outage does not take the database from the Trys of its recovery.
+    /// large outage does not flood the order domain's topic while it recovers.
     pub pace: Duration,
 }
 
@@ -59,6 +59,14 @@ pub struct StaleRound {
     pub oldest: Option<chrono::NaiveDateTime>,
 }
 
+/// The alert of one stale reservation: an InventoryReserved of the row as it stands, with
+/// `reason_code` [`STALE_REASON`] and an event id of its own, so it is sent once.
+pub fn stale_event(row: &repo::Reservation) -> stocksvr_store::outbox::NewOutbox {
+    let mut event = outbox::reserved(row, &format!("stale_{}", row.id));
+    event.payload["data"]["reason_code"] = serde_json::Value::String(STALE_REASON.to_string());
+    event
+}
+
 /// Alerts up to `limit` newly stale reservations. `count` also refreshes the gauge of all
 /// stale reservations: a range scan of the status index, so a drain of a large backlog
 /// counts once an interval, not every round.
@@ -74,24 +82,23 @@ pub async fn alert_stale_once(
         metrics::gauge!(names::RESERVATIONS_STALE).set(stale as f64);
         round.stale = Some(stale);
     }
-    let rows = repo::find_stale(pool, limit).await?;
-    round.found = rows.len();
-    for row in rows {
-        let mut event = outbox::reserved(&row, &format!("stale_{}", row.id));
-        event.payload["data"]["reason_code"] = serde_json::Value::String(STALE_REASON.to_string());
-        if repo::mark_stale_alerted(pool, row.id, &event).await? {
-            round.alerted += 1;
-            round.oldest = Some(round.oldest.map_or(row.expire_at, |o| o.min(row.expire_at)));
-            if round.orders.len() < ORDERS_NAMED {
-                round.orders.push(row.order_id);
-            }
-            tracing::debug!(
-                reservation_id = row.id,
-                order_id = row.order_id,
-                expire_at = %row.expire_at,
-                "stale reservation alerted"
-            );
-        }
+    let ids = repo::find_stale(pool, limit).await?;
+    round.found = ids.len();
+    let alerted = repo::alert_stale(pool, &ids, stale_event).await?;
+    round.alerted = alerted.len();
+    round.oldest = alerted.iter().map(|r| r.expire_at).min();
+    round.orders = alerted
+        .iter()
+        .take(ORDERS_NAMED)
+        .map(|r| r.order_id)
+        .collect();
+    for row in &alerted {
+        tracing::debug!(
+            reservation_id = row.id,
+            order_id = row.order_id,
+            expire_at = %row.expire_at,
+            "stale reservation alerted"
+        );
     }
     if round.alerted > 0 {
         // One line a round, not one per reservation: an outage alerts thousands a minute,

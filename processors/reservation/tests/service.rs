@@ -578,6 +578,57 @@ async fn stale_reservations_are_alerted_once_and_never_cancelled() {
     );
 }
 
+/// The watcher reads the stale ids first and marks them in a transaction of its own; between
+/// the two a reservation may be confirmed, or alerted by another instance. The mark rereads
+/// every row under its lock and alerts only what is still RESERVED, past expire_at and not
+/// alerted: one event each, none for the rest.
+#[tokio::test]
+async fn a_stale_mark_rechecks_each_row_under_its_lock() {
+    use stocksvr_reservation::stale::stale_event as event;
+    use stocksvr_store::reservations::alert_stale;
+    let f = Fixture::new(10).await;
+    let (a, b, confirmed, fresh) = (
+        f.reserve(1, 1).await,
+        f.reserve(2, 1).await,
+        f.reserve(3, 1).await,
+        f.reserve(4, 1).await,
+    );
+    sqlx::query(
+        "UPDATE inventory_reservation SET expire_at = NOW(3) - INTERVAL 1 MINUTE WHERE id IN (?, ?, ?)",
+    )
+    .bind(a)
+    .bind(b)
+    .bind(confirmed)
+    .execute(&f.pool)
+    .await
+    .expect("age them");
+    f.service.confirm(confirmed).await.expect("confirm");
+    assert_eq!(f.status(confirmed).await, "CONFIRMED");
+    let ids = [fresh, confirmed, b, a];
+    let first: Vec<u64> = alert_stale(&f.pool, &ids, event)
+        .await
+        .expect("mark")
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    let mut expected = vec![a, b];
+    expected.sort_unstable();
+    assert_eq!(
+        first, expected,
+        "only the two still RESERVED and past expire_at"
+    );
+    let again = alert_stale(&f.pool, &ids, event).await.expect("mark again");
+    assert!(again.is_empty(), "alerted once: {again:?}");
+    let (events,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM inventory_outbox WHERE event_type = 'InventoryReserved' AND event_id LIKE 'stale_%'",
+    )
+    .fetch_one(&f.pool)
+    .await
+    .expect("events");
+    assert_eq!(events, 2);
+    assert_eq!(f.status(fresh).await, "RESERVED");
+}
+
 /// An outage of the order domain leaves a backlog of stale reservations far larger than one
 /// batch. The watcher takes batch after batch at its pace, not one batch an interval (with
 /// the interval of an hour here, a second batch would otherwise come an hour later), and

@@ -26,13 +26,30 @@ pub async fn insert_outbox<R: Borrow<NewOutbox>>(
     tx: &mut Transaction<'_, MySql>,
     rows: &[R],
 ) -> Result<(), sqlx::Error> {
+    insert_outbox_rows(tx, rows, "INSERT").await
+}
+
+/// As [`insert_outbox`]; a row whose event_id exists already is skipped (an alert that
+/// went out before, say).
+pub async fn insert_outbox_ignore<R: Borrow<NewOutbox>>(
+    tx: &mut Transaction<'_, MySql>,
+    rows: &[R],
+) -> Result<(), sqlx::Error> {
+    insert_outbox_rows(tx, rows, "INSERT IGNORE").await
+}
+
+async fn insert_outbox_rows<R: Borrow<NewOutbox>>(
+    tx: &mut Transaction<'_, MySql>,
+    rows: &[R],
+    verb: &str,
+) -> Result<(), sqlx::Error> {
     // 8 placeholders a row: 1,000 rows stay far below MariaDB's 65,535.
     for chunk in rows.chunks(1000) {
         let now = now();
-        let mut query = sqlx::QueryBuilder::<MySql>::new(
-            "INSERT INTO inventory_outbox (event_id, aggregate_id, event_type, topic, \
-             partition_key, payload, status, next_retry_at, created_at) ",
-        );
+        let mut query = sqlx::QueryBuilder::<MySql>::new(format!(
+            "{verb} INTO inventory_outbox (event_id, aggregate_id, event_type, topic, \
+             partition_key, payload, status, next_retry_at, created_at) "
+        ));
         query.push_values(chunk, |mut b, row| {
             let row = row.borrow();
             b.push_bind(&row.event_id)

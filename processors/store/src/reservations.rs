@@ -4,7 +4,7 @@
 
 use crate::deadline::Deadline;
 use crate::one_off::OneOff;
-use crate::outbox::{insert_outbox, write_outbox, NewOutbox};
+use crate::outbox::{insert_outbox, insert_outbox_ignore, write_outbox, NewOutbox};
 use chrono::{NaiveDate, NaiveDateTime, Utc};
 use sqlx::{MySql, MySqlPool};
 use stocksvr_core::reservation::{ReservationStatus, SyncStatus};
@@ -1010,18 +1010,73 @@ async fn mark_and_alert(
     Ok(true)
 }
 
-/// RESERVED rows past `expire_at` that were not alerted yet.
-pub async fn find_stale(pool: &MySqlPool, limit: u32) -> Result<Vec<Reservation>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM inventory_reservation WHERE status = ? AND expire_at < ? \
-         AND stale_alerted_at IS NULL ORDER BY expire_at LIMIT ?"
-    ))
+/// Ids of RESERVED rows past `expire_at` that were not alerted yet, the longest expired first.
+pub async fn find_stale(pool: &MySqlPool, limit: u32) -> Result<Vec<u64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT id FROM inventory_reservation WHERE status = ? AND expire_at < ? \
+         AND stale_alerted_at IS NULL ORDER BY expire_at LIMIT ?",
+    )
     .bind(ReservationStatus::Reserved.code() as i8)
     .bind(now())
     .bind(limit)
     .fetch_all(pool)
     .deadline()
     .await
+}
+
+/// Alerts the stale reservations among `ids` (read by [`find_stale`]) in one transaction:
+/// locks those rows, keeps the ones still RESERVED, past `expire_at` and not alerted (a
+/// Confirm or another watcher may have come since the read), marks them and enqueues one
+/// event each, built by `event` from the row as locked. Returns the rows alerted, in id order.
+/// The lock is by primary key only, so no index range of the Try path is held; rows are
+/// locked in id order, as the group CAS locks its rows, so the two cannot deadlock.
+pub async fn alert_stale<F>(
+    pool: &MySqlPool,
+    ids: &[u64],
+    event: F,
+) -> Result<Vec<Reservation>, sqlx::Error>
+where
+    F: Fn(&Reservation) -> NewOutbox,
+{
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tx = crate::deadline::begin(pool).await?;
+    let mut read = sqlx::QueryBuilder::<MySql>::new(format!(
+        "SELECT {COLUMNS} FROM inventory_reservation WHERE id IN ("
+    ));
+    let mut list = read.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    read.push(") ORDER BY id FOR UPDATE");
+    let locked: Vec<Reservation> = read.one_off_as().fetch_all(&mut *tx).deadline().await?;
+    let now = now();
+    let stale: Vec<Reservation> = locked
+        .into_iter()
+        .filter(|r| {
+            r.status == ReservationStatus::Reserved.code() as i8
+                && r.stale_alerted_at.is_none()
+                && r.expire_at < now
+        })
+        .collect();
+    if stale.is_empty() {
+        tx.rollback().deadline().await?;
+        return Ok(stale);
+    }
+    let mut mark =
+        sqlx::QueryBuilder::<MySql>::new("UPDATE inventory_reservation SET stale_alerted_at = ");
+    mark.push_bind(now).push(" WHERE id IN (");
+    let mut list = mark.separated(", ");
+    for row in &stale {
+        list.push_bind(row.id);
+    }
+    mark.push(")");
+    mark.one_off().execute(&mut *tx).deadline().await?;
+    let events: Vec<NewOutbox> = stale.iter().map(&event).collect();
+    insert_outbox_ignore(&mut tx, &events).await?;
+    tx.commit().deadline().await?;
+    Ok(stale)
 }
 
 /// How many RESERVED rows are past `expire_at` now (alerted or not), for the gauge.
@@ -1035,22 +1090,6 @@ pub async fn count_stale(pool: &MySqlPool) -> Result<i64, sqlx::Error> {
     .deadline()
     .await?;
     Ok(n)
-}
-
-/// Marks the alert sent and enqueues its event in one transaction; false when another
-/// watcher (or a status change) got there first.
-pub async fn mark_stale_alerted(
-    pool: &MySqlPool,
-    id: u64,
-    alert: &NewOutbox,
-) -> Result<bool, sqlx::Error> {
-    let mark = sqlx::query(
-        "UPDATE inventory_reservation SET stale_alerted_at = ? WHERE id = ? AND status = ? AND stale_alerted_at IS NULL",
-    )
-    .bind(now())
-    .bind(id)
-    .bind(ReservationStatus::Reserved.code() as i8);
-    mark_and_alert(pool, mark, alert).await
 }
 
 /// Reservations an operator should look at: dead ones, and intermediate ones that failed at
