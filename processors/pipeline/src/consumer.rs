@@ -398,6 +398,8 @@ pub async fn run(
         }
     }
     tracing::info!(processor = config.name, group, ?topics, "consuming");
+    let record_age =
+        metrics::histogram!(names::CONSUMER_RECORD_AGE_SECONDS, "processor" => config.name);
     let worker = Worker {
         codec,
         producer,
@@ -405,6 +407,7 @@ pub async fn run(
         config,
         handler,
         paused,
+        record_age,
     };
     loop {
         let first = tokio::select! {
@@ -465,6 +468,9 @@ struct Worker {
     config: LoopConfig,
     handler: Arc<dyn Handler>,
     paused: Arc<AtomicBool>,
+    /// `stocksvr_consumer_record_age_seconds` of this processor, looked up once: it is
+    /// recorded for every record.
+    record_age: metrics::Histogram,
 }
 
 impl Worker {
@@ -473,8 +479,7 @@ impl Worker {
     /// batch before it settled: the part of its delay before its own batch starts.
     fn received(&self, message: &BorrowedMessage<'_>) -> OwnedMessage {
         if let Some(age) = record_age(message.timestamp(), SystemTime::now()) {
-            metrics::histogram!(names::CONSUMER_RECORD_AGE_SECONDS, "processor" => self.config.name)
-                .record(age.as_secs_f64());
+            self.record_age.record(age.as_secs_f64());
         }
         message.detach()
     }

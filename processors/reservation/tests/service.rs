@@ -530,19 +530,37 @@ async fn recovery_gives_up_after_its_bound_and_alerts_without_moving_the_row() {
     );
 }
 
+/// Moves the reservations' `expire_at` a minute into the past: stale for the watcher.
+async fn expire(f: &Fixture, ids: &[u64]) {
+    let mut age = sqlx::QueryBuilder::<sqlx::MySql>::new(
+        "UPDATE inventory_reservation SET expire_at = NOW(3) - INTERVAL 1 MINUTE WHERE id IN (",
+    );
+    let mut list = age.separated(", ");
+    for id in ids {
+        list.push_bind(*id);
+    }
+    list.push_unseparated(")");
+    age.build().execute(&f.pool).await.expect("expire them");
+}
+
+/// The stale watcher's alert events in the outbox.
+async fn stale_events(f: &Fixture) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM inventory_outbox WHERE event_type = 'InventoryReserved' AND event_id LIKE 'stale_%'",
+    )
+    .fetch_one(&f.pool)
+    .await
+    .expect("stale events");
+    n
+}
+
 #[tokio::test]
 async fn stale_reservations_are_alerted_once_and_never_cancelled() {
     use stocksvr_reservation::stale::{alert_stale_once, STALE_REASON};
     let f = Fixture::new(10).await;
     let stale = f.reserve(1, 2).await;
     let fresh = f.reserve(2, 1).await;
-    sqlx::query(
-        "UPDATE inventory_reservation SET expire_at = NOW(3) - INTERVAL 1 MINUTE WHERE id = ?",
-    )
-    .bind(stale)
-    .execute(&f.pool)
-    .await
-    .expect("age it");
+    expire(&f, &[stale]).await;
     let (stale_order,): (u64,) =
         sqlx::query_as("SELECT order_id FROM inventory_reservation WHERE id = ?")
             .bind(stale)
@@ -593,15 +611,7 @@ async fn a_stale_mark_rechecks_each_row_under_its_lock() {
         f.reserve(3, 1).await,
         f.reserve(4, 1).await,
     );
-    sqlx::query(
-        "UPDATE inventory_reservation SET expire_at = NOW(3) - INTERVAL 1 MINUTE WHERE id IN (?, ?, ?)",
-    )
-    .bind(a)
-    .bind(b)
-    .bind(confirmed)
-    .execute(&f.pool)
-    .await
-    .expect("age them");
+    expire(&f, &[a, b, confirmed]).await;
     f.service.confirm(confirmed).await.expect("confirm");
     assert_eq!(f.status(confirmed).await, "CONFIRMED");
     let ids = [fresh, confirmed, b, a];
@@ -619,13 +629,7 @@ async fn a_stale_mark_rechecks_each_row_under_its_lock() {
     );
     let again = alert_stale(&f.pool, &ids, event).await.expect("mark again");
     assert!(again.is_empty(), "alerted once: {again:?}");
-    let (events,): (i64,) = sqlx::query_as(
-        "SELECT COUNT(*) FROM inventory_outbox WHERE event_type = 'InventoryReserved' AND event_id LIKE 'stale_%'",
-    )
-    .fetch_one(&f.pool)
-    .await
-    .expect("events");
-    assert_eq!(events, 2);
+    assert_eq!(stale_events(&f).await, 2);
     assert_eq!(f.status(fresh).await, "RESERVED");
 }
 
@@ -642,15 +646,7 @@ async fn a_backlog_of_stale_reservations_is_alerted_batch_after_batch() {
         ids.push(f.reserve(item, 1).await);
     }
     let fresh = f.reserve(8, 1).await;
-    let mut age = sqlx::QueryBuilder::<sqlx::MySql>::new(
-        "UPDATE inventory_reservation SET expire_at = NOW(3) - INTERVAL 1 MINUTE WHERE id IN (",
-    );
-    let mut list = age.separated(", ");
-    for id in &ids {
-        list.push_bind(*id);
-    }
-    list.push_unseparated(")");
-    age.build().execute(&f.pool).await.expect("age them");
+    expire(&f, &ids).await;
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let scan = StaleScan {
         interval: std::time::Duration::from_secs(3600),
@@ -678,13 +674,11 @@ async fn a_backlog_of_stale_reservations_is_alerted_batch_after_batch() {
     }
     stop_tx.send(true).expect("stop");
     watcher.await.expect("join").expect("watcher");
-    let (events,): (i64,) = sqlx::query_as(
-        "SELECT COUNT(*) FROM inventory_outbox WHERE event_type = 'InventoryReserved' AND event_id LIKE 'stale_%'",
-    )
-    .fetch_one(&f.pool)
-    .await
-    .expect("events");
-    assert_eq!(events, 7, "one event per stale reservation, none twice");
+    assert_eq!(
+        stale_events(&f).await,
+        7,
+        "one event per stale reservation, none twice"
+    );
     assert_eq!(
         alerted(f.pool.clone()).await,
         7,

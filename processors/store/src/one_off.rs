@@ -37,3 +37,19 @@ impl OneOff for QueryBuilder<'_, MySql> {
         self.build_query_scalar().persistent(false)
     }
 }
+
+/// `(?, ?, …)` binding each of `values`: the list of an `IN`, whose text depends on its
+/// length (so the statement runs as a [`OneOff`]).
+pub(crate) fn in_list_of<'a, T>(
+    q: &mut QueryBuilder<'a, MySql>,
+    values: impl IntoIterator<Item = T>,
+) where
+    T: 'a + sqlx::Encode<'a, MySql> + sqlx::Type<MySql>,
+{
+    q.push("(");
+    let mut list = q.separated(", ");
+    for v in values {
+        list.push_bind(v);
+    }
+    list.push_unseparated(")");
+}

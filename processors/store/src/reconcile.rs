@@ -5,7 +5,7 @@
 //! chunk, not per bucket.
 
 use crate::deadline::Deadline;
-use crate::one_off::OneOff;
+use crate::one_off::{in_list_of, OneOff};
 use crate::reservations::now;
 use chrono::{NaiveDate, NaiveDateTime, TimeDelta};
 use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
@@ -179,19 +179,6 @@ pub struct MysqlViews {
 
 fn in_list<'a>(q: &mut QueryBuilder<'a, MySql>, buckets: &'a [String]) {
     in_list_of(q, buckets.iter().map(String::as_str));
-}
-
-/// `(?, ?, …)` binding each of `values`.
-fn in_list_of<'a, T>(q: &mut QueryBuilder<'a, MySql>, values: impl IntoIterator<Item = T>)
-where
-    T: 'a + sqlx::Encode<'a, MySql> + sqlx::Type<MySql>,
-{
-    q.push("(");
-    let mut list = q.separated(", ");
-    for v in values {
-        list.push_bind(v);
-    }
-    list.push_unseparated(")");
 }
 
 /// The snapshot's Redis version of each of `buckets` that has a snapshot row: one indexed

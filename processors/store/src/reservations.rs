@@ -3,7 +3,7 @@
 //! same transaction, so an event exists if and only if the state change does.
 
 use crate::deadline::Deadline;
-use crate::one_off::OneOff;
+use crate::one_off::{in_list_of, OneOff};
 use crate::outbox::{insert_outbox, insert_outbox_ignore, write_outbox, NewOutbox};
 use chrono::{NaiveDate, NaiveDateTime, Utc};
 use sqlx::{MySql, MySqlPool};
@@ -1043,13 +1043,10 @@ where
     }
     let mut tx = crate::deadline::begin(pool).await?;
     let mut read = sqlx::QueryBuilder::<MySql>::new(format!(
-        "SELECT {COLUMNS} FROM inventory_reservation WHERE id IN ("
+        "SELECT {COLUMNS} FROM inventory_reservation WHERE id IN "
     ));
-    let mut list = read.separated(", ");
-    for id in ids {
-        list.push_bind(*id);
-    }
-    read.push(") ORDER BY id FOR UPDATE");
+    in_list_of(&mut read, ids.iter().copied());
+    read.push(" ORDER BY id FOR UPDATE");
     let locked: Vec<Reservation> = read.one_off_as().fetch_all(&mut *tx).deadline().await?;
     let now = now();
     let stale: Vec<Reservation> = locked
@@ -1066,12 +1063,8 @@ where
     }
     let mut mark =
         sqlx::QueryBuilder::<MySql>::new("UPDATE inventory_reservation SET stale_alerted_at = ");
-    mark.push_bind(now).push(" WHERE id IN (");
-    let mut list = mark.separated(", ");
-    for row in &stale {
-        list.push_bind(row.id);
-    }
-    mark.push(")");
+    mark.push_bind(now).push(" WHERE id IN ");
+    in_list_of(&mut mark, stale.iter().map(|r| r.id));
     mark.one_off().execute(&mut *tx).deadline().await?;
     let events: Vec<NewOutbox> = stale.iter().map(&event).collect();
     insert_outbox_ignore(&mut tx, &events).await?;
