@@ -53,18 +53,12 @@ pub const NAME: &str = "order-lifecycle";
 /// (`mysql.max_connections`, 16) that the Try API shares in `stocksvr all`, and the more
 /// orders wait in a queue the larger (and fewer) the groups. Every order event goes through
 /// the inbox, so one handled again after a cut batch changes nothing.
-///
-/// Two batches are in flight at once (`WINDOW`): with one, an order that arrived while a
-/// batch was handled waited for the whole batch before its own began, as long again as its
-/// own handling at 500 orders/s. `CONCURRENT_ORDERS` bounds both batches together.
 pub const MAX_BATCH: usize = 64;
 pub const CONCURRENT_ORDERS: usize = 16;
-pub const WINDOW: usize = 2;
 
 pub fn loop_config(kafka: &KafkaSettings) -> LoopConfig {
     LoopConfig {
         max_batch: MAX_BATCH,
-        window: WINDOW,
         ..LoopConfig::new(NAME, vec![kafka.topic(topics::ORDER_LIFECYCLE)])
     }
 }
@@ -87,8 +81,6 @@ pub struct OrderLifecycle {
     /// Inbox rows of the orders in flight, written together; None outside a Tokio runtime
     /// (each row is then written alone).
     inbox: Option<Coalescer<String, Result<(), String>>>,
-    /// Orders handled at once across the batches in flight (`CONCURRENT_ORDERS`).
-    orders: tokio::sync::Semaphore,
 }
 
 /// What the handler reads once for a whole batch instead of once per event. Both sets only
@@ -159,7 +151,6 @@ impl OrderLifecycle {
             group,
             wheel: None,
             inbox,
-            orders: tokio::sync::Semaphore::new(CONCURRENT_ORDERS),
         }
     }
 
@@ -526,14 +517,7 @@ impl Handler for OrderLifecycle {
         async move {
             let state = self.prepare(batch).await?;
             let state = &state;
-            Ok(
-                consumer::by_key(batch, CONCURRENT_ORDERS, |record| async move {
-                    // Never closed; without a permit the order would still be handled.
-                    let _permit = self.orders.acquire().await.ok();
-                    self.one(record, state).await
-                })
-                .await,
-            )
+            Ok(consumer::by_key(batch, CONCURRENT_ORDERS, |record| self.one(record, state)).await)
         }
         .boxed()
     }

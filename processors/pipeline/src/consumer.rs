@@ -4,9 +4,7 @@
 //! Delivery: at-least-once. A record's offset is stored only after its effect is durable
 //! (the handler returned) or its dead letter was acknowledged; stored offsets are committed
 //! every second, synchronously when partitions are revoked, and at shutdown. Records of one
-//! partition are handled in order, one batch at a time; with a window
-//! ([`LoopConfig::window`]) several batches are in flight, records of one key one after
-//! another, and batches settle in partition order.
+//! partition are handled in order, one batch at a time.
 //!
 //! Errors come in the three classes of [`crate::failure`]:
 //!
@@ -33,7 +31,6 @@ pub use crate::failure::{Dependency, Failure};
 use crate::kafka;
 use crate::telemetry::names;
 use futures::future::BoxFuture;
-use futures::stream::FuturesOrdered;
 use futures::{FutureExt, StreamExt};
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{
@@ -43,7 +40,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage, Timestamp};
 use rdkafka::TopicPartitionList;
 use serde::de::DeserializeOwned;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -222,15 +219,6 @@ pub struct LoopConfig {
     pub topics: Vec<String>,
     /// Records handed to the handler at once (1 for per-record processors).
     pub max_batch: usize,
-    /// Batches handled at once. With 1 a batch settles before the next is taken, so a
-    /// record that arrives meanwhile waits for all of it. With more, the loop keeps taking
-    /// records while batches are in flight and starts the next batch at once; batches still
-    /// settle (offsets stored, dead letters sent) in partition order, and a record whose
-    /// key (topic, partition, key) is in a batch in flight waits for that batch, so one
-    /// order's events never overtake each other. More than 1 needs a handler whose effects
-    /// are idempotent per record (an inbox): when a batch meets an outage, the batches behind
-    /// it are finished, their results dropped, and their records handled again.
-    pub window: usize,
     /// Hand records over undecoded, with a placeholder `event` (schema id 0, empty name,
     /// `Null`): for processors that store bytes as they are (the dead-letter processor),
     /// whose input is by definition often not decodable.
@@ -245,7 +233,6 @@ impl LoopConfig {
             name,
             topics,
             max_batch: 1,
-            window: 1,
             raw: false,
             consumer: ConsumerSettings::default(),
         }
@@ -300,8 +287,7 @@ impl ClientContext for LoopContext {}
 impl ConsumerContext for LoopContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(partitions) = rebalance {
-            // Offsets are stored only once their records settled, so every stored offset is
-            // finished work (with a window, batches still in flight are not).
+            // Records are handled between polls, so every stored offset is finished work.
             match consumer.commit_consumer_state(CommitMode::Sync) {
                 Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
                 Err(e) => {
@@ -429,7 +415,7 @@ pub async fn run(
             m = consumer.recv() => m,
         };
         let first = match first {
-            Ok(m) => worker.received(&m, worker.config.window > 1),
+            Ok(m) => worker.received(&m),
             Err(e) => {
                 // Transport errors surface here; librdkafka reconnects by itself.
                 tracing::warn!(processor = worker.config.name, error = %e, "consume error");
@@ -439,16 +425,11 @@ pub async fn run(
         let mut pending = VecDeque::from([first]);
         while pending.len() < worker.config.max_batch {
             match consumer.recv().now_or_never() {
-                Some(Ok(m)) => pending.push_back(worker.received(&m, worker.config.window > 1)),
+                Some(Ok(m)) => pending.push_back(worker.received(&m)),
                 _ => break,
             }
         }
-        let drove = if worker.config.window > 1 {
-            worker.pipeline(&consumer, pending, &mut stop).await?
-        } else {
-            worker.drive(&consumer, pending, &mut stop).await?
-        };
-        if drove == Drive::Stopped {
+        if worker.drive(&consumer, pending, &mut stop).await? == Drive::Stopped {
             break;
         }
     }
@@ -462,72 +443,6 @@ pub async fn run(
         "committed and stopped"
     );
     Ok(())
-}
-
-/// The records that must be handled one after another: an order's events (the producer keys
-/// by order) on one partition.
-type Lane = (String, i32, Option<Vec<u8>>);
-
-fn lane(message: &OwnedMessage) -> Lane {
-    (
-        message.topic().to_string(),
-        message.partition(),
-        message.key().map(<[u8]>::to_vec),
-    )
-}
-
-/// The next batch: up to `max` records from the front of `pending`, cut before the first
-/// whose lane a batch in flight holds (it must wait for that batch, and the records behind
-/// it keep their place so offsets settle in order).
-fn take_batch(
-    pending: &mut VecDeque<OwnedMessage>,
-    max: usize,
-    held: &VecDeque<HashSet<Lane>>,
-) -> Vec<OwnedMessage> {
-    let mut batch = Vec::new();
-    while batch.len() < max {
-        let Some(front) = pending.front() else { break };
-        let front_lane = lane(front);
-        if held.iter().any(|lanes| lanes.contains(&front_lane)) {
-            break;
-        }
-        batch.extend(pending.pop_front());
-    }
-    batch
-}
-
-/// The newest offset taken per partition. The loop polls while batches are in flight, so a
-/// rebalance that gives a partition straight back fetches it again from the committed offset:
-/// the records already taken come a second time, and the copy behind would store an older
-/// offset after the first copy stored a newer one.
-#[derive(Default)]
-struct Taken(HashMap<(String, i32), i64>);
-
-impl Taken {
-    /// Whether `message` is newer than every record taken of its partition (and notes it).
-    fn fresh(&mut self, message: &OwnedMessage) -> bool {
-        let newest = self
-            .0
-            .entry((message.topic().to_string(), message.partition()))
-            .or_insert(i64::MIN);
-        if message.offset() <= *newest {
-            return false;
-        }
-        *newest = message.offset();
-        true
-    }
-}
-
-/// What a handler answered for a batch ([`Handler::handle`]).
-type Answer = Result<Vec<Result<Applied, Failure>>, Failure>;
-
-/// A batch handled ahead of its turn.
-struct Ahead {
-    batch: Vec<OwnedMessage>,
-    /// The decoded records and the handler's answer; none when a record could not be
-    /// decoded (the batch is then processed as a whole at its turn).
-    answer: Option<(Vec<Record>, Answer)>,
-    started: Instant,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -559,25 +474,14 @@ struct Worker {
 }
 
 impl Worker {
-    /// A record as the loop takes it from the consumer. Its age is noted here unless a
-    /// window starts its batch later (and notes it then).
-    fn received(&self, message: &BorrowedMessage<'_>, windowed: bool) -> OwnedMessage {
-        let message = message.detach();
-        if !windowed {
-            self.note_age(&message);
-        }
-        message
-    }
-
-    /// Notes a record's age as its batch starts (each record once, however often its batch is
-    /// attempted): the part of its delay before its own batch, which includes the time it
-    /// waited while the batch before it (or, with a window, the batches in flight) were
-    /// handled. Without a window a batch starts as its records are taken from the consumer;
-    /// with one, when a slot is free.
-    fn note_age(&self, message: &OwnedMessage) {
+    /// A record as the loop takes it from the consumer (each once, however often its batch
+    /// is attempted). Its age here includes the time it sat in the consumer's queue while the
+    /// batch before it settled: the part of its delay before its own batch starts.
+    fn received(&self, message: &BorrowedMessage<'_>) -> OwnedMessage {
         if let Some(age) = record_age(message.timestamp(), SystemTime::now()) {
             self.record_age.record(age.as_secs_f64());
         }
+        message.detach()
     }
 
     /// Brings every pending record to a durable end, waiting out outages with the
@@ -607,8 +511,13 @@ impl Worker {
                 .cloned()
                 .collect();
             let progress = self.process(&batch).await?;
-            let settled: Vec<OwnedMessage> = pending.drain(..progress.settled).collect();
-            self.store(consumer, &settled);
+            for m in pending.drain(..progress.settled) {
+                // A partition revoked while its record was handled belongs to another
+                // instance now, which resumes from the committed offset: nothing to store.
+                if let Err(e) = consumer.store_offset(m.topic(), m.partition(), m.offset()) {
+                    tracing::warn!(processor = self.config.name, topic = m.topic(), partition = m.partition(), offset = m.offset(), error = %e, "offset not stored: the partition moved to another instance");
+                }
+            }
             let Some((dependency, reason)) = progress.outage else {
                 if progress.settled > 0 {
                     attempt = 0;
@@ -637,156 +546,11 @@ impl Worker {
                     }
                     _ = &mut sleep => break,
                     m = consumer.recv() => match m {
-                        Ok(m) => pending.push_back(self.received(&m, false)),
+                        Ok(m) => pending.push_back(self.received(&m)),
                         Err(e) => tracing::debug!(processor = self.config.name, error = %e, "consume error while paused"),
                     },
                 }
             }
-        }
-    }
-
-    /// Stores the offsets of settled records.
-    fn store(&self, consumer: &StreamConsumer<LoopContext>, settled: &[OwnedMessage]) {
-        for m in settled {
-            // A partition revoked while its record was handled belongs to another
-            // instance now, which resumes from the committed offset: nothing to store.
-            if let Err(e) = consumer.store_offset(m.topic(), m.partition(), m.offset()) {
-                tracing::warn!(processor = self.config.name, topic = m.topic(), partition = m.partition(), offset = m.offset(), error = %e, "offset not stored: the partition moved to another instance");
-            }
-        }
-    }
-
-    /// As [`Worker::drive`], with up to `window` batches in flight: records are taken while
-    /// batches are handled, and the next batch starts as soon as a slot is free. Batches
-    /// settle in the order they were taken. The first that cannot settle whole (an outage, or
-    /// a record that cannot be decoded behind others) hands everything not yet settled, in
-    /// partition order, to [`Worker::drive`]: the batches in flight behind it are finished
-    /// first and their results dropped, so their records are handled again there.
-    async fn pipeline(
-        &self,
-        consumer: &StreamConsumer<LoopContext>,
-        mut pending: VecDeque<OwnedMessage>,
-        stop: &mut watch::Receiver<bool>,
-    ) -> Result<Drive, LoopError> {
-        let mut in_flight = FuturesOrdered::new();
-        // The keys of each batch in flight, in the same order.
-        let mut held: VecDeque<HashSet<Lane>> = VecDeque::new();
-        let mut taken = Taken::default();
-        for m in &pending {
-            taken.fresh(m);
-        }
-        let mut stopping = false;
-        loop {
-            while !stopping && in_flight.len() < self.config.window {
-                let batch = take_batch(&mut pending, self.config.max_batch, &held);
-                if batch.is_empty() {
-                    break;
-                }
-                for m in &batch {
-                    self.note_age(m);
-                }
-                held.push_back(batch.iter().map(lane).collect());
-                in_flight.push_back(self.ahead(batch));
-            }
-            if in_flight.is_empty() {
-                // Everything taken is settled. After a stop, what was received but not
-                // started is left unstored: the next start reads it again.
-                return Ok(Drive::Done);
-            }
-            enum Next {
-                Finished(Option<Ahead>),
-                Received(Result<OwnedMessage, KafkaError>),
-                Stop,
-            }
-            let room = !stopping && pending.len() < self.config.max_batch;
-            let next = tokio::select! {
-                biased;
-                done = in_flight.next() => Next::Finished(done),
-                _ = stop.wait_for(|s| *s), if !stopping => Next::Stop,
-                m = consumer.recv(), if room => Next::Received(m.map(|m| self.received(&m, true))),
-            };
-            let done = match next {
-                Next::Finished(Some(done)) => done,
-                Next::Finished(None) => continue,
-                Next::Received(Ok(m)) => {
-                    if taken.fresh(&m) {
-                        pending.push_back(m);
-                    } else {
-                        tracing::debug!(processor = self.config.name, topic = m.topic(), partition = m.partition(), offset = m.offset(), "delivered again after a rebalance while the first copy is in flight: skipped");
-                    }
-                    continue;
-                }
-                Next::Received(Err(e)) => {
-                    tracing::warn!(processor = self.config.name, error = %e, "consume error");
-                    continue;
-                }
-                Next::Stop => {
-                    // The batches in flight still settle; nothing new starts.
-                    stopping = true;
-                    continue;
-                }
-            };
-            held.pop_front();
-            let progress = match done.answer {
-                Some((records, answered)) => {
-                    let progress = self.conclude(&records, answered, 0).await?;
-                    metrics::histogram!(names::PROCESSING_SECONDS, "processor" => self.config.name)
-                        .record(done.started.elapsed().as_secs_f64());
-                    progress
-                }
-                // Not decoded ahead: processed at its turn, so its dead letters and a
-                // registry outage come in partition order.
-                None => self.process(&done.batch).await?,
-            };
-            self.store(consumer, &done.batch[..progress.settled]);
-            if progress.settled < done.batch.len() {
-                let mut rest: VecDeque<OwnedMessage> =
-                    done.batch.into_iter().skip(progress.settled).collect();
-                while let Some(behind) = in_flight.next().await {
-                    rest.extend(behind.batch);
-                }
-                // The records never started by the window start in `drive`.
-                for m in &pending {
-                    self.note_age(m);
-                }
-                rest.extend(pending);
-                // A shutdown asked meanwhile stops here, as it would during the outage.
-                if stopping || *stop.borrow() {
-                    return Ok(Drive::Stopped);
-                }
-                return self.drive(consumer, rest, stop).await;
-            }
-        }
-    }
-
-    /// Decodes and handles `batch` ahead of its turn, without settling anything.
-    async fn ahead(&self, batch: Vec<OwnedMessage>) -> Ahead {
-        let started = Instant::now();
-        let mut records = Vec::with_capacity(batch.len());
-        for message in &batch {
-            if self.config.raw {
-                records.push(raw_record(message));
-                continue;
-            }
-            match self.codec.decode(message.payload()).await {
-                Ok(event) => records.push(Record {
-                    message: message.clone(),
-                    event,
-                }),
-                Err(_) => {
-                    return Ahead {
-                        batch,
-                        answer: None,
-                        started,
-                    }
-                }
-            }
-        }
-        let answered = self.apply(&records).await;
-        Ahead {
-            batch,
-            answer: Some((records, answered)),
-            started,
         }
     }
 
@@ -848,7 +612,14 @@ impl Worker {
         let mut records = Vec::with_capacity(batch.len());
         for message in batch {
             if self.config.raw {
-                records.push(raw_record(message));
+                records.push(Record {
+                    message: message.clone(),
+                    event: Decoded {
+                        schema_id: 0,
+                        full_name: String::new(),
+                        value: apache_avro::types::Value::Null,
+                    },
+                });
                 continue;
             }
             match self.codec.decode(message.payload()).await {
@@ -884,39 +655,20 @@ impl Worker {
                 outage: None,
             });
         }
-        let answered = self.apply(&records).await;
-        let progress = self.conclude(&records, answered, settled).await?;
-        metrics::histogram!(names::PROCESSING_SECONDS, "processor" => self.config.name)
-            .record(started.elapsed().as_secs_f64());
-        Ok(progress)
-    }
-
-    /// The handler's answer for decoded `records`, bounded by the attempt deadline.
-    async fn apply(&self, records: &[Record]) -> Answer {
-        for r in records {
+        for r in &records {
             metrics::counter!(names::EVENTS_CONSUMED, "processor" => self.config.name, "topic" => r.topic().to_string())
                 .increment(1);
         }
         let deadline = Duration::from_millis(self.config.consumer.attempt_timeout_ms.max(1));
-        match tokio::time::timeout(deadline, self.handler.handle(records)).await {
+        let answered = match tokio::time::timeout(deadline, self.handler.handle(&records)).await {
             Ok(answered) => answered,
             Err(_) => Err(Failure::unavailable(
                 Dependency::Other,
                 format!("the attempt ran past its {deadline:?} deadline"),
             )),
-        }
-    }
-
-    /// Settles the handler's answer for `records`, which follow `settled` records already
-    /// settled (dead-lettered) in the same attempt.
-    async fn conclude(
-        &self,
-        records: &[Record],
-        answered: Answer,
-        settled: usize,
-    ) -> Result<Progress, LoopError> {
-        Ok(match answered {
-            Ok(results) => self.settle(records, results, settled).await?,
+        };
+        let progress = match answered {
+            Ok(results) => self.settle(&records, results, settled).await?,
             Err(Failure::Unavailable { dependency, reason }) => Progress {
                 settled,
                 outage: Some((dependency, reason)),
@@ -947,7 +699,10 @@ impl Worker {
                     outage: None,
                 }
             }
-        })
+        };
+        metrics::histogram!(names::PROCESSING_SECONDS, "processor" => self.config.name)
+            .record(started.elapsed().as_secs_f64());
+        Ok(progress)
     }
 
     async fn settle(
@@ -1043,18 +798,7 @@ impl Worker {
     }
 }
 
-/// A record handed over undecoded ([`LoopConfig::raw`]).
-fn raw_record(message: &OwnedMessage) -> Record {
-    Record {
-        message: message.clone(),
-        event: Decoded {
-            schema_id: 0,
-            full_name: String::new(),
-            value: apache_avro::types::Value::Null,
-        },
-    }
-}
-
+/// The reason a dead letter carries for a record that cannot be decoded.
 /// Now minus a record's timestamp; none for a record without one. A producer's clock ahead
 /// of ours reads as age zero, not as a negative age.
 fn record_age(timestamp: Timestamp, now: SystemTime) -> Option<Duration> {
@@ -1063,7 +807,6 @@ fn record_age(timestamp: Timestamp, now: SystemTime) -> Option<Duration> {
     Some(now.duration_since(stamped).unwrap_or(Duration::ZERO))
 }
 
-/// The reason a dead letter carries for a record that cannot be decoded.
 fn describe(e: &DecodeError) -> String {
     format!("{} ({})", e, e.kind())
 }
@@ -1100,7 +843,7 @@ mod keyed_tests {
     use std::sync::Mutex;
     use tokio::sync::Notify;
 
-    pub(super) fn record(key: &str, offset: i64) -> Record {
+    fn record(key: &str, offset: i64) -> Record {
         Record {
             message: OwnedMessage::new(
                 None,
@@ -1208,50 +951,5 @@ mod keyed_tests {
             .map(|e| e.0)
             .collect();
         assert_eq!(order, [0, 1, 2, 3, 4]);
-    }
-}
-
-#[cfg(test)]
-mod window_tests {
-    use super::*;
-
-    fn message(key: &str, offset: i64) -> OwnedMessage {
-        keyed_tests::record(key, offset).message
-    }
-
-    fn offsets(batch: &[OwnedMessage]) -> Vec<i64> {
-        batch.iter().map(Message::offset).collect()
-    }
-
-    #[test]
-    fn a_batch_is_cut_before_a_record_whose_order_is_in_flight_and_at_its_bound() {
-        let in_flight: VecDeque<HashSet<Lane>> =
-            VecDeque::from([HashSet::from([lane(&message("a", 0))])]);
-        let mut pending: VecDeque<OwnedMessage> =
-            [message("b", 1), message("a", 2), message("c", 3)].into();
-        assert_eq!(offsets(&take_batch(&mut pending, 10, &in_flight)), [1]);
-        assert_eq!(
-            offsets(pending.make_contiguous()),
-            [2, 3],
-            "order a waits, c behind it"
-        );
-        assert!(take_batch(&mut pending, 10, &in_flight).is_empty());
-
-        // A partition fetched again from its committed offset: the copies are skipped.
-        let mut taken = Taken::default();
-        assert!([4, 5, 6].iter().all(|&o| taken.fresh(&message("a", o))));
-        assert!(!taken.fresh(&message("b", 5)), "a copy of offset 5");
-        assert!(taken.fresh(&message("b", 7)));
-
-        // Nothing in flight: one order's records share a batch, up to the bound.
-        let mut pending: VecDeque<OwnedMessage> = (0..5).map(|o| message("a", o)).collect();
-        assert_eq!(
-            offsets(&take_batch(&mut pending, 3, &VecDeque::new())),
-            [0, 1, 2]
-        );
-        assert_eq!(
-            offsets(&take_batch(&mut pending, 3, &VecDeque::new())),
-            [3, 4]
-        );
     }
 }

@@ -164,7 +164,7 @@ catalog! {
     PROCESSING_SECONDS = "stocksvr_processing_seconds", Histogram, "seconds", [label("processor")],
         "Time to settle one batch of records, by processor.";
     CONSUMER_RECORD_AGE_SECONDS = "stocksvr_consumer_record_age_seconds", Histogram, "seconds", [known("processor", PROCESSORS)],
-        "Age of a record when its batch starts: now minus the record's timestamp (the producer's create time, the broker's on a LogAppendTime topic). The part of an event's delay before its batch: the producer, the broker, the fetch, and the wait behind the batch in progress (with a window, behind the batches in flight); stocksvr_processing_seconds is the part after.";
+        "Age of a record when its processor takes it from its consumer: now minus the record's timestamp (the producer's create time, the broker's on a LogAppendTime topic). The part of an event's delay before its batch starts: the producer, the broker, the fetch, and the wait behind the batch in progress; stocksvr_processing_seconds is the part after.";
     CONSUMER_PAUSED_PARTITIONS = "stocksvr_consumer_paused_partitions", Gauge, "partitions", [known("processor", PROCESSORS)],
         "Partitions a processor has paused because a dependency is unavailable.";
     CONSUMER_PAUSES = "stocksvr_consumer_pauses_total", Counter, "episodes",
