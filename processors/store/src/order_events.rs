@@ -3,7 +3,7 @@
 //! event already handled when a topic is replayed.
 
 use crate::deadline::Deadline;
-use crate::one_off::OneOff;
+use crate::one_off::{in_list_of, OneOff};
 use crate::outbox::{insert_outbox, NewOutbox};
 use crate::reservations::{now, NewReservation, Reservation};
 use chrono::{NaiveDateTime, TimeDelta};
@@ -338,12 +338,8 @@ pub async fn handled_many(
     let mut query = sqlx::QueryBuilder::<MySql>::new(
         "SELECT event_id FROM inventory_consumer_inbox WHERE consumer_group = ",
     );
-    query.push_bind(consumer_group).push(" AND event_id IN (");
-    let mut keys = query.separated(", ");
-    for id in event_ids {
-        keys.push_bind(inbox_key(id));
-    }
-    query.push(")");
+    query.push_bind(consumer_group).push(" AND event_id IN ");
+    in_list_of(&mut query, event_ids.iter().copied().map(inbox_key));
     let rows: Vec<(String,)> = query.one_off_as().fetch_all(pool).deadline().await?;
     Ok(rows.into_iter().map(|(k,)| k).collect())
 }
@@ -387,12 +383,8 @@ pub async fn orders_waiting(
         .push_bind(DeferredStatus::Waiting.code())
         .push(" AND consumer_group = ")
         .push_bind(consumer_group)
-        .push(" AND order_id IN (");
-    let mut ids = query.separated(", ");
-    for id in order_ids {
-        ids.push_bind(*id);
-    }
-    query.push(")");
+        .push(" AND order_id IN ");
+    in_list_of(&mut query, order_ids.iter().copied());
     let rows: Vec<(u64,)> = query.one_off_as().fetch_all(pool).deadline().await?;
     Ok(rows.into_iter().map(|(o,)| o).collect())
 }

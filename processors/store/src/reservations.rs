@@ -391,12 +391,8 @@ pub async fn insert_preparing_many(
     // Some were skipped (a repeat of an item, or a fenced order): which ones is one read,
     // and each skipped one resolves as the single-row path resolves it.
     let mut query =
-        sqlx::QueryBuilder::<MySql>::new("SELECT id FROM inventory_reservation WHERE id IN (");
-    let mut ids = query.separated(", ");
-    for r in rows {
-        ids.push_bind(r.id);
-    }
-    query.push(")");
+        sqlx::QueryBuilder::<MySql>::new("SELECT id FROM inventory_reservation WHERE id IN ");
+    in_list_of(&mut query, rows.iter().map(|r| r.id));
     let present: std::collections::HashSet<u64> = query
         .one_off_scalar::<u64>()
         .fetch_all(pool)
@@ -578,12 +574,9 @@ async fn begin_group(
     query.push_bind(now + STEP_GRACE);
     query.push(", last_error = NULL, version = version + 1, updated_at = ");
     query.push_bind(now);
-    query.push(" WHERE id IN (");
-    let mut ids = query.separated(", ");
-    for b in items {
-        ids.push_bind(b.row.id);
-    }
-    query.push(") AND status = CASE id");
+    query.push(" WHERE id IN ");
+    in_list_of(&mut query, items.iter().map(|b| b.row.id));
+    query.push(" AND status = CASE id");
     for b in items {
         query.push(" WHEN ").push_bind(b.row.id);
         query.push(" THEN ").push_bind(b.row.status);
@@ -785,12 +778,9 @@ async fn complete_group(
          last_error = NULL, version = version + 1, updated_at = ",
     );
     query.push_bind(now);
-    query.push(" WHERE id IN (");
-    let mut ids = query.separated(", ");
-    for (row, _) in items {
-        ids.push_bind(row.id);
-    }
-    query.push(") AND status = CASE id");
+    query.push(" WHERE id IN ");
+    in_list_of(&mut query, items.iter().map(|(row, _)| row.id));
+    query.push(" AND status = CASE id");
     for (row, _) in items {
         query.push(" WHEN ").push_bind(row.id);
         query.push(" THEN ").push_bind(row.status);
