@@ -172,3 +172,81 @@ async fn a_group_lands_row_by_row_as_built_and_its_events_in_written_order() {
         .collect();
     assert_eq!(outbox(pool).await, written);
 }
+
+/// UPDATEs this session ran so far: the pool below has one connection, so every statement
+/// of the group goes through the same session.
+async fn updates_run(pool: &MySqlPool) -> u64 {
+    let (value,): (String,) = sqlx::query_as(
+        "SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS \
+         WHERE VARIABLE_NAME = 'COM_UPDATE'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("session status");
+    value.parse().expect("a count")
+}
+
+/// A group whose rows all win their CAS is one UPDATE for the whole group, for its begin and
+/// for its completion. A broken group statement would not show in the rows: the group would
+/// lose its CAS, roll back and write each row alone with the same result, one UPDATE a row.
+#[tokio::test]
+async fn a_clean_group_moves_all_its_rows_with_one_update() {
+    let db = stocksvr_test_support::TestDb::migrated().await;
+    let pool = stocksvr_store::mysql_pool(&db.url, 1, std::time::Duration::from_secs(10))
+        .expect("a pool of one connection");
+    let at = repo::now();
+    let group: Vec<NewReservation> = (5_001..=5_004).map(|id| new_row(id, None, at)).collect();
+    let (_, outcomes) = repo::insert_preparing_many(&pool, &group)
+        .await
+        .expect("group insert");
+    assert!(outcomes.iter().all(|o| *o == InsertOutcome::Inserted));
+    let mut rows = Vec::new();
+    for new in &group {
+        rows.push(repo::find(&pool, new.id).await.expect("find").expect("row"));
+    }
+
+    let begins: Vec<repo::Begin> = rows
+        .iter()
+        .map(|row| repo::Begin {
+            row: row.clone(),
+            to: ReservationStatus::Confirming,
+            operation_id: format!("confirm_{}", row.id),
+            pending_quantity: row.quantity,
+            resume_status: None,
+        })
+        .collect();
+    let before = updates_run(&pool).await;
+    let begun = repo::begin_steps(&pool, &begins).await.expect("begin");
+    assert_eq!(updates_run(&pool).await - before, 1, "the group's begin");
+    let begun: Vec<repo::Reservation> = begun
+        .into_iter()
+        .map(|r| r.expect("every row begun"))
+        .collect();
+
+    let completions: Vec<Completion> = begun
+        .iter()
+        .map(|row| Completion {
+            to: ReservationStatus::Confirmed,
+            expected_redis_version: Some(3),
+            refunded_add: 0,
+            reject_reason: None,
+            outbox: vec![event(row.id, "InventoryConfirmed")],
+        })
+        .collect();
+    let items: Vec<(&repo::Reservation, &Completion)> = begun.iter().zip(&completions).collect();
+    let before = updates_run(&pool).await;
+    let landed = repo::complete_steps(&pool, &items).await.expect("complete");
+    assert_eq!(
+        updates_run(&pool).await - before,
+        1,
+        "the group's completion"
+    );
+    for (row, l) in begun.iter().zip(&landed) {
+        let l = l.as_ref().expect("every row lands");
+        assert_eq!(l.status_name(), "CONFIRMED");
+        assert_eq!(
+            *l,
+            repo::find(&pool, row.id).await.expect("find").expect("row")
+        );
+    }
+}
