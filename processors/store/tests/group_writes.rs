@@ -176,14 +176,7 @@ async fn a_group_lands_row_by_row_as_built_and_its_events_in_written_order() {
 /// UPDATEs this session ran so far: the pool below has one connection, so every statement
 /// of the group goes through the same session.
 async fn updates_run(pool: &MySqlPool) -> u64 {
-    let (value,): (String,) = sqlx::query_as(
-        "SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS \
-         WHERE VARIABLE_NAME = 'COM_UPDATE'",
-    )
-    .fetch_one(pool)
-    .await
-    .expect("session status");
-    value.parse().expect("a count")
+    stocksvr_test_support::session_status(pool, "Com_update").await
 }
 
 /// A group whose rows all win their CAS is one UPDATE for the whole group, for its begin and

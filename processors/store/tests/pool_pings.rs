@@ -5,12 +5,7 @@ use sqlx::MySqlPool;
 use std::time::Duration;
 
 async fn pings(pool: &MySqlPool) -> u64 {
-    let (_, value): (String, String) =
-        sqlx::query_as("SHOW SESSION STATUS LIKE 'Com_admin_commands'")
-            .fetch_one(pool)
-            .await
-            .expect("session status");
-    value.parse().expect("a count")
+    stocksvr_test_support::session_status(pool, "Com_admin_commands").await
 }
 
 #[tokio::test]

@@ -83,3 +83,17 @@ impl std::ops::Deref for TestDb {
         &self.pool
     }
 }
+
+/// A counter of the session's status (`Com_update`, `Com_admin_commands`, …) as MariaDB
+/// keeps it for the connection this read runs on: with a pool of one connection, the
+/// statements the pool's other uses ran on that same session.
+pub async fn session_status(pool: &MySqlPool, name: &str) -> u64 {
+    let (value,): (String,) = sqlx::query_as(
+        "SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = ?",
+    )
+    .bind(name.to_uppercase())
+    .fetch_one(pool)
+    .await
+    .expect("session status");
+    value.parse().expect("a count")
+}

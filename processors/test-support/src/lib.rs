@@ -16,7 +16,7 @@ mod process;
 mod stack;
 pub mod zone;
 
-pub use db::TestDb;
+pub use db::{session_status, TestDb};
 pub use ids::{unique, unique_id};
 pub use kafka::{read_at, records_of, TestNamespace, TestTopic};
 pub use private_stack::PrivateStack;
