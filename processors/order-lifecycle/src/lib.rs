@@ -40,7 +40,7 @@ use stocksvr_store::order_events::{self, DeferredStatus, NewDeferred};
 use stocksvr_store::reservations::Reservation;
 use stocksvr_store::wheel::TimeWheel;
 use stocksvr_telemetry::names;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 pub const NAME: &str = "order-lifecycle";
 
@@ -81,6 +81,11 @@ pub struct OrderLifecycle {
     /// Inbox rows of the orders in flight, written together; None outside a Tokio runtime
     /// (each row is then written alone).
     inbox: Option<Coalescer<String, Result<(), String>>>,
+    /// Woken when an event is parked, so the re-driver polls from its shortest sleep again.
+    /// What an event waits for is often finished by another actor (a scheduled confirm, the
+    /// recovery worker) a moment later, and a re-driver backed off to its longest sleep
+    /// would leave the event parked for up to that long after nothing held it any more.
+    parked: Notify,
 }
 
 /// What the handler reads once for a whole batch instead of once per event. Both sets only
@@ -151,6 +156,7 @@ impl OrderLifecycle {
             group,
             wheel: None,
             inbox,
+            parked: Notify::new(),
         }
     }
 
@@ -274,6 +280,7 @@ impl OrderLifecycle {
                 .map_err(|e| Failure::from_sqlx(&e))?;
                 batch.note_parked(order_id);
                 if parked {
+                    self.parked.notify_one();
                     tracing::info!(
                         order_id,
                         event_id = event.event_id(),
@@ -524,22 +531,29 @@ impl Handler for OrderLifecycle {
 }
 
 /// Re-drives parked order events until `stop`: every half second while some are due, backing
-/// off to 30 s while none are (an order's own next event re-drives it at once anyway).
+/// off to 30 s while none are (an order's own next event re-drives it at once anyway); an
+/// event parked in this process starts it from the half second again.
 pub async fn run_redriver(
     handler: Arc<OrderLifecycle>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), Failure> {
     let cadence = Cadence::adaptive(Duration::from_millis(500), Duration::from_secs(30));
-    periodic::run("deferred order events", cadence, None, stop, || async {
-        Ok(match handler.redrive_due(100).await {
-            Ok(round) => round,
-            Err(Failure::Fatal(reason)) => return Err(Failure::Fatal(reason)),
-            Err(e) => {
-                tracing::warn!(failure = ?e, "re-driving parked order events failed; retrying");
-                Round::Failed
-            }
-        })
-    })
+    periodic::run(
+        "deferred order events",
+        cadence,
+        Some(&handler.parked),
+        stop,
+        || async {
+            Ok(match handler.redrive_due(100).await {
+                Ok(round) => round,
+                Err(Failure::Fatal(reason)) => return Err(Failure::Fatal(reason)),
+                Err(e) => {
+                    tracing::warn!(failure = ?e, "re-driving parked order events failed; retrying");
+                    Round::Failed
+                }
+            })
+        },
+    )
     .await
 }
 

@@ -600,3 +600,105 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
     let (status, log) = server.terminate();
     assert!(status.success(), "{log}");
 }
+
+/// A parked event whose predecessor is finished by another actor (here a confirm step that
+/// completes in another process; in the chaos run that found it, the scheduled confirm) is
+/// applied moments later, not at the re-driver's next idle round, which by then may be up to
+/// 30 s away: parking an event wakes the re-driver.
+///
+/// The re-driver of a fresh `stocksvr all` finds nothing due and sleeps 0.5, 1, 2, 4, 8, 16 s
+/// between rounds, so after 17 s its next round is about 31 s after its start. The event is
+/// parked after 17 s, its predecessor settled at once, and it must apply within 8 s: without
+/// the wake it waits for that round (checked: with the wake removed this fails).
+#[tokio::test]
+async fn a_parked_event_applies_soon_after_another_process_settles_what_it_waited_for() {
+    let shop = shop(5).await;
+    let server = shop.server(&[]);
+    wait_for_api(&server).await;
+    let started = Instant::now();
+    let pool = stocksvr_store::mysql_pool(&shop.db_url, 1, Duration::from_secs(5)).expect("pool");
+    let m = shop.merchant_id;
+    let order_id = 7_500_000 + shop.merchant_id % 1_000_000;
+    let r = try_item(&server, &shop, order_id, 1, 2, "INSTANT").await;
+    produce_order_event(
+        &shop,
+        "OrderCreated",
+        json!({"order_id": order_id, "merchant_id": m, "order_type": "INSTANT",
+               "processing_time": null, "inventory_reservation_ids": [r]}),
+    );
+    wait_for_status(&server, r, "CONFIRMED").await;
+
+    // A confirm step in flight elsewhere: CONFIRMING, its retry far ahead so this process's
+    // recovery worker leaves it to its owner.
+    let moved = sqlx::query(
+        "UPDATE inventory_reservation SET status = 30, next_retry_at = NOW(3) + INTERVAL 1 HOUR \
+         WHERE id = ? AND status = 40",
+    )
+    .bind(r)
+    .execute(&pool)
+    .await
+    .expect("to CONFIRMING");
+    assert_eq!(moved.rows_affected(), 1);
+    let idle = Duration::from_secs(17);
+    if let Some(left) = idle.checked_sub(started.elapsed()) {
+        tokio::time::sleep(left).await;
+    }
+    produce_order_event(
+        &shop,
+        "OrderCanceled",
+        json!({"order_id": order_id, "merchant_id": m, "inventory_reservation_ids": [r],
+               "reason": "user canceled"}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM inventory_deferred_event WHERE order_id = ? AND status = 10",
+        )
+        .bind(order_id)
+        .fetch_one(&pool)
+        .await
+        .expect("parked events");
+        if waiting == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never parked; log:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let parked_at = started.elapsed();
+    assert!(
+        parked_at < Duration::from_secs(22),
+        "parked {parked_at:?} after the start: too late to tell the wake from the idle round at ~31 s"
+    );
+
+    // The step completes in its process.
+    let settled =
+        sqlx::query("UPDATE inventory_reservation SET status = 40 WHERE id = ? AND status = 30")
+            .bind(r)
+            .execute(&pool)
+            .await
+            .expect("back to CONFIRMED");
+    assert_eq!(settled.rows_affected(), 1);
+    let settled_at = Instant::now();
+    let deadline = settled_at + Duration::from_secs(8);
+    loop {
+        let (code, body) = get(&server, &format!("/v1/reservations/{r}")).await;
+        if code == 200 && body["status"] == "REFUNDED" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the parked OrderCanceled was not applied within 8 s of CONFIRMED (parked {parked_at:?} \
+             after the start): last {body}; log:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "parked {parked_at:?} after the start, REFUNDED {:?} after the predecessor settled",
+        settled_at.elapsed()
+    );
+}
