@@ -260,7 +260,7 @@ class Run:
     def quiesce(self, name):
         self.phase(f"quiescence ({name}): outbox empty, consumer lag 0, no intermediate reservation, "
                    f"WAL done, due scheduled confirms done, stale RESERVED rows alerted, "
-                   f"no suspected reconcile difference")
+                   f"no parked order event, no suspected reconcile difference")
         shown = [0.0]
 
         def tick(p):

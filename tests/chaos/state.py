@@ -156,6 +156,11 @@ class State:
                           "FROM inventory_reservation WHERE status = 20 AND dead = 0 AND stale_alerted_at IS NULL")
         if rows and rows[0]["n"]:
             p["reserved_not_yet_stale"] = {"rows": rows[0]["n"], "latest_expiry_in_s": rows[0]["s"]}
+        # A parked order event (it came before what it waits for) is consumed, so the lag does
+        # not show it: its effect is still to come, from the re-driver.
+        rows = self.query("SELECT COUNT(*) n FROM inventory_deferred_event WHERE status = 10")
+        if rows and rows[0]["n"]:
+            p["parked_order_events"] = rows[0]["n"]
         # A suspected difference gets its second look `reconcile.settle_ms` after the pass that
         # raised it: cleared (one born of lag) or confirmed (a real one, which the
         # stores_agree check finds in its own numbers).
