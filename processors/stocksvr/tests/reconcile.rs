@@ -589,7 +589,9 @@ fn one_shard_server(shop: &Shop, worker_id: &str) -> Server {
 /// bucket's full check even when work in flight holds its numbers back: a bucket always
 /// taking Trys had its full check begin again at every pass, and by any instance started
 /// later (the bench's `stocksvr all`, restarted before the orders, read its hot dish's
-/// fences through them, 5,000–7,000 a second).
+/// fences through them, 5,000–7,000 a second). Its reservation and ledger sums are not read
+/// while the Try is in flight: the verdict is "held back" whatever they say, and a hot dish's
+/// sums read its whole day.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_check_held_back_by_work_in_flight_is_not_made_again_at_the_next_pass() {
     let shop = shop(50).await;
@@ -628,9 +630,9 @@ async fn a_full_check_held_back_by_work_in_flight_is_not_made_again_at_the_next_
     );
     let r = pass(&reconciler).await;
     assert_eq!(
-        (r.checked, r.held_back, r.full),
-        (1, 1, 1),
-        "first pass: {r:?}"
+        (r.checked, r.held_back, r.full, r.unsummed),
+        (1, 1, 1, 1),
+        "first pass (the Try in flight seen before the sums, which were not read): {r:?}"
     );
     let noted: Option<chrono::NaiveDateTime> = sqlx::query_scalar(
         "SELECT full_checked_at FROM dish_stock_baseline WHERE stock_bucket_id = ?",
@@ -642,17 +644,30 @@ async fn a_full_check_held_back_by_work_in_flight_is_not_made_again_at_the_next_
     assert!(noted.is_some(), "the held-back full check was not noted");
     let r = pass(&reconciler).await;
     assert_eq!(
-        (r.checked, r.held_back, r.full),
-        (1, 1, 0),
-        "still in flight, numbers compared again, fences not read again: {r:?}"
+        (r.checked, r.held_back, r.full, r.unsummed),
+        (1, 1, 0, 1),
+        "still in flight, fences not read again: {r:?}"
     );
     let restarted =
         stocksvr_reservation::reconcile::Reconciler::new(service_in(&pool, 44).await, config);
     let r = pass(&restarted).await;
     assert_eq!(
-        (r.checked, r.held_back, r.full),
-        (1, 1, 0),
+        (r.checked, r.held_back, r.full, r.unsummed),
+        (1, 1, 0, 1),
         "a restarted instance: {r:?}"
+    );
+    // Settled again (the recovery worker's end of the Try): summed, and found consistent,
+    // which only the sums of both reservations can show.
+    sqlx::query("UPDATE inventory_reservation SET status = 20 WHERE id = ?")
+        .bind(second)
+        .execute(&pool)
+        .await
+        .expect("settled");
+    let r = pass(&restarted).await;
+    assert_eq!(
+        (r.checked, r.consistent, r.held_back, r.unsummed),
+        (1, 1, 0, 0),
+        "settled: {r:?}"
     );
 }
 

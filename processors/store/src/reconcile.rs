@@ -175,6 +175,24 @@ pub struct MysqlViews {
     pub wal_unbooked: HashMap<String, i64>,
     /// Buckets with a succeeded INIT (built at least once).
     pub built: HashMap<String, bool>,
+    /// Buckets whose reservation and ledger sums were not read: work in flight showed first
+    /// (see [`mysql_views_of`]).
+    pub unsummed: std::collections::HashSet<String>,
+}
+
+impl MysqlViews {
+    /// Whether anything of `bucket` read so far is in flight (so its numbers are not judged).
+    fn busy(&self, bucket: &str) -> bool {
+        let count = |m: &HashMap<String, i64>| m.get(bucket).copied().unwrap_or(0);
+        self.reservations
+            .get(bucket)
+            .is_some_and(|r| r.in_flight > 0 || r.unprojected > 0)
+            || count(&self.wal_unfinished)
+                + count(&self.wal_dead)
+                + count(&self.outbox_unsent)
+                + count(&self.wal_unbooked)
+                > 0
+    }
 }
 
 fn in_list<'a>(q: &mut QueryBuilder<'a, MySql>, buckets: &'a [String]) {
@@ -418,14 +436,68 @@ pub async fn ledger_views(
 /// Reads every MySQL view of `buckets` (a chunk: a few hundred ids) in seven statements, more
 /// when the chunk holds more than [`VIEW_PAGE`] reservation or ledger rows.
 pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlViews, sqlx::Error> {
+    mysql_views_of(pool, buckets, &|_| false).await
+}
+
+/// [`mysql_views`], except that a bucket `may_skip` names whose work in flight shows before
+/// the sums is not summed: it is in [`MysqlViews::unsummed`], and its reservation and ledger
+/// views are empty but for the reservations in flight. Its verdict is "held back" whatever
+/// the sums say, and under load a hot dish nearly always has a Try in flight: its sums read
+/// every row of its day (about 7 µs of MariaDB CPU a row, 1.46 s for the two passes of a
+/// bucket with 51,615 reservations) only to be set aside.
+///
+/// The work in flight is read before the sums, as it is for every bucket: each step only
+/// moves forward (PREPARING, sent, booked), so a step seen done here is done in the sums read
+/// after; read the other way round, a step could start after the sums and be done before
+/// the check of its event, and a bucket whose sums missed it would pass for settled.
+pub async fn mysql_views_of(
+    pool: &MySqlPool,
+    buckets: &[String],
+    may_skip: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<MysqlViews, sqlx::Error> {
     let mut views = MysqlViews::default();
     if buckets.is_empty() {
         return Ok(views);
     }
-    reservation_views(pool, buckets, VIEW_PAGE, &mut views.reservations).await?;
+    work_in_flight(pool, buckets, &mut views).await?;
+    let candidates: Vec<String> = buckets
+        .iter()
+        .filter(|b| may_skip(b) && !views.busy(b))
+        .cloned()
+        .collect();
+    if !candidates.is_empty() {
+        let mut q = QueryBuilder::<MySql>::new(
+            "SELECT stock_bucket_id, COUNT(*) AS n FROM inventory_reservation \
+             FORCE INDEX (idx_state_retry) WHERE status IN ",
+        );
+        in_list_of(&mut q, IN_FLIGHT);
+        q.push(" AND stock_bucket_id IN ");
+        in_list(&mut q, &candidates);
+        q.push(" GROUP BY stock_bucket_id");
+        for row in q.one_off().fetch_all(pool).deadline().await? {
+            let bucket: String = row.try_get("stock_bucket_id")?;
+            views.reservations.entry(bucket).or_default().in_flight = row.try_get("n")?;
+        }
+    }
+    let (unsummed, summed): (Vec<String>, Vec<String>) = buckets
+        .iter()
+        .cloned()
+        .partition(|b| may_skip(b) && views.busy(b));
+    if !summed.is_empty() {
+        reservation_views(pool, &summed, VIEW_PAGE, &mut views.reservations).await?;
+        ledger_views(pool, &summed, VIEW_PAGE, &mut views.ledger).await?;
+    }
+    views.unsummed = unsummed.into_iter().collect();
+    Ok(views)
+}
 
-    ledger_views(pool, buckets, VIEW_PAGE, &mut views.ledger).await?;
-
+/// The snapshots, stock operations and unsent or unbooked events of `buckets`: everything
+/// [`mysql_views`] reads but the sums.
+async fn work_in_flight(
+    pool: &MySqlPool,
+    buckets: &[String],
+    views: &mut MysqlViews,
+) -> Result<(), sqlx::Error> {
     let mut q = QueryBuilder::<MySql>::new(
         "SELECT stock_bucket_id, total_stock, available_stock, reserved_stock, sold_stock, \
          deficit_stock, redis_version FROM dish_stock_snapshot WHERE stock_bucket_id IN ",
@@ -498,7 +570,7 @@ pub async fn mysql_views(pool: &MySqlPool, buckets: &[String]) -> Result<MysqlVi
             .wal_unbooked
             .insert(row.try_get("stock_bucket_id")?, row.try_get("n")?);
     }
-    Ok(views)
+    Ok(())
 }
 
 /// Stock operations whose script changed the bucket (an INIT that created it, an ADJUST,

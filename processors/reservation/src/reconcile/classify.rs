@@ -152,6 +152,11 @@ pub struct BucketViews {
     /// Reservations holding units whose fence (or Try op record) Redis no longer has, or
     /// has with other numbers.
     pub records_missing: Vec<u64>,
+    /// Work in flight showed before the reservation and ledger sums, which a scheduled pass
+    /// then does not read (the verdict is "held back" either way): `expected` and `ledger`
+    /// are not the bucket's numbers.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub sums_skipped: bool,
 }
 
 /// What the reconciler concludes about a bucket.
@@ -296,6 +301,7 @@ mod tests {
             built: true,
             marked_lost: false,
             records_missing: Vec::new(),
+            sums_skipped: false,
         }
     }
 

@@ -200,6 +200,8 @@ pub struct PassReport {
     pub consistent: u64,
     pub not_built: u64,
     pub held_back: u64,
+    /// Held back by work in flight seen before their sums, which were not read.
+    pub unsummed: u64,
     pub suspected: u64,
     pub confirmed: u64,
     pub lost: u64,
@@ -279,7 +281,7 @@ impl Reconciler {
         buckets: Vec<LiveBucket>,
     ) -> Result<Vec<Inspection>, ReconcileError> {
         let redis = self.read_redis(&buckets).await?;
-        self.inspect_with(buckets, redis, &|_| true).await
+        self.inspect_with(buckets, redis, &|_| true, false).await
     }
 
     /// The stock hashes of `buckets`, in their order (`None`: no key).
@@ -297,21 +299,32 @@ impl Reconciler {
 
     /// [`Self::inspect`] on the stock hashes `redis` already read (one per bucket), reading
     /// the fences and op records of held reservations only for the buckets `full` names
-    /// (the numbers of every bucket are compared either way).
+    /// (the numbers of every bucket are compared either way). With `skip_busy`, a bucket
+    /// whose work in flight shows first is not summed ([`store::mysql_views_of`]): its
+    /// verdict is "held back" all the same. A bucket without a stock hash is always summed,
+    /// as its verdict does not rest on work in flight.
     async fn inspect_with(
         &self,
         buckets: Vec<LiveBucket>,
         redis: Vec<Option<StockNumbers>>,
         full: &(dyn Fn(&str) -> bool + Sync),
+        skip_busy: bool,
     ) -> Result<Vec<Inspection>, ReconcileError> {
         let pool = self.service.pool();
         let ids: Vec<String> = buckets.iter().map(|b| b.stock_bucket_id.clone()).collect();
+        let hashed: HashSet<&str> = ids
+            .iter()
+            .zip(&redis)
+            .filter(|(_, numbers)| numbers.is_some())
+            .map(|(id, _)| id.as_str())
+            .collect();
         // Redis first (the caller read it), then MySQL: a step that completes in between
         // shows in MySQL as done and in Redis as not yet, which the two-pass rule (same
         // version twice) absorbs; the other order could pair a newer Redis with an older
         // MySQL just the same.
         let keys: Vec<BucketKey> = buckets.iter().map(bucket_key).collect();
-        let mysql = store::mysql_views(pool, &ids).await?;
+        let mysql =
+            store::mysql_views_of(pool, &ids, &|id| skip_busy && hashed.contains(id)).await?;
         // Redis was read before MySQL, so a bucket built in between looks lost (no key, an
         // init that succeeded): read those keys again before anyone calls them lost.
         let mut redis = redis;
@@ -387,6 +400,7 @@ impl Reconciler {
                 } else {
                     Vec::new()
                 },
+                sums_skipped: mysql.unsummed.contains(id),
             };
             let verdict = classify(&views);
             out.push(Inspection {
@@ -836,7 +850,7 @@ impl Reconciler {
             }
         }
         let mut inspections = self
-            .inspect_with(todo, todo_redis, &|id| full.contains(id))
+            .inspect_with(todo, todo_redis, &|id| full.contains(id), true)
             .await?;
         let again: Vec<LiveBucket> = inspections
             .iter()
@@ -1031,6 +1045,7 @@ impl Reconciler {
                     }
                     Verdict::HeldBack(reasons) => {
                         report.held_back += 1;
+                        report.unsummed += u64::from(i.views.sums_skipped);
                         if !mine.is_empty() {
                             *held.entry("in_flight").or_default() += 1;
                         }
