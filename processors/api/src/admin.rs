@@ -227,6 +227,8 @@ fn reconcile_error(e: stocksvr_reservation::reconcile::ReconcileError) -> ApiErr
         E::Service(e) => e.into(),
         E::Mysql(e) => OpsError::Mysql(e).into(),
         E::Redis(e) => OpsError::Redis(e).into(),
+        // Only a scheduled pass stops with the process; kept total for the compiler.
+        E::Stopped => ApiError::unavailable("the service is stopping"),
     }
 }
 

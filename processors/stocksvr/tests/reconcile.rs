@@ -671,6 +671,64 @@ async fn a_full_check_held_back_by_work_in_flight_is_not_made_again_at_the_next_
     );
 }
 
+/// A scheduled pass gives its shard back when the process stops, instead of the stop waiting
+/// for it: a paced pass over a hot dish's day held the bench's `stocksvr all` to the end of
+/// its 15 s drain, and its shard stayed leased to the exited process for the lease's 120 s.
+/// Here the pass reads six fences at one a second (six seconds); the stop comes while it
+/// holds the shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_in_progress_gives_its_shard_back_at_the_stop() {
+    let shop = shop(50).await;
+    let server = one_shard_server(&shop, "45");
+    wait_for_api(&server).await;
+    let pool = shop.env.pool();
+    let base = 97_000_000 + shop.merchant_id % 1_000_000 * 100;
+    let keys = bucket_of(&shop);
+    for n in 1..=6 {
+        try_one(&server, &shop, base + n, 1).await;
+    }
+    quiescent(&server, &shop, Duration::from_secs(90)).await;
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{}", tail(&log, 40));
+    sqlx::query("UPDATE dish_stock_baseline SET full_checked_at = NULL WHERE stock_bucket_id = ?")
+        .bind(keys.stock_bucket_id())
+        .execute(&pool)
+        .await
+        .expect("forget the full check");
+    let config = stocksvr_reservation::reconcile::ReconcileConfig {
+        shards: 1,
+        interval: Duration::ZERO,
+        guard_reads_per_sec: 1,
+        ..Default::default()
+    };
+    let reconciler = Arc::new(stocksvr_reservation::reconcile::Reconciler::new(
+        service_in(&pool, 46).await,
+        config,
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(stocksvr_reservation::reconcile::run(reconciler, stop_rx));
+    shard_claimed(&pool).await;
+    let stopped = Instant::now();
+    stop_tx.send(true).expect("the reconciler listens");
+    tokio::time::timeout(Duration::from_secs(2), task)
+        .await
+        .expect("the reconciler did not stop within 2 s of the stop (a pass of ~6 s)")
+        .expect("joined")
+        .expect("a clean stop");
+    let (owner, recheck): (Option<String>, Option<chrono::NaiveDateTime>) = sqlx::query_as(
+        "SELECT lease_owner, recheck_at FROM inventory_reconcile_shard WHERE shard = 0",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("shard row");
+    assert_eq!(owner, None, "the shard is given back");
+    assert!(
+        recheck.is_some(),
+        "the unfinished pass leaves its shard due again soon"
+    );
+    eprintln!("stopped {:?} after the stop", stopped.elapsed());
+}
+
 /// A reservation cancelled between a full check's read of its row and the read of its fence
 /// (a paced full check of a hot bucket spends seconds between them) is read again, row
 /// first, and not reported: before, it was a suspected records_missing difference, and the

@@ -95,6 +95,9 @@ pub enum ReconcileError {
     Ops(#[from] OpsError),
     #[error(transparent)]
     Service(#[from] ServiceError),
+    /// The process is stopping: a scheduled pass gave its shard back unfinished.
+    #[error("stopped with the process before the pass ended")]
+    Stopped,
 }
 
 /// One bucket as inspected: its baseline, its views and the verdict.
@@ -919,6 +922,21 @@ impl Reconciler {
     /// One scheduled pass: leases a shard due for checking and compares its buckets,
     /// remembering sightings in MySQL. `None` when no shard is due.
     pub async fn pass_once(&self) -> Result<Option<PassReport>, ReconcileError> {
+        self.pass_until(None).await
+    }
+
+    /// [`Self::pass_once`], given up when `stop` turns true: the shard is handed back due
+    /// again after `settle`, as after a failed pass ([`ReconcileError::Stopped`]). A paced
+    /// pass over a hot dish's day takes tens of seconds: on SIGTERM the bench's `stocksvr all`
+    /// waited for it to the end of its 15 s drain, warned "drain did not finish" and exited
+    /// with its shard leased to the dead process for the lease's 120 s. Giving up at
+    /// an await point is safe: a pass reads, and each write it makes (a sighting, a repair's
+    /// WAL operation) is one that a crash at the same point leaves for the next pass or the
+    /// recovery worker to finish.
+    pub async fn pass_until(
+        &self,
+        stop: Option<watch::Receiver<bool>>,
+    ) -> Result<Option<PassReport>, ReconcileError> {
         let pool = self.service.pool();
         let interval = TimeDelta::from_std(self.config.interval).unwrap_or(TimeDelta::seconds(60));
         // The shard rows are written once per process, not before every claim: the claims
@@ -943,7 +961,21 @@ impl Reconciler {
             return Ok(None);
         };
         let shard = claim.shard;
-        let result = self.pass_leased(shard).await;
+        let result = match stop {
+            None => self.pass_leased(shard).await,
+            Some(mut stop) => {
+                let stopped = async move {
+                    // A dropped sender is no stop: the pass runs to its end.
+                    if stop.wait_for(|stop| *stop).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::select! {
+                    report = self.pass_leased(shard) => report,
+                    () = stopped => Err(ReconcileError::Stopped),
+                }
+            }
+        };
         // A suspicion is looked at again after `settle`, as the on-demand check's second
         // pass is, not a whole interval later: one born of lag (the projector behind) is
         // cleared once the lag is gone, and a real one is confirmed and reported in seconds.
@@ -1262,6 +1294,7 @@ pub async fn run(
         .max(Duration::from_millis(200));
     let purge_every = reconciler.config.interval;
     let next_purge = Mutex::new(std::time::Instant::now());
+    let pass_stop = stop.clone();
     periodic::run(
         "reconciler",
         Cadence::adaptive(idle.min(Duration::from_secs(1)), idle),
@@ -1270,6 +1303,7 @@ pub async fn run(
         || {
             let reconciler = reconciler.clone();
             let next_purge = &next_purge;
+            let pass_stop = pass_stop.clone();
             async move {
                 let now = std::time::Instant::now();
                 let due = *next_purge.lock().unwrap_or_else(PoisonError::into_inner) <= now;
@@ -1284,7 +1318,7 @@ pub async fn run(
                     };
                     *next_purge.lock().unwrap_or_else(PoisonError::into_inner) = next;
                 }
-                Ok(match reconciler.pass_once().await {
+                Ok(match reconciler.pass_until(Some(pass_stop)).await {
                     Ok(Some(report)) => {
                         tracing::debug!(?report, "reconcile pass over a shard");
                         if report.more_due {
@@ -1294,6 +1328,12 @@ pub async fn run(
                         }
                     }
                     Ok(None) => Round::Empty,
+                    Err(ReconcileError::Stopped) => {
+                        tracing::info!(
+                            "reconcile pass given up at the stop; its shard is due again"
+                        );
+                        Round::Failed
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "reconcile pass failed; retrying");
                         Round::Failed
