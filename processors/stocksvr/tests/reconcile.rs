@@ -695,12 +695,18 @@ async fn a_pass_in_progress_gives_its_shard_back_at_the_stop() {
         .execute(&pool)
         .await
         .expect("forget the full check");
+    // No mark of an earlier pass: what the stop leaves is its own.
+    sqlx::query("UPDATE inventory_reconcile_shard SET last_pass_at = NULL, recheck_at = NULL")
+        .execute(&pool)
+        .await
+        .expect("forget the server's passes");
     let config = stocksvr_reservation::reconcile::ReconcileConfig {
         shards: 1,
         interval: Duration::ZERO,
         guard_reads_per_sec: 1,
         ..Default::default()
     };
+    let settle = config.settle;
     let reconciler = Arc::new(stocksvr_reservation::reconcile::Reconciler::new(
         service_in(&pool, 46).await,
         config,
@@ -715,16 +721,24 @@ async fn a_pass_in_progress_gives_its_shard_back_at_the_stop() {
         .expect("the reconciler did not stop within 2 s of the stop (a pass of ~6 s)")
         .expect("joined")
         .expect("a clean stop");
-    let (owner, recheck): (Option<String>, Option<chrono::NaiveDateTime>) = sqlx::query_as(
-        "SELECT lease_owner, recheck_at FROM inventory_reconcile_shard WHERE shard = 0",
+    type ShardRow = (
+        Option<String>,
+        Option<chrono::NaiveDateTime>,
+        Option<chrono::NaiveDateTime>,
+    );
+    let (owner, passed, recheck): ShardRow = sqlx::query_as(
+        "SELECT lease_owner, last_pass_at, recheck_at FROM inventory_reconcile_shard \
+         WHERE shard = 0",
     )
     .fetch_one(&pool)
     .await
     .expect("shard row");
     assert_eq!(owner, None, "the shard is given back");
-    assert!(
-        recheck.is_some(),
-        "the unfinished pass leaves its shard due again soon"
+    let passed = passed.expect("the stopped pass handed its shard back");
+    assert_eq!(
+        recheck.map(|at| at - passed),
+        chrono::TimeDelta::from_std(settle).ok(),
+        "the unfinished pass leaves its shard due again after settle, as a failed one"
     );
     eprintln!("stopped {:?} after the stop", stopped.elapsed());
 }
