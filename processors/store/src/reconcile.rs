@@ -180,18 +180,49 @@ pub struct MysqlViews {
     pub unsummed: std::collections::HashSet<String>,
 }
 
-impl MysqlViews {
-    /// Whether anything of `bucket` read so far is in flight (so its numbers are not judged).
-    fn busy(&self, bucket: &str) -> bool {
-        let count = |m: &HashMap<String, i64>| m.get(bucket).copied().unwrap_or(0);
+/// A bucket's work in flight by kind: what holds its numbers back from being judged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InFlightCounts {
+    /// Reservations in PREPARING, CONFIRMING, CANCELING or REFUNDING.
+    pub reservations: i64,
+    /// Unfinished stock operations.
+    pub stock_operations: i64,
+    /// Dead stock operations.
+    pub dead_operations: i64,
+    /// Stock-change events not sent yet.
+    pub outbox: i64,
+    /// Events sent and not booked yet (reservation steps and stock operations).
+    pub projection: i64,
+}
+
+impl InFlightCounts {
+    pub fn any(&self) -> bool {
         self.reservations
-            .get(bucket)
-            .is_some_and(|r| r.in_flight > 0 || r.unprojected > 0)
-            || count(&self.wal_unfinished)
-                + count(&self.wal_dead)
-                + count(&self.outbox_unsent)
-                + count(&self.wal_unbooked)
-                > 0
+            + self.stock_operations
+            + self.dead_operations
+            + self.outbox
+            + self.projection
+            > 0
+    }
+}
+
+impl MysqlViews {
+    /// The work in flight of `bucket` in the views read so far: the one count both the skip
+    /// of the sums and the reconciler's verdict go by, so the two cannot disagree.
+    pub fn in_flight(&self, bucket: &str) -> InFlightCounts {
+        let count = |m: &HashMap<String, i64>| m.get(bucket).copied().unwrap_or(0);
+        let r = self.reservations.get(bucket).copied().unwrap_or_default();
+        InFlightCounts {
+            reservations: r.in_flight,
+            stock_operations: count(&self.wal_unfinished),
+            dead_operations: count(&self.wal_dead),
+            outbox: count(&self.outbox_unsent),
+            projection: r.unprojected + count(&self.wal_unbooked),
+        }
+    }
+
+    fn busy(&self, bucket: &str) -> bool {
+        self.in_flight(bucket).any()
     }
 }
 

@@ -370,20 +370,20 @@ impl Reconciler {
         for (bucket, redis) in buckets.into_iter().zip(redis) {
             let id = bucket.stock_bucket_id.as_str();
             let r = mysql.reservations.get(id).copied().unwrap_or_default();
-            let count = |m: &HashMap<String, i64>| m.get(id).copied().unwrap_or(0);
             let mut in_flight = Vec::new();
             if just_built.contains(id) {
                 in_flight.push(InFlight::StockOperations(1));
             }
+            let counts = mysql.in_flight(id);
             for (n, what) in [
-                (r.in_flight, InFlight::Reservations as fn(i64) -> InFlight),
-                (count(&mysql.wal_unfinished), InFlight::StockOperations),
-                (count(&mysql.wal_dead), InFlight::DeadOperations),
-                (count(&mysql.outbox_unsent), InFlight::Outbox),
                 (
-                    r.unprojected + count(&mysql.wal_unbooked),
-                    InFlight::Projection,
+                    counts.reservations,
+                    InFlight::Reservations as fn(i64) -> InFlight,
                 ),
+                (counts.stock_operations, InFlight::StockOperations),
+                (counts.dead_operations, InFlight::DeadOperations),
+                (counts.outbox, InFlight::Outbox),
+                (counts.projection, InFlight::Projection),
             ] {
                 if n > 0 {
                     in_flight.push(what(n));
