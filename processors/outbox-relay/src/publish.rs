@@ -9,7 +9,6 @@ use rdkafka::producer::FutureRecord;
 use std::time::Duration;
 use stocksvr_pipeline::catalog::{Catalog, EventSchema};
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::json::json_to_avro;
 use stocksvr_pipeline::producer::{DeliveryFuture, Producer};
 use stocksvr_pipeline::topics::Namespace;
 use tokio::time::Instant;
@@ -109,11 +108,8 @@ pub async fn encode(
         .as_ref()
         .map_err(|e| RowFailure::Encode(e.clone()))?;
     let entry = resolve(codec.catalog(), topic, &row.event_type).map_err(RowFailure::Encode)?;
-    let value = json_to_avro(payload, &entry.parsed).map_err(|e| {
-        RowFailure::Encode(format!("payload does not fit {}: {e}", entry.full_name))
-    })?;
     codec
-        .encode_value_on(topic, &entry.full_name, entry.raw, value)
+        .encode_json_on(topic, entry, payload)
         .await
         .map_err(|e| RowFailure::Encode(e.to_string()))
 }

@@ -3,6 +3,7 @@
 //! Subject naming follows Confluent's TopicRecordNameStrategy (`<topic>-<record full name>`)
 //! because one topic carries several event types; see `schemas/README.md`.
 
+use crate::json::JsonAvroWriter;
 use apache_avro::Schema;
 use serde::Deserialize;
 
@@ -51,6 +52,8 @@ pub struct EventSchema {
     pub direction: Direction,
     pub raw: &'static str,
     pub parsed: Schema,
+    /// `parsed` prepared for writing plain JSON straight to Avro (the relay's rows).
+    pub writer: JsonAvroWriter,
 }
 
 impl EventSchema {
@@ -109,6 +112,7 @@ impl Catalog {
                 key: entry.key,
                 direction: entry.direction,
                 raw,
+                writer: JsonAvroWriter::new(&parsed),
                 parsed,
             });
         }

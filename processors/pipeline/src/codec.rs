@@ -6,8 +6,9 @@
 //! has its own [`DecodeError`] variant, and [`DecodeError::is_retryable`] separates a
 //! registry outage (retry) from a bad record (dead-letter).
 
-use crate::catalog::{subject_for, Catalog};
+use crate::catalog::{subject_for, Catalog, EventSchema};
 use crate::config::RegistrySettings;
+use crate::json::JsonAvroError;
 use apache_avro::types::Value;
 use schema_registry_converter::async_impl::avro::{AvroDecoder, AvroEncoder};
 use schema_registry_converter::async_impl::schema_registry::SrSettings;
@@ -17,8 +18,9 @@ use schema_registry_converter::schema_registry_common::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::io::Cursor;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 #[cfg(any(test, feature = "fuzzing"))]
@@ -88,6 +90,11 @@ pub enum EncodeError {
     UnknownEvent(String),
     #[error("cannot encode {event}: {reason}")]
     Encode { event: String, reason: String },
+    #[error("payload does not fit {event}: {source}")]
+    Misfit {
+        event: String,
+        source: JsonAvroError,
+    },
 }
 
 /// A decoded record: its writer schema id, record full name and generic value.
@@ -206,6 +213,8 @@ pub struct AvroCodec {
     decoder: Arc<AvroDecoder>,
     encoder: Arc<AvroEncoder>,
     catalog: Arc<Catalog>,
+    /// Schema id by topic and record name, for [`AvroCodec::encode_json_on`].
+    ids: Arc<RwLock<HashMap<String, HashMap<String, u32>>>>,
 }
 
 impl AvroCodec {
@@ -215,6 +224,7 @@ impl AvroCodec {
             decoder: Arc::new(AvroDecoder::new(sr.clone())),
             encoder: Arc::new(AvroEncoder::new(sr)),
             catalog,
+            ids: Arc::default(),
         })
     }
 
@@ -291,6 +301,69 @@ impl AvroCodec {
                 event: full_name.to_string(),
                 reason: e.to_string(),
             })
+    }
+
+    /// Plain JSON (an outbox row's payload) framed as a record of `event` on `topic`: the
+    /// bytes [`AvroCodec::encode_value_on`] gives for `json_to_avro(json)`, written without
+    /// the intermediate value (see [`crate::json::JsonAvroWriter`]). A payload that does not
+    /// fit is refused before the registry is asked, as the generic path does.
+    pub async fn encode_json_on(
+        &self,
+        topic: &str,
+        event: &EventSchema,
+        json: &serde_json::Value,
+    ) -> Result<Vec<u8>, EncodeError> {
+        let mut framed = Vec::with_capacity(HEADER_LEN + 256);
+        framed.extend_from_slice(&[MAGIC_BYTE, 0, 0, 0, 0]);
+        event
+            .writer
+            .write(json, &mut framed)
+            .map_err(|source| EncodeError::Misfit {
+                event: event.full_name.clone(),
+                source,
+            })?;
+        let id = self
+            .schema_id_on(topic, &event.full_name, event.raw)
+            .await?;
+        framed[1..HEADER_LEN].copy_from_slice(&id.to_be_bytes());
+        Ok(framed)
+    }
+
+    /// The registry id of `full_name` under `topic`'s subject, registered on first use as
+    /// the generic encoder does. Kept per process after the first answer: a subject's id for
+    /// one schema text never changes, and the generic encoder's own cache would cost a
+    /// subject string and a copy of the schema text per record to look up.
+    async fn schema_id_on(
+        &self,
+        topic: &str,
+        full_name: &str,
+        schema_text: &str,
+    ) -> Result<u32, EncodeError> {
+        let known = self
+            .ids
+            .read()
+            .ok()
+            .and_then(|ids| ids.get(topic)?.get(full_name).copied());
+        if let Some(id) = known {
+            return Ok(id);
+        }
+        let schema = self
+            .encoder
+            .get_schema_and_id(
+                &subject_for(topic, full_name),
+                strategy(topic, full_name, schema_text),
+            )
+            .await
+            .map_err(|e| EncodeError::Encode {
+                event: full_name.to_string(),
+                reason: e.to_string(),
+            })?;
+        if let Ok(mut ids) = self.ids.write() {
+            ids.entry(topic.to_string())
+                .or_default()
+                .insert(full_name.to_string(), schema.id);
+        }
+        Ok(schema.id)
     }
 
     /// As [`AvroCodec::encode`] with an explicit topic and schema text (tests use random topics).
