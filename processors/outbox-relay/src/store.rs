@@ -28,8 +28,8 @@ pub mod status {
     pub const RETRY: i8 = 40;
 }
 
-/// One claimed row. The payload is parsed per row so one odd row cannot fail the claim of
-/// the others: it is retried with the parse error as its reason.
+/// One claimed row. The payload is read per row and parsed when it is encoded, so one odd
+/// row cannot fail the claim of the others: it is retried with the error as its reason.
 #[derive(Debug, Clone)]
 pub struct ClaimedRow {
     pub id: u64,
@@ -37,7 +37,8 @@ pub struct ClaimedRow {
     pub event_type: String,
     pub topic: String,
     pub partition_key: String,
-    pub payload: Result<serde_json::Value, String>,
+    /// The JSON text, read (and checked) only when the row is encoded.
+    pub payload: Result<String, String>,
     pub retry_count: u32,
     /// When the service's transaction wrote the row (its clock, UTC): the start of the
     /// publish delay.
@@ -213,9 +214,11 @@ fn claimed_row(row: &MySqlRow) -> Result<ClaimedRow, sqlx::Error> {
         event_type: row.try_get("event_type")?,
         topic: row.try_get("topic")?,
         partition_key: row.try_get("partition_key")?,
+        // The column's type is JSON, which sqlx only decodes into its Json wrappers (a
+        // parsed value); its text is what the encoder reads, so take it unchecked.
         payload: row
-            .try_get::<serde_json::Value, _>("payload")
-            .map_err(|e| format!("payload is not readable JSON: {e}")),
+            .try_get_unchecked::<String, _>("payload")
+            .map_err(|e| format!("payload is not readable: {e}")),
         retry_count: row.try_get("retry_count")?,
         created_at: row.try_get("created_at")?,
     })

@@ -8,7 +8,7 @@
 
 use crate::catalog::{subject_for, Catalog, EventSchema};
 use crate::config::RegistrySettings;
-use crate::json::JsonAvroError;
+use crate::json::{JsonAvroError, TextError};
 use apache_avro::types::Value;
 use schema_registry_converter::async_impl::avro::{AvroDecoder, AvroEncoder};
 use schema_registry_converter::async_impl::schema_registry::SrSettings;
@@ -90,6 +90,8 @@ pub enum EncodeError {
     UnknownEvent(String),
     #[error("cannot encode {event}: {reason}")]
     Encode { event: String, reason: String },
+    #[error("payload is not readable JSON: {0}")]
+    Unreadable(String),
     #[error("payload does not fit {event}: {source}")]
     Misfit {
         event: String,
@@ -303,24 +305,28 @@ impl AvroCodec {
             })
     }
 
-    /// Plain JSON (an outbox row's payload) framed as a record of `event` on `topic`: the
-    /// bytes [`AvroCodec::encode_value_on`] gives for `json_to_avro(json)`, written without
-    /// the intermediate value (see [`crate::json::JsonAvroWriter`]). A payload that does not
-    /// fit is refused before the registry is asked, as the generic path does.
+    /// Plain JSON text (an outbox row's payload) framed as a record of `event` on `topic`:
+    /// the bytes [`AvroCodec::encode_value_on`] gives for `json_to_avro(json)`, written
+    /// without the intermediate values (see [`crate::json::JsonAvroWriter::write_text`]). A
+    /// payload that does not fit is refused before the registry is asked, as the generic
+    /// path does.
     pub async fn encode_json_on(
         &self,
         topic: &str,
         event: &EventSchema,
-        json: &serde_json::Value,
+        text: &str,
     ) -> Result<Vec<u8>, EncodeError> {
-        let mut framed = Vec::with_capacity(HEADER_LEN + 256);
+        let mut framed = Vec::with_capacity(HEADER_LEN + text.len() / 2);
         framed.extend_from_slice(&[MAGIC_BYTE, 0, 0, 0, 0]);
         event
             .writer
-            .write(json, &mut framed)
-            .map_err(|source| EncodeError::Misfit {
-                event: event.full_name.clone(),
-                source,
+            .write_text(text, &mut framed)
+            .map_err(|e| match e {
+                TextError::Unreadable(e) => EncodeError::Unreadable(e.to_string()),
+                TextError::Misfit(source) => EncodeError::Misfit {
+                    event: event.full_name.clone(),
+                    source,
+                },
             })?;
         let id = self
             .schema_id_on(topic, &event.full_name, event.raw)

@@ -4,7 +4,9 @@
 
 use apache_avro::schema::{Name, Schema, UnionSchema};
 use apache_avro::types::Value;
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value as Json;
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -214,8 +216,25 @@ impl JsonAvroWriter {
         Ok(())
     }
 
+    /// As [`JsonAvroWriter::write`] for JSON text (an outbox row's column), read into a
+    /// borrowed tree ([`JsonNode`]) instead of a [`Json`] value: no map per object and no
+    /// copy of a string without escapes. A text the tree does not take (a duplicate key, a
+    /// misfit) is read into a [`Json`] value and goes the way of [`JsonAvroWriter::write`],
+    /// so the outcome and the error are always that value's.
+    pub fn write_text(&self, text: &str, out: &mut Vec<u8>) -> Result<(), TextError> {
+        let start = out.len();
+        if let Ok(node) = serde_json::from_str::<JsonNode<'_>>(text) {
+            if self.put(&node, &self.schema, out).is_ok() {
+                return Ok(());
+            }
+            out.truncate(start);
+        }
+        let json: Json = serde_json::from_str(text).map_err(TextError::Unreadable)?;
+        self.write(&json, out).map_err(TextError::Misfit)
+    }
+
     /// The same cases as [`convert`], in the same order, writing instead of building.
-    fn put(&self, json: &Json, schema: &Schema, out: &mut Vec<u8>) -> Result<(), Misfit> {
+    fn put<J: JsonView>(&self, json: &J, schema: &Schema, out: &mut Vec<u8>) -> Result<(), Misfit> {
         match schema {
             Schema::Null => json.is_null().then_some(()).ok_or(Misfit)?,
             Schema::Boolean => out.push(u8::from(json.as_bool().ok_or(Misfit)?)),
@@ -249,14 +268,14 @@ impl JsonAvroWriter {
                 out.push(0);
             }
             Schema::Map(m) => {
-                let obj = json.as_object().ok_or(Misfit)?;
-                if !obj.is_empty() {
-                    put_long(obj.len() as i64, out);
-                    for (k, v) in obj {
+                let len = json.object_len().ok_or(Misfit)?;
+                if len > 0 {
+                    put_long(len as i64, out);
+                    json.each_entry(|k, v| {
                         put_long(k.len() as i64, out);
                         out.extend_from_slice(k.as_bytes());
-                        self.put(v, &m.types, out)?;
-                    }
+                        self.put(v, &m.types, out)
+                    })?;
                 }
                 out.push(0);
             }
@@ -275,10 +294,10 @@ impl JsonAvroWriter {
                 return Err(Misfit);
             }
             Schema::Record(r) => {
-                let obj = json.as_object().ok_or(Misfit)?;
-                let mut found = 0;
+                let len = json.object_len().ok_or(Misfit)?;
+                let (mut found, mut hint) = (0, 0);
                 for field in &r.fields {
-                    match obj.get(&field.name) {
+                    match json.field(&field.name, &mut hint) {
                         Some(v) => {
                             found += 1;
                             self.put(v, &field.schema, out)?;
@@ -288,9 +307,9 @@ impl JsonAvroWriter {
                         }
                     }
                 }
-                // Keys are distinct and each found one names a field: any other key is not
-                // in the schema.
-                if found != obj.len() {
+                // Each found key names a field once: any other key (or a key given twice)
+                // is not what the schema reads.
+                if found != len {
                     return Err(Misfit);
                 }
             }
@@ -298,6 +317,236 @@ impl JsonAvroWriter {
             _ => return Err(Misfit),
         }
         Ok(())
+    }
+}
+
+/// Why [`JsonAvroWriter::write_text`] wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    #[error("payload is not readable JSON: {0}")]
+    Unreadable(serde_json::Error),
+    #[error(transparent)]
+    Misfit(JsonAvroError),
+}
+
+/// What the writer reads of a JSON value: [`Json`] and the borrowed [`JsonNode`].
+trait JsonView: Sized {
+    fn is_null(&self) -> bool;
+    fn as_bool(&self) -> Option<bool>;
+    fn as_i64(&self) -> Option<i64>;
+    fn as_f64(&self) -> Option<f64>;
+    fn as_str(&self) -> Option<&str>;
+    fn as_array(&self) -> Option<&[Self]>;
+    /// Entries of an object (counting a repeated key each time); `None` for a non-object.
+    fn object_len(&self) -> Option<usize>;
+    /// The value of `key` in an object. `hint` is where the last lookup of this object
+    /// ended: fields are looked up in schema order and written in much the same order.
+    fn field(&self, key: &str, hint: &mut usize) -> Option<&Self>;
+    fn each_entry(&self, f: impl FnMut(&str, &Self) -> Result<(), Misfit>) -> Result<(), Misfit>;
+}
+
+impl JsonView for Json {
+    fn is_null(&self) -> bool {
+        Json::is_null(self)
+    }
+    fn as_bool(&self) -> Option<bool> {
+        Json::as_bool(self)
+    }
+    fn as_i64(&self) -> Option<i64> {
+        Json::as_i64(self)
+    }
+    fn as_f64(&self) -> Option<f64> {
+        Json::as_f64(self)
+    }
+    fn as_str(&self) -> Option<&str> {
+        Json::as_str(self)
+    }
+    fn as_array(&self) -> Option<&[Self]> {
+        Json::as_array(self).map(Vec::as_slice)
+    }
+    fn object_len(&self) -> Option<usize> {
+        self.as_object().map(serde_json::Map::len)
+    }
+    fn field(&self, key: &str, _hint: &mut usize) -> Option<&Self> {
+        self.as_object()?.get(key)
+    }
+    fn each_entry(
+        &self,
+        mut f: impl FnMut(&str, &Self) -> Result<(), Misfit>,
+    ) -> Result<(), Misfit> {
+        for (k, v) in self.as_object().ok_or(Misfit)? {
+            f(k, v)?;
+        }
+        Ok(())
+    }
+}
+
+/// A JSON value borrowed from its text where it can be: strings without escapes are
+/// slices of the text, objects are their entries in text order (a repeated key is kept
+/// twice, which the writer refuses).
+#[derive(Debug, Clone, PartialEq)]
+pub enum JsonNode<'a> {
+    Null,
+    Bool(bool),
+    I64(i64),
+    U64(u64),
+    F64(f64),
+    Str(Cow<'a, str>),
+    Array(Vec<JsonNode<'a>>),
+    Object(Vec<(Cow<'a, str>, JsonNode<'a>)>),
+}
+
+impl JsonView for JsonNode<'_> {
+    fn is_null(&self) -> bool {
+        matches!(self, JsonNode::Null)
+    }
+    fn as_bool(&self) -> Option<bool> {
+        match self {
+            JsonNode::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+    // As serde_json's Number: an unsigned above i64::MAX is no i64, a float is none.
+    fn as_i64(&self) -> Option<i64> {
+        match self {
+            JsonNode::I64(n) => Some(*n),
+            JsonNode::U64(n) => i64::try_from(*n).ok(),
+            _ => None,
+        }
+    }
+    fn as_f64(&self) -> Option<f64> {
+        match self {
+            JsonNode::I64(n) => Some(*n as f64),
+            JsonNode::U64(n) => Some(*n as f64),
+            JsonNode::F64(f) => Some(*f),
+            _ => None,
+        }
+    }
+    fn as_str(&self) -> Option<&str> {
+        match self {
+            JsonNode::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn as_array(&self) -> Option<&[Self]> {
+        match self {
+            JsonNode::Array(items) => Some(items),
+            _ => None,
+        }
+    }
+    fn object_len(&self) -> Option<usize> {
+        match self {
+            JsonNode::Object(entries) => Some(entries.len()),
+            _ => None,
+        }
+    }
+    fn field(&self, key: &str, hint: &mut usize) -> Option<&Self> {
+        let JsonNode::Object(entries) = self else {
+            return None;
+        };
+        let (n, start) = (entries.len(), *hint);
+        let i = (0..n)
+            .map(|i| (start + i) % n)
+            .find(|&i| entries[i].0 == key)?;
+        *hint = i + 1;
+        Some(&entries[i].1)
+    }
+    fn each_entry(
+        &self,
+        mut f: impl FnMut(&str, &Self) -> Result<(), Misfit>,
+    ) -> Result<(), Misfit> {
+        let JsonNode::Object(entries) = self else {
+            return Err(Misfit);
+        };
+        for (k, v) in entries {
+            f(k, v)?;
+        }
+        Ok(())
+    }
+}
+
+impl<'de> Deserialize<'de> for JsonNode<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(NodeVisitor)
+    }
+}
+
+struct NodeVisitor;
+
+impl<'de> Visitor<'de> for NodeVisitor {
+    type Value = JsonNode<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(JsonNode::Null)
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(JsonNode::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        Deserialize::deserialize(d)
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Self::Value, E> {
+        Ok(JsonNode::Bool(b))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<Self::Value, E> {
+        Ok(JsonNode::I64(n))
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<Self::Value, E> {
+        Ok(JsonNode::U64(n))
+    }
+    fn visit_f64<E>(self, f: f64) -> Result<Self::Value, E> {
+        Ok(JsonNode::F64(f))
+    }
+    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+        Ok(JsonNode::Str(Cow::Borrowed(s)))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(JsonNode::Str(Cow::Owned(s.to_string())))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+        Ok(JsonNode::Str(Cow::Owned(s)))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(JsonNode::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            entries.push((key.0, map.next_value()?));
+        }
+        Ok(JsonNode::Object(entries))
+    }
+}
+
+/// An object key, borrowed when it has no escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(s.to_string())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+                Ok(Key(Cow::Owned(s)))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
     }
 }
 
@@ -461,7 +710,30 @@ mod tests {
     fn assert_same_as_generic(writer: &JsonAvroWriter, json: &Json, what: &str) -> bool {
         let mut fast = Vec::new();
         let fast_ok = writer.put(json, writer.schema(), &mut fast).is_ok();
+        // The borrowed tree of the same JSON as text takes the same walk to the same bytes.
+        let text = json.to_string();
+        let node: JsonNode<'_> = serde_json::from_str(&text).expect("a tree of valid JSON");
+        let mut from_node = Vec::new();
+        let node_ok = writer.put(&node, writer.schema(), &mut from_node).is_ok();
+        assert_eq!(node_ok, fast_ok, "{what}: tree and value differ on {text}");
+        if fast_ok {
+            assert_eq!(from_node, fast, "{what}: {text}");
+        }
+        let mut from_text = vec![9];
+        let text_outcome = writer
+            .write_text(&text, &mut from_text)
+            .map_err(|e| e.to_string());
         let generic = json_to_avro(json, writer.schema());
+        assert_eq!(
+            text_outcome,
+            generic.as_ref().map(|_| ()).map_err(ToString::to_string),
+            "{what}: write_text on {text}"
+        );
+        if fast_ok {
+            assert_eq!(from_text[1..], fast[..], "{what}: write_text appends");
+        } else {
+            assert_eq!(from_text, vec![9], "{what}: nothing appended on an error");
+        }
         match generic {
             Ok(value) => {
                 assert!(fast_ok, "{what}: the writer refused {json}");
@@ -556,6 +828,53 @@ mod tests {
                 .unwrap_err()
         };
         assert_eq!(e.path, ".items[0].q", "the error of the generic walk");
+    }
+
+    #[test]
+    fn text_with_escapes_repeated_keys_or_big_numbers_goes_the_way_of_its_value() {
+        let writer = JsonAvroWriter::new(&schema());
+        let write = |text: &str| {
+            let mut out = Vec::new();
+            writer
+                .write_text(text, &mut out)
+                .map(|()| out)
+                .map_err(|e| e.to_string())
+        };
+        let value = |text: &str| {
+            let json: Json = serde_json::from_str(text).expect("json");
+            let mut out = Vec::new();
+            writer
+                .write(&json, &mut out)
+                .map(|()| out)
+                .map_err(|e| e.to_string())
+        };
+        for text in [
+            // An escaped string is owned, not borrowed; it must read the same.
+            r#"{"id": 1, "kind": "A", "note": "a \"q\" \u00e4 \\n", "items": []}"#,
+            r#"{"id": 1, "kind": "\u0041", "items": []}"#,
+            r#"{"\u0069d": 1, "kind": "A", "items": []}"#,
+            // A repeated key: the value reads the last one; the tree refuses and defers.
+            r#"{"id": 1, "id": 2, "kind": "A", "items": []}"#,
+            r#"{"id": 1, "kind": "A", "items": [], "items": [{"q": 1}]}"#,
+            // Numbers at and beyond i64 and i32.
+            r#"{"id": 9223372036854775807, "kind": "A", "items": [{"q": 2147483647}]}"#,
+            r#"{"id": 9223372036854775808, "kind": "A", "items": []}"#,
+            r#"{"id": 1, "kind": "A", "items": [{"q": 2147483648}]}"#,
+            r#"{"id": 1.0, "kind": "A", "items": []}"#,
+            r#"{"id": -0, "kind": "A", "items": []}"#,
+        ] {
+            assert_eq!(write(text), value(text), "{text}");
+        }
+        assert_eq!(
+            write(r#"{"id": 1, "id": 2, "kind": "A", "items": []}"#),
+            write(r#"{"id": 2, "kind": "A", "items": []}"#),
+            "last one wins, as in a serde_json value"
+        );
+        let unreadable = write(r#"{"id": 1,"#).unwrap_err();
+        assert!(
+            unreadable.starts_with("payload is not readable JSON"),
+            "{unreadable}"
+        );
     }
 
     #[test]
