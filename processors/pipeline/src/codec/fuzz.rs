@@ -120,9 +120,8 @@ pub fn examples_dir() -> PathBuf {
     PathBuf::from(manifest).join("../../schemas/examples")
 }
 
-/// Every example, valid by construction (the test of this module checks that each one
-/// decodes back), in file-name order.
-pub fn examples(preloaded: &Preloaded) -> Vec<Example> {
+/// The `schemas/examples/*.json` files, in file-name order; at least one.
+pub fn example_files() -> Vec<PathBuf> {
     let dir = examples_dir();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -132,6 +131,12 @@ pub fn examples(preloaded: &Preloaded) -> Vec<Example> {
     files.sort();
     assert!(!files.is_empty(), "no examples in {}", dir.display());
     files
+}
+
+/// Every example, valid by construction (the test of this module checks that each one
+/// decodes back), in file-name order.
+pub fn examples(preloaded: &Preloaded) -> Vec<Example> {
+    example_files()
         .into_iter()
         .map(|path| {
             let file = path
@@ -184,17 +189,9 @@ fn encode(schema: &Schema, value: Value) -> Option<Vec<u8>> {
 
 /// Avro's zig-zag varint, as lengths, union indexes, ints and longs are written.
 pub fn zigzag(value: i64) -> Vec<u8> {
-    let mut n = ((value << 1) ^ (value >> 63)) as u64;
-    let mut out = Vec::new();
-    loop {
-        let byte = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(byte);
-            return out;
-        }
-        out.push(byte | 0x80);
-    }
+    let mut out = Vec::with_capacity(10);
+    crate::json::put_long(value, &mut out);
+    out
 }
 
 /// One change to a record's bytes. Positions are taken modulo the length, so any value
