@@ -24,10 +24,10 @@ PARAMS = {
     # of at least 100,000 events, as issue 12 asks.
     "full": dict(lua_requests=200_000, sql_secs=20, try_secs=20, sweep_secs=15,
                  sweep=[1, 8, 64, 256, 1024], backlog_trys=100_000, order_rate=500,
-                 order_secs=20, idle_secs=60, cold_dishes=1000, warm_secs=3),
+                 order_secs=20, check_order_secs=10, idle_secs=60, cold_dishes=1000, warm_secs=3),
     "quick": dict(lua_requests=20_000, sql_secs=3, try_secs=4, sweep_secs=3,
                   sweep=[1, 8, 64, 256, 1024], backlog_trys=3_000, order_rate=500,
-                  order_secs=4, idle_secs=10, cold_dishes=1000, warm_secs=1),
+                  order_secs=4, check_order_secs=2, idle_secs=10, cold_dishes=1000, warm_secs=1),
 }
 
 MYSQL_KEYS = ["Questions", "Com_select", "Com_insert", "Com_update", "Com_delete", "Com_begin",

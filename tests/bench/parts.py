@@ -196,6 +196,8 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
     res["note"] = (f"{res['stmts_per_try']:.1f} stmt/Try ({res['mix']}), {res['pings_per_try']:.2f} pings/Try, "
                    f"{res['fsyncs_per_try']:.2f} log flushes/Try; rows/Try "
                    + ", ".join(f"{v:.1f} {k}" for k, v in res["rows_per_try"].items()) if items else "no 2xx")
+    if items and m1:
+        res["note"] += "; " + _groups(m0, m1)
     if bad or res["timeouts"] or res["socket_errors"]:
         codes = {}
         for st, _, outcome in res["responses"]:
@@ -206,6 +208,29 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
         res["note"] += f"; {died}"
     b.raw[name] = {k: v for k, v in res.items() if k != "responses"}
     return res
+
+
+def _groups(m0, m1):
+    """Group commit in the load's window: per stage, the mean rows of a group and the mean
+    time of its write (stocksvr_try_group_size, stocksvr_try_group_write_seconds), and the
+    commit group's transaction in its parts (stocksvr_try_group_part_seconds: the connection,
+    the CAS UPDATE, the outbox INSERT, the COMMIT with its log flush): what a Try waited on."""
+    def delta(name, **labels):
+        return metric_sum(m1, name, **labels) - metric_sum(m0, name, **labels)
+    stages = []
+    for stage in ("insert", "lua", "begin", "commit"):
+        n, rows = delta("stocksvr_try_group_size_count", stage=stage), delta("stocksvr_try_group_size_sum", stage=stage)
+        wn = delta("stocksvr_try_group_write_seconds_count", stage=stage)
+        if n and wn:
+            ms = delta("stocksvr_try_group_write_seconds_sum", stage=stage) / wn * 1000
+            stages.append(f"{stage} {rows / n:.1f} rows in {ms:.2f} ms")
+    parts = []
+    for part in ("open", "cas", "outbox", "commit"):
+        n = delta("stocksvr_try_group_part_seconds_count", part=part)
+        if n:
+            parts.append(f"{part} {delta('stocksvr_try_group_part_seconds_sum', part=part) / n * 1000:.2f}")
+    return ("group commit, mean group and write: " + (", ".join(stages) if stages else "no groups")
+            + (f" (commit's parts, ms: {', '.join(parts)})" if parts else ""))
 
 
 def start_all(b, init):

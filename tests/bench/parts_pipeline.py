@@ -5,6 +5,7 @@ CONFIRMED at a steady rate; the idle cost; the durability check."""
 
 import os
 import subprocess
+import threading
 import time
 
 import redis
@@ -14,7 +15,7 @@ import loads
 import pipeline
 from bench import COLD_BASE, REPO, MetricsWatch
 from parts import _wrk, wait_quiet
-from system import CLK_TCK, BenchError, StatusSampler, metric_sum, read_proc
+from system import CLK_TCK, BenchError, StatusSampler, http, metric_sum, read_proc
 
 
 def _count_pending(b, topic=None):
@@ -146,17 +147,17 @@ def part_pipeline(b):
 
 
 def part_orders(b):
-    """OrderCreated -> CONFIRMED at a steady rate from the Python Confluent producer."""
-    r = b.all
-    rate, secs = b.P["order_rate"], b.P["order_secs"]
-    n = rate * secs
+    """OrderCreated -> CONFIRMED at a steady rate from the Python Confluent producer: once on
+    a quiet service, once more while stocksvr all checks the bench merchant's buckets in full."""
+    rate, secs, check_secs = b.P["order_rate"], b.P["order_secs"], b.P["check_order_secs"]
+    n, n_check = rate * secs, rate * check_secs
     n_warm = rate * b.P["warm_secs"]
     rows = b.db.q("SELECT id, order_id FROM inventory_reservation WHERE merchant_id = %s AND status = 20 "
-                  "AND dish_id >= %s ORDER BY id LIMIT %s", (b.merchant, COLD_BASE, n_warm + n))
+                  "AND dish_id >= %s ORDER BY id LIMIT %s", (b.merchant, COLD_BASE, n_warm + n + n_check))
     if len(rows) < n_warm + n:
         raise BenchError(f"only {len(rows)} RESERVED cold-dish reservations for {n_warm} + {n} orders")
     orders = [(int(o), int(i)) for i, o in rows]
-    warm, orders = orders[:n_warm], orders[n_warm:]
+    warm, orders, during = orders[:n_warm], orders[n_warm:n_warm + n], orders[n_warm + n:]
     producer = pipeline.OrderProducer(b.a.brokers, b.a.registry, os.path.join(REPO, "schemas"),
                                       f"{b.ns}.order.lifecycle.v1")
     producer.warm_up(b.merchant)
@@ -166,11 +167,11 @@ def part_orders(b):
     # a second run right after had no such seconds. A running service's Kafka is warm; its
     # figure is printed apart, so nothing is hidden.
     # The reconciler's first full check after the start of stocksvr all reads every held
-    # reservation's fence and op record (paced; about 2,500 a second here), and a fresh
-    # database has never been checked in full. Running beside the orders (9 of 17
-    # `--only pipeline` runs on 2026-12-06, whichever build) it put their p99 at 80-116 ms
-    # against 40-66 without it; the orders are measured after it, and what it costs is the
-    # idle part's figure.
+    # reservation's fence and op record (paced; about 2,000 a second here), and a fresh
+    # database has never been checked in full. It used to overlap the orders by chance (9 of
+    # 17 `--only pipeline` runs on 2026-12-06), so the quiet orders are measured after it,
+    # and the orders beside a full check are a round of their own below (a running service
+    # checks each bucket in full every reconcile.full_check_secs).
     full = _wait_full_check(b)
     if full is not None:
         b.notes.append(f"the orders started after the reconciler's full check: {full[0]:,.0f} fences "
@@ -181,66 +182,148 @@ def part_orders(b):
     b.warm_orders = (w_confirmed, len(warm), pipeline.pct(w_lat, 99))
     settled = settle(b)
     b.log(f"OrderCreated at {rate}/s for {secs} s ({n:,} orders) from the Python Confluent producer")
-    m0 = r.metrics()
-    status = StatusSampler(b.stack.db(), redis.Redis(host="127.0.0.1", port=b.stack.redis_port))
-    status.start()
-    with b.phase("orders") as rec:
-        sent, took = producer.run(orders, b.merchant, rate)
-        # The wait is bounded: when stocksvr confirms slower than the orders come, the rest
-        # is confirmed in the background (part_idle waits for it) and the latencies are
-        # those of the orders confirmed in time (the slowest are missing).
-        lat, proj, confirmed, confirm_rate, timed = pipeline.confirm_latencies(
-            b.db, sent, {o: i for o, i in orders}, secs + 240)
-    status.stop()
-    m1 = r.metrics()
-    slow = pipeline.slow_seconds(timed, 0.1)
-    b.raw["orders_slow_seconds"] = slow
-    if slow:
-        b.notes.append("orders slower than 100 ms came in these seconds of the run (second: slow/all, max): " +
-                       ", ".join(f"{sec}: {k}/{n}, {mx * 1000:.0f} ms" for sec, n, k, mx in slow))
-        # What the machine did in those seconds, next to the run's other seconds: a stall
-        # shows as CPU moving to one process, or as page flushing, fsyncs or lock waits.
-        t0 = min(t for t, _ in timed)
-        seconds = sorted({sec for sec, *_ in slow})
-        rest = [s for s in range(int(took)) if s not in seconds]
-        b.raw["orders_seconds"] = {s: _second(b, status, t0 + s) for s in range(int(took) + 1)}
-        for s in seconds:
-            b.notes.append(f"second {s} of the orders: {_second_line(b.raw['orders_seconds'][s])}")
-        b.notes.append("a median other second: " + _second_line(_median_second(
-            [b.raw["orders_seconds"][s] for s in rest])))
-    if confirmed < n:
-        b.notes.append(f"only {confirmed:,} of {n:,} orders CONFIRMED within {secs + 240} s of the first; "
-                       "their latencies exclude the slowest")
-    # The two halves of an order's delay inside the flow: how old each OrderCreated was when
-    # the order-lifecycle processor received it (the producer, the broker, the fetch), and
-    # how long its batch took to settle (the Confirm in Redis and MySQL).
-    lifecycle = {"processor": "order-lifecycle"}
-    age, batch = ([pipeline.histogram_quantile(m0, m1, name, q, lifecycle)[0] for q in (0.5, 0.99)]
-                  for name in ("stocksvr_consumer_record_age_seconds", "stocksvr_processing_seconds"))
-    hq, hn = pipeline.histogram_quantile(m0, m1, "stocksvr_projection_delay_seconds", 0.99)
-    over = pipeline.histogram_share_over(m0, m1, "stocksvr_projection_delay_seconds", 0.1)
+    got = _orders_round(b, producer, orders, "orders")
+    lat, proj, confirm_rate = got["lat"], got["proj"], got["confirm_rate"]
+    age, batch = got["age"], got["batch"]
     b.fig.add("order_confirm", f"OrderCreated -> CONFIRMED at {rate}/s ({n:,} orders)", confirm_rate,
               p50_ms=_ms(pipeline.pct(lat, 50)), p99_ms=_ms(pipeline.pct(lat, 99)),
-              note=f"produce -> CONFIRMED updated_at; {confirmed:,} confirmed, "
+              note=f"produce -> CONFIRMED updated_at; {got['confirmed']:,} confirmed, "
                    f"its parts, p50 / p99: record age on arrival {_ms(age[0]) or 0:.1f} / {_ms(age[1]) or 0:.1f} ms "
                    f"(the producer, Kafka, and the wait behind the batch before), batch settled in "
                    f"{_ms(batch[0]) or 0:.1f} / {_ms(batch[1]) or 0:.1f} ms (histograms of order-lifecycle, "
                    f"buckets 10/25/50/75/100 ms); "
                    f"{confirm_rate or 0:,.0f} confirms/s from the first produce to the last confirm; "
-                   f"produced at {n / took:,.0f}/s; started {settled:.0f} s after a warm-up of "
+                   f"produced at {n / got['took']:,.0f}/s; started {settled:.0f} s after a warm-up of "
                    f"{b.warm_orders[1]:,} orders at the same rate (p99 {_ms(b.warm_orders[2]) or 0:.0f} ms, "
                    f"{b.warm_orders[0]:,} confirmed) had settled (Kafka and MariaDB under 25% of a core)")
+    rec = got["rec"]
+    m0, m1 = got["m"]
+    hq, hn = pipeline.histogram_quantile(m0, m1, "stocksvr_projection_delay_seconds", 0.99)
+    over = pipeline.histogram_share_over(m0, m1, "stocksvr_projection_delay_seconds", 0.1)
     backlog, oldest = b.watch.max_between(rec["t0"], rec["t1"])
     b.fig.add("projection_delay", f"projection delay under {rate} orders/s", _ms(pipeline.pct(proj, 99)), "ms",
               p50_ms=_ms(pipeline.pct(proj, 50)), p99_ms=_ms(pipeline.pct(proj, 99)),
               note=f"CONFIRMED -> its ledger row; histogram p99 {_ms(hq) or 0:.0f} ms over {hn:.0f} events"
                    + (f" ({over * 100:.1f}% over 100 ms)" if over is not None else "") + "; "
                    f"outbox backlog max {backlog}")
+    if len(during) < n_check:
+        b.notes.append(f"no orders beside a full check: {len(during):,} RESERVED cold-dish reservations "
+                       f"left for {n_check:,}")
+    else:
+        _orders_beside_full_check(b, producer, during)
     rss = [(p["usage"]["procs"].get("stocksvr all", {}).get("rss_max_mb", 0), p["name"]) for p in b.phases]
     top, where = max(rss)
     b.fig.add("rss_max", "RSS of stocksvr all, highest sample of the run", top, "MB",
               note=f"in phase {where}; during these orders "
                    f"{rec['usage']['procs'].get('stocksvr all', {}).get('rss_max_mb', 0):.0f} MB; VmRSS every second")
+
+
+def _setting(b, key):
+    """A --set setting of the run, or "default"."""
+    return dict(p.split("=", 1) for p in (b.a.set or [])).get(key, "default")
+
+
+def _orders_round(b, producer, orders, name):
+    """Produces `orders` at the order rate and waits for their CONFIRMED rows, as phase
+    `name`; notes the seconds that held orders slower than 100 ms, with what the machine did
+    in them. Returns the latencies and the order-lifecycle histograms' parts."""
+    rate = b.P["order_rate"]
+    n = len(orders)
+    wait = n // rate + 240
+    m0 = b.all.metrics()
+    status = StatusSampler(b.stack.db(), redis.Redis(host="127.0.0.1", port=b.stack.redis_port))
+    status.start()
+    with b.phase(name) as rec:
+        sent, took = producer.run(orders, b.merchant, rate)
+        # The wait is bounded: when stocksvr confirms slower than the orders come, the rest
+        # is confirmed in the background (part_idle waits for it) and the latencies are
+        # those of the orders confirmed in time (the slowest are missing).
+        lat, proj, confirmed, confirm_rate, timed = pipeline.confirm_latencies(
+            b.db, sent, {o: i for o, i in orders}, wait)
+    status.stop()
+    m1 = b.all.metrics()
+    slow = pipeline.slow_seconds(timed, 0.1)
+    b.raw[f"{name}_slow_seconds"] = slow
+    if slow:
+        b.notes.append(f"{name}: orders slower than 100 ms came in these seconds of the run (second: slow/all, max): " +
+                       ", ".join(f"{sec}: {k}/{n}, {mx * 1000:.0f} ms" for sec, n, k, mx in slow))
+        # What the machine did in those seconds, next to the run's other seconds: a stall
+        # shows as CPU moving to one process, or as page flushing, fsyncs or lock waits.
+        t0 = min(t for t, _ in timed)
+        seconds = sorted({sec for sec, *_ in slow})
+        rest = [s for s in range(int(took)) if s not in seconds]
+        b.raw[f"{name}_seconds"] = {s: _second(b, status, t0 + s) for s in range(int(took) + 1)}
+        for s in seconds:
+            b.notes.append(f"{name}, second {s}: {_second_line(b.raw[f'{name}_seconds'][s])}")
+        b.notes.append(f"{name}, a median other second: " + _second_line(_median_second(
+            [b.raw[f"{name}_seconds"][s] for s in rest])))
+    if confirmed < n:
+        b.notes.append(f"{name}: only {confirmed:,} of {n:,} orders CONFIRMED within {wait} s of the first; "
+                       "their latencies exclude the slowest")
+    # The two halves of an order's delay inside the flow: how old each OrderCreated was when
+    # the order-lifecycle processor received it (the producer, the broker, the fetch), and
+    # how long its batch took to settle (the Confirm in Redis and MySQL).
+    lifecycle = {"processor": "order-lifecycle"}
+    age, batch = ([pipeline.histogram_quantile(m0, m1, name_, q, lifecycle)[0] for q in (0.5, 0.99)]
+                  for name_ in ("stocksvr_consumer_record_age_seconds", "stocksvr_processing_seconds"))
+    return {"lat": lat, "proj": proj, "confirmed": confirmed, "confirm_rate": confirm_rate, "took": took,
+            "rec": rec, "m": (m0, m1), "age": age, "batch": batch}
+
+
+def _orders_beside_full_check(b, producer, orders):
+    """The orders again while stocksvr all checks every bucket of the bench merchant in full:
+    GET /admin/reconcile runs the on-demand check inside stocksvr all, with the reads and
+    the pacing (reconcile.guard_reads_per_sec) of the scheduled full check that a running
+    service makes of each bucket every reconcile.full_check_secs. It reads faster than the
+    scheduled one, which goes shard by shard (about 5,000 a second against 2,000 at the
+    default pacing of 10,000), so it is the harder case of the two."""
+    rate = b.P["order_rate"]
+    name = "stocksvr_reconcile_guards_read_total"
+    answer = {}
+
+    def check():
+        answer["at"] = time.time()
+        answer["reply"] = http("GET", b.all.url(f"/admin/reconcile?merchant_id={b.merchant}"),
+                               headers={"authorization": f"Bearer {b.token}"}, timeout=1800)
+        answer["took"] = time.time() - answer["at"]
+
+    g0 = metric_sum(b.all.metrics(), name)
+    checker = threading.Thread(target=check, daemon=True)
+    checker.start()
+    # The check sums each chunk of buckets in MySQL before it reads their guards: the
+    # orders start once the guards are being read.
+    t0 = time.time()
+    while metric_sum(b.all.metrics(), name) == g0 and checker.is_alive() and time.time() - t0 < 60:
+        time.sleep(0.2)
+    if not checker.is_alive() or metric_sum(b.all.metrics(), name) == g0:
+        checker.join(5)
+        b.notes.append(f"no orders beside a full check: the check read no guards within "
+                       f"{time.time() - t0:.0f} s (reply {str(answer.get('reply'))[:200]})")
+        return
+    settle_wait = time.time() - t0
+    b.log(f"OrderCreated at {rate}/s for {len(orders) // rate} s ({len(orders):,} orders) while stocksvr all "
+          f"checks the bench merchant's buckets in full (GET /admin/reconcile)")
+    g1 = metric_sum(b.all.metrics(), name)
+    got = _orders_round(b, producer, orders, "orders-full-check")
+    g2 = metric_sum(b.all.metrics(), name)
+    still = checker.is_alive()
+    b.log(f"  waiting for the check to end ({g2 - g0:,.0f} guards read so far)")
+    checker.join(1800)
+    status, text = answer.get("reply", (None, ""))
+    if status != 200:
+        raise BenchError(f"GET /admin/reconcile answered {status}: {text[:300]}")
+    rec, lat, age, batch = got["rec"], got["lat"], got["age"], got["batch"]
+    during = rec["t1"] - rec["t0"]
+    b.fig.add("order_confirm_check", f"OrderCreated -> CONFIRMED at {rate}/s beside a full check", got["confirm_rate"],
+              p50_ms=_ms(pipeline.pct(lat, 50)), p99_ms=_ms(pipeline.pct(lat, 99)),
+              note=f"{got['confirmed']:,} of {len(orders):,} confirmed; the check read {g2 - g1:,.0f} fences and "
+                   f"op records in the orders' {during:.0f} s ({(g2 - g1) / during:,.0f}/s; "
+                   f"reconcile.guard_reads_per_sec {_setting(b, 'reconcile.guard_reads_per_sec')}), "
+                   + ("and was still reading when they ended" if still else "and ended before them")
+                   + f"; it read its first guards {settle_wait:.1f} s after its start and took {answer['took']:.0f} s "
+                   f"in all ({metric_sum(b.all.metrics(), name) - g0:,.0f} read); parts p50 / p99: record age "
+                   f"{_ms(age[0]) or 0:.1f} / {_ms(age[1]) or 0:.1f} ms, batch settled "
+                   f"{_ms(batch[0]) or 0:.1f} / {_ms(batch[1]) or 0:.1f} ms")
 
 
 def settle(b, busy_pct=25.0, timeout=60.0):
