@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_core::events::OrderType;
 use stocksvr_core::snowflake::SnowflakeGenerator;
@@ -19,15 +19,11 @@ use stocksvr_store::baselines::Baseline;
 use stocksvr_store::lua::LuaExecutor;
 use stocksvr_test_support::{zone, TestDb};
 
+/// Distinct for every call: the two tests of this file start together and share Redis, and
+/// a seed of the clock and the pid alone once gave both the same merchant (one test's
+/// reservation showed in the other's bucket). `unique_id` adds a per-process counter.
 fn seed() -> u64 {
-    use std::hash::{Hash, Hasher};
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_nanos();
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (nanos, std::process::id()).hash(&mut h);
-    h.finish()
+    stocksvr_test_support::unique_id(0)
 }
 
 struct Fixture {
