@@ -85,9 +85,11 @@ def main():
     b = Bench(a)
     if ab:
         b.mode = "A/B"
+    # What the table calls the run: its mode, and the part of it when --only chose one.
+    b.label = f"{b.mode} run" + (f" (--only {a.only})" if a.only and not ab else "")
     b.all = None
     b.group_prefix = b.ns
-    b.log(f"{b.mode} run; results in {b.out}")
+    b.log(f"{b.label}; results in {b.out}")
     error = None
     try:
         b.setup()
@@ -147,7 +149,7 @@ def write(b, error):
         _baseline_ratios(fig)
     took = time.time() - b.t_start
     load = os.getloadavg()
-    header = (f"stocksvr bench, {b.mode} run {b.stamp} UTC, git {git_rev()}, binary {b.a.bin}\n"
+    header = (f"stocksvr bench, {b.label} {b.stamp} UTC, git {git_rev()}, binary {b.a.bin}\n"
               + (f"settings: {', '.join(b.a.set)}\n" if b.a.set else "")
               + (f"B: {b.a.against or b.a.bin}" + (f" with {', '.join(b.a.against_set)}" if b.a.against_set else "")
                  + "\n" if b.a.against or b.a.against_set else "")
@@ -159,7 +161,7 @@ def write(b, error):
         durability = durability + [f"RUN FAILED: {type(error).__name__}: {error}".splitlines()[0]]
     notes = [f"note: {n}" for n in b.notes]
     text = report.table(fig, header, phase_lines + notes, durability,
-                        f"took {int(took // 60)} min {int(took % 60)} s ({b.mode} run); results in {b.out}")
+                        f"took {int(took // 60)} min {int(took % 60)} s, {b.label}; results in {b.out}")
     print("\n" + text, flush=True)
     with open(os.path.join(b.out, "table.txt"), "w") as f:
         f.write(text + "\n")
