@@ -12,7 +12,7 @@ import loads
 import pipeline
 import trysql
 from bench import BIG, COLD_BASE, HOT_DISH, ORDER_DISH, REPO, MetricsWatch
-from system import BenchError, http, metric_sum
+from system import BenchError, http
 
 _prefix = iter(range(10, 100))  # the 2-digit id prefix of each wrk run (tests/bench/lua/wrk_try.lua)
 
@@ -215,20 +215,17 @@ def _groups(m0, m1):
     time of its write (stocksvr_try_group_size, stocksvr_try_group_write_seconds), and the
     commit group's transaction in its parts (stocksvr_try_group_part_seconds: the connection,
     the CAS UPDATE, the outbox INSERT, the COMMIT with its log flush): what a Try waited on."""
-    def delta(name, **labels):
-        return metric_sum(m1, name, **labels) - metric_sum(m0, name, **labels)
     stages = []
     for stage in ("insert", "lua", "begin", "commit"):
-        n, rows = delta("stocksvr_try_group_size_count", stage=stage), delta("stocksvr_try_group_size_sum", stage=stage)
-        wn = delta("stocksvr_try_group_write_seconds_count", stage=stage)
-        if n and wn:
-            ms = delta("stocksvr_try_group_write_seconds_sum", stage=stage) / wn * 1000
-            stages.append(f"{stage} {rows / n:.1f} rows in {ms:.2f} ms")
+        n, rows = pipeline.histogram_mean(m0, m1, "stocksvr_try_group_size", {"stage": stage})
+        _, write = pipeline.histogram_mean(m0, m1, "stocksvr_try_group_write_seconds", {"stage": stage})
+        if n and write is not None:
+            stages.append(f"{stage} {rows:.1f} rows in {write * 1000:.2f} ms")
     parts = []
     for part in ("open", "cas", "outbox", "commit"):
-        n = delta("stocksvr_try_group_part_seconds_count", part=part)
+        n, took = pipeline.histogram_mean(m0, m1, "stocksvr_try_group_part_seconds", {"part": part})
         if n:
-            parts.append(f"{part} {delta('stocksvr_try_group_part_seconds_sum', part=part) / n * 1000:.2f}")
+            parts.append(f"{part} {took * 1000:.2f}")
     return ("group commit, mean group and write: " + (", ".join(stages) if stages else "no groups")
             + (f" (commit's parts, ms: {', '.join(parts)})" if parts else ""))
 

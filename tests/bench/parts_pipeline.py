@@ -13,7 +13,7 @@ import redis
 import checks
 import loads
 import pipeline
-from bench import COLD_BASE, REPO, MetricsWatch
+from bench import COLD_BASE, REPO, MetricsWatch, settings_env
 from parts import _wrk, wait_quiet
 from system import CLK_TCK, BenchError, StatusSampler, http, metric_sum, read_proc
 
@@ -219,8 +219,9 @@ def part_orders(b):
 
 
 def _setting(b, key):
-    """A --set setting of the run, or "default"."""
-    return dict(p.split("=", 1) for p in (b.a.set or [])).get(key, "default")
+    """A setting as the run's stocksvr processes got it (the bench's own and --set), or
+    "default"."""
+    return b.env.get(next(iter(settings_env([key + "=x"]))), "default")
 
 
 def _orders_round(b, producer, orders, name):

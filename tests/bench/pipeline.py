@@ -289,6 +289,18 @@ def histogram_share_over(before, after, name, bound):
     return 1.0 - inc[bound] / total
 
 
+def histogram_mean(before, after, name, match=None):
+    """(count, mean) of a Prometheus histogram's observations between two scrapes, from its
+    _sum and _count, over the label sets with every label of `match`; (0, None) when none."""
+    def total(m, series):
+        return sum(v for (n, labels), v in m.items() if n == series
+                   and all(dict(labels).get(k) == w for k, w in (match or {}).items()))
+    n = total(after, name + "_count") - total(before, name + "_count")
+    if n <= 0:
+        return 0, None
+    return n, (total(after, name + "_sum") - total(before, name + "_sum")) / n
+
+
 def group_lag(brokers, group, topic):
     """Records of topic the consumer group has not committed yet (None: unknown)."""
     c = Consumer({"bootstrap.servers": brokers, "group.id": group, "enable.auto.commit": False})
