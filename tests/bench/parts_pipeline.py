@@ -267,8 +267,29 @@ def _orders_round(b, producer, orders, name):
     lifecycle = {"processor": "order-lifecycle"}
     age, batch = ([pipeline.histogram_quantile(m0, m1, name_, q, lifecycle)[0] for q in (0.5, 0.99)]
                   for name_ in ("stocksvr_consumer_record_age_seconds", "stocksvr_processing_seconds"))
+    b.notes.append(f"{name}: where a batch waited, p50 / p99 in ms: " + _batch_parts(m0, m1))
     return {"lat": lat, "proj": proj, "confirmed": confirmed, "confirm_rate": confirm_rate, "took": took,
             "rec": rec, "m": (m0, m1), "age": age, "batch": batch}
+
+
+def _batch_parts(m0, m1):
+    """The order-lifecycle batch's time in its steps over the round: the Confirm operation as
+    a whole, and the group-commit stages it queues on (the CAS into CONFIRMING, the
+    completion's transaction and that transaction's parts). A slow batch shows which one
+    held it."""
+    parts = []
+    for label, name, match in (
+            ("confirm", "stocksvr_reservation_operation_seconds", {"operation": "confirm"}),
+            ("begin group", "stocksvr_try_group_write_seconds", {"stage": "begin"}),
+            ("commit group", "stocksvr_try_group_write_seconds", {"stage": "commit"}),
+            ("its open", "stocksvr_try_group_part_seconds", {"part": "open"}),
+            ("CAS", "stocksvr_try_group_part_seconds", {"part": "cas"}),
+            ("outbox", "stocksvr_try_group_part_seconds", {"part": "outbox"}),
+            ("COMMIT", "stocksvr_try_group_part_seconds", {"part": "commit"})):
+        q = [pipeline.histogram_quantile(m0, m1, name, x, match) for x in (0.5, 0.99)]
+        if q[1][1]:
+            parts.append(f"{label} {_ms(q[0][0]) or 0:.1f} / {_ms(q[1][0]) or 0:.1f} ({q[1][1]:,.0f})")
+    return ", ".join(parts) or "no Confirm observed"
 
 
 def _orders_beside_full_check(b, producer, orders):
