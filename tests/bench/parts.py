@@ -222,7 +222,7 @@ def _groups(m0, m1):
         if n and write is not None:
             stages.append(f"{stage} {rows:.1f} rows in {write * 1000:.2f} ms")
     parts = []
-    for part in ("open", "cas", "outbox", "commit"):
+    for part in pipeline.GROUP_PARTS:
         n, took = pipeline.histogram_mean(m0, m1, "stocksvr_try_group_part_seconds", {"part": part})
         if n:
             parts.append(f"{part} {took * 1000:.2f}")

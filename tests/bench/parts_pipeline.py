@@ -277,19 +277,18 @@ def _batch_parts(m0, m1):
     a whole, and the group-commit stages it queues on (the CAS into CONFIRMING, the
     completion's transaction and that transaction's parts). A slow batch shows which one
     held it."""
-    parts = []
-    for label, name, match in (
-            ("confirm", "stocksvr_reservation_operation_seconds", {"operation": "confirm"}),
-            ("begin group", "stocksvr_try_group_write_seconds", {"stage": "begin"}),
-            ("commit group", "stocksvr_try_group_write_seconds", {"stage": "commit"}),
-            ("its open", "stocksvr_try_group_part_seconds", {"part": "open"}),
-            ("CAS", "stocksvr_try_group_part_seconds", {"part": "cas"}),
-            ("outbox", "stocksvr_try_group_part_seconds", {"part": "outbox"}),
-            ("COMMIT", "stocksvr_try_group_part_seconds", {"part": "commit"})):
+    def p50_p99(name, match):
         q = [pipeline.histogram_quantile(m0, m1, name, x, match) for x in (0.5, 0.99)]
-        if q[1][1]:
-            parts.append(f"{label} {_ms(q[0][0]) or 0:.1f} / {_ms(q[1][0]) or 0:.1f} ({q[1][1]:,.0f})")
-    return ", ".join(parts) or "no Confirm observed"
+        return f"{_ms(q[0][0]) or 0:.1f} / {_ms(q[1][0]) or 0:.1f} ({q[1][1]:,.0f})" if q[1][1] else None
+
+    steps = [(label, p50_p99(name, match)) for label, name, match in (
+        ("confirm", "stocksvr_reservation_operation_seconds", {"operation": "confirm"}),
+        ("begin group", "stocksvr_try_group_write_seconds", {"stage": "begin"}),
+        ("commit group", "stocksvr_try_group_write_seconds", {"stage": "commit"}))]
+    parts = [(part, p50_p99("stocksvr_try_group_part_seconds", {"part": part})) for part in pipeline.GROUP_PARTS]
+    text = ", ".join(f"{label} {q}" for label, q in steps if q) or "no Confirm observed"
+    parts_text = ", ".join(f"{part} {q}" for part, q in parts if q)
+    return text + (f" (commit's parts: {parts_text})" if parts_text else "")
 
 
 def _orders_beside_full_check(b, producer, orders):

@@ -289,6 +289,12 @@ def histogram_share_over(before, after, name, bound):
     return 1.0 - inc[bound] / total
 
 
+# The parts of a commit group's transaction, the `part` label of
+# stocksvr_try_group_part_seconds: the connection and BEGIN, the CAS UPDATE, the outbox
+# INSERT, the COMMIT with its log flush.
+GROUP_PARTS = ("open", "cas", "outbox", "commit")
+
+
 def histogram_mean(before, after, name, match=None):
     """(count, mean) of a Prometheus histogram's observations between two scrapes, from its
     _sum and _count, over the label sets with every label of `match`; (0, None) when none."""

@@ -85,8 +85,9 @@ def main():
     b = Bench(a)
     if ab:
         b.mode = "A/B"
-    # What the table calls the run: its mode, and the part of it when --only chose one.
-    b.label = f"{b.mode} run" + (f" (--only {a.only})" if a.only and not ab else "")
+    # What the table calls the run: its mode, or the part --only chose (not a full run).
+    b.label = (f"{b.mode} run" if ab or not a.only
+               else ("quick " if a.quick else "") + f"run of --only {a.only}")
     b.all = None
     b.group_prefix = b.ns
     b.log(f"{b.label}; results in {b.out}")
