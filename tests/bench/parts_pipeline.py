@@ -245,9 +245,14 @@ def _orders_round(b, producer, orders, name):
     m1 = b.all.metrics()
     slow = pipeline.slow_seconds(timed, 0.1)
     b.raw[f"{name}_slow_seconds"] = slow
+    acks = _ack_delays(producer, sent, timed)
+    b.notes.append(f"{name}: produce -> Kafka's ack (acks=all) p50 / p99 {_ms(acks['all'][0]) or 0:.1f} / "
+                   f"{_ms(acks['all'][1]) or 0:.1f} ms over {len(producer.acked):,} acks")
     if slow:
-        b.notes.append(f"{name}: orders slower than 100 ms came in these seconds of the run (second: slow/all, max): " +
-                       ", ".join(f"{sec}: {k}/{n}, {mx * 1000:.0f} ms" for sec, n, k, mx in slow))
+        b.notes.append(f"{name}: orders slower than 100 ms came in these seconds of the run (second: slow/all, max; "
+                       "produce -> ack p99 that second): " +
+                       ", ".join(f"{sec}: {k}/{n}, {mx * 1000:.0f} ms; ack {_ms(acks.get(sec, (0, 0))[1]) or 0:.0f} ms"
+                                 for sec, n, k, mx in slow))
         # What the machine did in those seconds, next to the run's other seconds: a stall
         # shows as CPU moving to one process, or as page flushing, fsyncs or lock waits.
         t0 = min(t for t, _ in timed)
@@ -270,6 +275,20 @@ def _orders_round(b, producer, orders, name):
     b.notes.append(f"{name}: where a batch waited, p50 / p99 in ms: " + _batch_parts(m0, m1))
     return {"lat": lat, "proj": proj, "confirmed": confirmed, "confirm_rate": confirm_rate, "took": took,
             "rec": rec, "m": (m0, m1), "age": age, "batch": batch}
+
+
+def _ack_delays(producer, sent, timed):
+    """Produce -> broker ack, p50 / p99: over the round ("all") and by second of the round
+    (counted as slow_seconds counts them, from the first confirmed order's produce)."""
+    delays = {o: producer.acked[o] - t for o, t in sent.items() if o in producer.acked}
+    out = {"all": (pipeline.pct(list(delays.values()), 50), pipeline.pct(list(delays.values()), 99))}
+    if timed:
+        t0 = min(t for t, _ in timed)
+        by = {}
+        for o, d in delays.items():
+            by.setdefault(int(sent[o] - t0), []).append(d)
+        out.update({sec: (pipeline.pct(ds, 50), pipeline.pct(ds, 99)) for sec, ds in by.items()})
+    return out
 
 
 def _batch_parts(m0, m1):

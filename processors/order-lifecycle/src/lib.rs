@@ -96,6 +96,10 @@ struct BatchState {
     handled: Mutex<HashSet<String>>,
     /// The batch's orders with parked events, and those parked since.
     parked: Mutex<HashSet<u64>>,
+    /// The reservations of the batch's orders as read with the batch, for each order's first
+    /// event (taken by it): one read for the batch instead of one per order. Its later events
+    /// read their rows again, as the first may have moved them.
+    rows: Mutex<HashMap<u64, Vec<Reservation>>>,
 }
 
 impl BatchState {
@@ -113,6 +117,10 @@ impl BatchState {
 
     fn note_parked(&self, order_id: u64) {
         lock(&self.parked).insert(order_id);
+    }
+
+    fn take_rows(&self, order_id: u64) -> Option<Vec<Reservation>> {
+        lock(&self.rows).remove(&order_id)
     }
 }
 
@@ -197,8 +205,8 @@ impl OrderLifecycle {
             .map_err(|e| Failure::Invalid(format!("order_id {}: {e}", event.order_id())))
     }
 
-    /// Reads what the batch's records need from the inbox and the parked events, in one
-    /// query each.
+    /// Reads what the batch's records need from the inbox, the parked events and the
+    /// reservations, in one query each, at once.
     async fn prepare(&self, batch: &[Record]) -> Result<BatchState, Failure> {
         let mut event_ids = Vec::with_capacity(batch.len());
         let mut orders = Vec::with_capacity(batch.len());
@@ -215,15 +223,28 @@ impl OrderLifecycle {
         orders.dedup();
         let pool = self.service.pool();
         let ids: Vec<&str> = event_ids.iter().map(String::as_str).collect();
-        let handled = order_events::handled_many(pool, &ids, &self.group)
-            .await
-            .map_err(|e| Failure::from_sqlx(&e))?;
-        let parked = order_events::orders_waiting(pool, &self.group, &orders)
-            .await
-            .map_err(|e| Failure::from_sqlx(&e))?;
+        let (handled, parked, rows) = futures::try_join!(
+            async {
+                order_events::handled_many(pool, &ids, &self.group)
+                    .await
+                    .map_err(|e| Failure::from_sqlx(&e))
+            },
+            async {
+                order_events::orders_waiting(pool, &self.group, &orders)
+                    .await
+                    .map_err(|e| Failure::from_sqlx(&e))
+            },
+            async {
+                self.service
+                    .list_orders(&orders)
+                    .await
+                    .map_err(|e| e.failure())
+            },
+        )?;
         Ok(BatchState {
             handled: Mutex::new(handled),
             parked: Mutex::new(parked),
+            rows: Mutex::new(rows),
         })
     }
 
@@ -258,7 +279,10 @@ impl OrderLifecycle {
         if batch.handled(event.event_id()) {
             return Ok(Applied::Duplicate);
         }
-        let applied = match self.apply(&event, order_id).await? {
+        let applied = match self
+            .apply(&event, order_id, batch.take_rows(order_id))
+            .await?
+        {
             Outcome::Settled(applied) => applied,
             Outcome::Wait(waiting_for) => {
                 let parked = order_events::defer(
@@ -300,13 +324,32 @@ impl OrderLifecycle {
         Ok(applied)
     }
 
-    /// Applies `event` to its order's reservations.
-    async fn apply(&self, event: &OrderEvent, order_id: u64) -> Result<Outcome, Failure> {
-        let rows = self
-            .service
-            .list_order(order_id)
-            .await
-            .map_err(|e| e.failure())?;
+    /// Applies `event` to its order's reservations; `read`: its rows as the batch read them
+    /// (None: read them now).
+    async fn apply(
+        &self,
+        event: &OrderEvent,
+        order_id: u64,
+        read: Option<Vec<Reservation>>,
+    ) -> Result<Outcome, Failure> {
+        let rows = match read {
+            // No row yet, or a Try still PREPARING, when the batch was read: read again
+            // rather than park the event on what may have moved since. Any other row is
+            // safe to decide on: a step from it is a CAS that reads the row again if lost.
+            Some(rows)
+                if !rows.is_empty()
+                    && rows
+                        .iter()
+                        .all(|r| !matches!(r.status(), Ok(ReservationStatus::Preparing))) =>
+            {
+                rows
+            }
+            _ => self
+                .service
+                .list_order(order_id)
+                .await
+                .map_err(|e| e.failure())?,
+        };
         let mut read: HashMap<u64, Reservation> = HashMap::with_capacity(rows.len());
         let known: HashMap<u64, Known> = rows
             .iter()
@@ -443,7 +486,7 @@ impl OrderLifecycle {
                     continue;
                 }
             };
-            let outcome = match self.apply(&event, order_id).await {
+            let outcome = match self.apply(&event, order_id, None).await {
                 Ok(outcome) => outcome,
                 // Can never apply (the order's reservations changed under it): report it as
                 // settled; it was dead-letter material only once it could not wait any more.

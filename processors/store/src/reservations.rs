@@ -294,6 +294,27 @@ pub async fn list_by_order(
     .await
 }
 
+/// [`list_by_order`] for several orders in one statement, in order id order (an empty
+/// slice reads nothing).
+pub async fn list_by_orders(
+    pool: &MySqlPool,
+    order_ids: &[u64],
+) -> Result<Vec<Reservation>, sqlx::Error> {
+    if order_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query = sqlx::QueryBuilder::<MySql>::new(format!(
+        "SELECT {COLUMNS} FROM inventory_reservation WHERE order_id IN "
+    ));
+    in_list_of(&mut query, order_ids.iter().copied());
+    query.push(" ORDER BY order_id, order_item_id, dish_id");
+    query
+        .one_off_as::<Reservation>()
+        .fetch_all(pool)
+        .deadline()
+        .await
+}
+
 /// [`insert_preparing`] for a group of Trys in one statement (group commit): each row is
 /// inserted unless its order is fenced, exactly as the single-row statement decides, and a
 /// row whose item already has a reservation is skipped instead of failing the group. The

@@ -243,3 +243,47 @@ async fn a_clean_group_moves_all_its_rows_with_one_update() {
         );
     }
 }
+
+/// The order-lifecycle reads the reservations of a batch's orders in one statement: each
+/// order gets its own rows (an order of two items both, an order with none nothing), in
+/// order id order, and each row as the single-order read gives it.
+#[tokio::test]
+async fn the_reservations_of_several_orders_come_in_one_read_as_each_order_alone_reads_them() {
+    let db = stocksvr_test_support::TestDb::migrated().await;
+    let pool = &db.pool;
+    let at = repo::now();
+    let two_items = NewReservation {
+        id: 5_003,
+        order_item_id: 5_003 * 100 + 1,
+        ..new_row(5_002, None, at)
+    };
+    let rows = [
+        new_row(5_002, None, at),
+        two_items,
+        new_row(5_001, None, at),
+    ];
+    let (_, outcomes) = repo::insert_preparing_many(pool, &rows)
+        .await
+        .expect("PREPARING rows");
+    assert_eq!(outcomes, vec![InsertOutcome::Inserted; 3]);
+
+    let (a, b, none) = (5_001 * 10, 5_002 * 10, 5_004 * 10);
+    let read = repo::list_by_orders(pool, &[b, none, a])
+        .await
+        .expect("orders' rows");
+    let got: Vec<(u64, u64)> = read.iter().map(|r| (r.order_id, r.id)).collect();
+    assert_eq!(got, vec![(a, 5_001), (b, 5_002), (b, 5_003)]);
+    for order in [a, b] {
+        let alone = repo::list_by_order(pool, order).await.expect("one order");
+        let together: Vec<_> = read
+            .iter()
+            .filter(|r| r.order_id == order)
+            .cloned()
+            .collect();
+        assert_eq!(together, alone, "order {order}");
+    }
+    assert!(repo::list_by_orders(pool, &[])
+        .await
+        .expect("no orders")
+        .is_empty());
+}

@@ -24,6 +24,7 @@ use crate::view::StuckView;
 use chrono::{DateTime, TimeDelta, Utc};
 use chrono_tz::Tz;
 use sqlx::MySqlPool;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_core::events::OrderType;
@@ -240,6 +241,18 @@ impl ReservationService {
 
     pub async fn list_order(&self, order_id: u64) -> Result<Vec<Reservation>, ServiceError> {
         Ok(repo::list_by_order(&self.pool, order_id).await?)
+    }
+
+    /// The reservations of each of `order_ids` that has any, in one read.
+    pub async fn list_orders(
+        &self,
+        order_ids: &[u64],
+    ) -> Result<HashMap<u64, Vec<Reservation>>, ServiceError> {
+        let mut by_order: HashMap<u64, Vec<Reservation>> = HashMap::new();
+        for row in repo::list_by_orders(&self.pool, order_ids).await? {
+            by_order.entry(row.order_id).or_default().push(row);
+        }
+        Ok(by_order)
     }
 
     async fn load(&self, id: u64) -> Result<Reservation, ServiceError> {
