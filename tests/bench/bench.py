@@ -38,7 +38,10 @@ MYSQL_KEYS = ["Questions", "Com_select", "Com_insert", "Com_update", "Com_delete
               "Com_admin_commands",  # COM_PING (sqlx pings pooled connections) counts here
               # rows written and index lookups (MariaDB 10.11 has no Innodb_rows_*): what a
               # statement count hides (one multi-row INSERT of a group is many rows)
-              "Handler_write", "Handler_update", "Handler_delete", "Handler_read_key"]
+              "Handler_write", "Handler_update", "Handler_delete", "Handler_read_key",
+              # work done twice: a transaction rolled back (a group that lost a CAS, a
+              # deadlock victim) is written again, and its rows count in Handler_* both times
+              "Innodb_deadlocks"]
 
 
 def log_flushes(delta):

@@ -124,6 +124,20 @@ impl BatchState {
     }
 }
 
+/// Whether an order's rows as the batch read them (their statuses) may be decided on: not
+/// when there were none yet, nor while a Try was still PREPARING (its RESERVED may have
+/// landed since, and deciding on the old row would park the event for nothing).
+fn batch_read_usable(statuses: impl IntoIterator<Item = Option<ReservationStatus>>) -> bool {
+    let mut any = false;
+    for status in statuses {
+        if status == Some(ReservationStatus::Preparing) {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
 /// The sets are only touched between awaits, so a poisoned lock (a panic in another order's
 /// task, which fails the batch anyway) still holds consistent data.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -336,14 +350,7 @@ impl OrderLifecycle {
             // No row yet, or a Try still PREPARING, when the batch was read: read again
             // rather than park the event on what may have moved since. Any other row is
             // safe to decide on: a step from it is a CAS that reads the row again if lost.
-            Some(rows)
-                if !rows.is_empty()
-                    && rows
-                        .iter()
-                        .all(|r| !matches!(r.status(), Ok(ReservationStatus::Preparing))) =>
-            {
-                rows
-            }
+            Some(rows) if batch_read_usable(rows.iter().map(|r| r.status().ok())) => rows,
             _ => self
                 .service
                 .list_order(order_id)
@@ -625,4 +632,36 @@ pub async fn arm_created(wheel: &TimeWheel, reservation: &Reservation) {
     };
     metrics::counter!(names::SCHEDULE_ARMED, "source" => "order_created", "outcome" => outcome)
         .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_order_decides_on_the_batch_read_only_with_rows_and_none_preparing() {
+        use ReservationStatus::*;
+        assert!(!batch_read_usable([]), "no row yet: read again");
+        assert!(batch_read_usable([Some(Reserved)]));
+        assert!(batch_read_usable([
+            Some(Reserved),
+            Some(CreatedReserved),
+            Some(Confirmed)
+        ]));
+        assert!(!batch_read_usable([Some(Reserved), Some(Preparing)]));
+        assert!(!batch_read_usable([Some(Preparing)]));
+    }
+
+    #[test]
+    fn only_the_first_event_of_an_order_takes_the_rows_the_batch_read() {
+        let state = BatchState {
+            handled: Mutex::new(HashSet::new()),
+            parked: Mutex::new(HashSet::new()),
+            rows: Mutex::new(HashMap::from([(7, Vec::new()), (8, Vec::new())])),
+        };
+        assert!(state.take_rows(7).is_some());
+        assert!(state.take_rows(7).is_none(), "a later event reads afresh");
+        assert!(state.take_rows(8).is_some(), "another order keeps its own");
+        assert!(state.take_rows(9).is_none());
+    }
 }
