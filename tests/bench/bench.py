@@ -219,10 +219,12 @@ class Bench:
                 "cpu_s": cpu["used_cpu_sys"] + cpu["used_cpu_user"]}
 
     @contextlib.contextmanager
-    def phase(self, name):
+    def phase(self, name, tables=False):
         """Records what the servers did during the block: MariaDB status deltas (the bench's
         own statements left out of Questions), Redis Lua calls and CPU, every tracked
-        process's CPU and RSS."""
+        process's CPU and RSS. `tables`: also the rows each table of the run's database read
+        and changed (rec["tables"], see table_rows)."""
+        before = self.table_rows(collect=True) if tables else None
         own0 = self.db.count + self.admin.count
         s0 = self.admin.status()
         r0 = self.redis_counts()
@@ -234,6 +236,10 @@ class Bench:
         s1 = self.admin.status()
         r1 = self.redis_counts()
         own = self.db.count + self.admin.count - own0
+        if before is not None:
+            after = self.table_rows(collect=False)
+            rec["tables"] = {t: (after[t][0] - before.get(t, (0, 0))[0], after[t][1] - before.get(t, (0, 0))[1])
+                             for t in after}
         rec["mysql"] = {k: s1.get(k, 0) - s0.get(k, 0) for k in MYSQL_KEYS}
         # own counts both SHOW GLOBAL STATUS; the delta holds the second one only.
         rec["mysql"]["Questions"] = max(0, rec["mysql"]["Questions"] - (own - 1))
@@ -241,6 +247,34 @@ class Bench:
         rec["redis"] = {k: r1[k] - r0[k] for k in r0}
         rec["usage"] = self.sampler.window(rec["t0"], rec["t1"])
         self.phases.append(rec)
+
+    def table_rows(self, collect):
+        """{table: (rows read, rows changed)} of the run's database, from MariaDB's user
+        statistics, which count the rows of real tables only. The Handler_* counts of a load
+        ("rows/Try") also count the rows a GROUP BY folds into an internal temporary table,
+        such as a reconciler check summing a bucket's ledger in the same seconds. The
+        statistics are kept only from `collect=True` to the next `collect=False`, around a
+        load, so the baselines run without their bookkeeping."""
+        if collect:
+            self.admin.q("SET GLOBAL userstat = 1")
+        rows = self.admin.q("SELECT table_name, rows_read, rows_changed FROM information_schema.table_statistics "
+                            "WHERE table_schema = %s", (self.dbname,))
+        if not collect:
+            self.admin.q("SET GLOBAL userstat = 0")
+        return {t: (int(r), int(c)) for t, r, c in rows}
+
+    @staticmethod
+    def table_line(rec, n, unit):
+        """The rows each table changed (and read, where it read more) per `unit` of a phase
+        recorded with tables=True, `n` units in it; tables under 0.01 a unit left out."""
+        if not n or not rec.get("tables"):
+            return ""
+        parts = []
+        for t, (read, changed) in sorted(rec["tables"].items(), key=lambda kv: (-kv[1][1], kv[0])):
+            if changed / n < 0.01 and read / n < 0.01:
+                continue
+            parts.append(f"{t} {changed / n:.2f}" + (f" (read {read / n:.2f})" if read > changed else ""))
+        return f"rows changed/{unit} by table: " + (", ".join(parts) if parts else "none")
 
     def phase_line(self, rec):
         secs = rec["t1"] - rec["t0"]

@@ -159,7 +159,7 @@ def _metrics(b, r, when):
 def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=None):
     prefix = next(_prefix)
     r, m0 = _metrics(b, r, f"before the load {name}")
-    with b.phase(name) as rec:
+    with b.phase(name, tables=True) as rec:
         res = loads.wrk(r.url(""), conns, secs, os.path.join(b.out, "wrk", name), mode, prefix,
                         b.merchant, dish_base, dishes, os.path.join(b.logs, "wrk.log"), quota=quota,
                         stop_when=stop_when)
@@ -196,6 +196,8 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
     res["note"] = (f"{res['stmts_per_try']:.1f} stmt/Try ({res['mix']}), {res['pings_per_try']:.2f} pings/Try, "
                    f"{res['fsyncs_per_try']:.2f} log flushes/Try; rows/Try "
                    + ", ".join(f"{v:.1f} {k}" for k, v in res["rows_per_try"].items()) if items else "no 2xx")
+    if items:
+        res["note"] += "; " + b.table_line(rec, items, "Try")
     if items and (q["Com_rollback"] or q["Innodb_deadlocks"]):
         res["note"] += (f"; {q['Com_rollback'] / items:.3f} rollbacks/Try ({q['Com_rollback']:,.0f}), "
                         f"{q['Innodb_deadlocks']:,.0f} deadlocks")

@@ -234,7 +234,7 @@ def _orders_round(b, producer, orders, name):
     m0 = b.all.metrics()
     status = StatusSampler(b.stack.db(), redis.Redis(host="127.0.0.1", port=b.stack.redis_port))
     status.start()
-    with b.phase(name) as rec:
+    with b.phase(name, tables=True) as rec:
         sent, took = producer.run(orders, b.merchant, rate)
         # The wait is bounded: when stocksvr confirms slower than the orders come, the rest
         # is confirmed in the background (part_idle waits for it) and the latencies are
@@ -273,6 +273,8 @@ def _orders_round(b, producer, orders, name):
     age, batch = ([pipeline.histogram_quantile(m0, m1, name_, q, lifecycle)[0] for q in (0.5, 0.99)]
                   for name_ in ("stocksvr_consumer_record_age_seconds", "stocksvr_processing_seconds"))
     b.notes.append(f"{name}: where a batch waited, p50 / p99 in ms: " + _batch_parts(m0, m1))
+    if confirmed:
+        b.notes.append(f"{name}: " + b.table_line(rec, confirmed, "order"))
     return {"lat": lat, "proj": proj, "confirmed": confirmed, "confirm_rate": confirm_rate, "took": took,
             "rec": rec, "m": (m0, m1), "age": age, "batch": batch}
 
