@@ -124,6 +124,15 @@ impl BatchState {
     }
 }
 
+/// The rows an event is decided on from the batch's read (`read`, None when another event
+/// of the order took them), or None when they must be read again ([`batch_read_usable`]).
+fn usable_batch_rows<T>(
+    read: Option<Vec<T>>,
+    status: impl Fn(&T) -> Option<ReservationStatus>,
+) -> Option<Vec<T>> {
+    read.filter(|rows| batch_read_usable(rows.iter().map(status)))
+}
+
 /// Whether an order's rows as the batch read them (their statuses) may be decided on: not
 /// when there were none yet, nor while a Try was still PREPARING (its RESERVED may have
 /// landed since, and deciding on the old row would park the event for nothing).
@@ -346,12 +355,13 @@ impl OrderLifecycle {
         order_id: u64,
         read: Option<Vec<Reservation>>,
     ) -> Result<Outcome, Failure> {
-        let rows = match read {
+        let rows = match usable_batch_rows(read, |r| r.status().ok()) {
+            // Any row but a PREPARING one is safe to decide on: a step from it is a CAS that
+            // reads the row again if lost.
+            Some(rows) => rows,
             // No row yet, or a Try still PREPARING, when the batch was read: read again
-            // rather than park the event on what may have moved since. Any other row is
-            // safe to decide on: a step from it is a CAS that reads the row again if lost.
-            Some(rows) if batch_read_usable(rows.iter().map(|r| r.status().ok())) => rows,
-            _ => self
+            // rather than park the event on what may have moved since.
+            None => self
                 .service
                 .list_order(order_id)
                 .await
@@ -650,6 +660,26 @@ mod tests {
         ]));
         assert!(!batch_read_usable([Some(Reserved), Some(Preparing)]));
         assert!(!batch_read_usable([Some(Preparing)]));
+    }
+
+    #[test]
+    fn an_event_reads_again_unless_the_batch_read_rows_none_preparing() {
+        use ReservationStatus::*;
+        let status = |s: &ReservationStatus| Some(*s);
+        assert_eq!(
+            usable_batch_rows(Some(vec![Reserved, Confirmed]), status),
+            Some(vec![Reserved, Confirmed])
+        );
+        assert_eq!(
+            usable_batch_rows(Some(vec![Reserved, Preparing]), status),
+            None
+        );
+        assert_eq!(usable_batch_rows(Some(Vec::new()), status), None);
+        assert_eq!(
+            usable_batch_rows(None, status),
+            None,
+            "taken by another event"
+        );
     }
 
     #[test]
