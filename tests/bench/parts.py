@@ -196,8 +196,9 @@ def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=No
     res["note"] = (f"{res['stmts_per_try']:.1f} stmt/Try ({res['mix']}), {res['pings_per_try']:.2f} pings/Try, "
                    f"{res['fsyncs_per_try']:.2f} log flushes/Try; rows/Try "
                    + ", ".join(f"{v:.1f} {k}" for k, v in res["rows_per_try"].items()) if items else "no 2xx")
-    if items:
-        res["note"] += "; " + b.table_line(rec, items, "Try")
+    tables = b.table_line(rec, items, "Try")
+    if tables:
+        res["note"] += "; " + tables
     if items and (q["Com_rollback"] or q["Innodb_deadlocks"]):
         res["note"] += (f"; {q['Com_rollback'] / items:.3f} rollbacks/Try ({q['Com_rollback']:,.0f}), "
                         f"{q['Innodb_deadlocks']:,.0f} deadlocks")

@@ -273,8 +273,9 @@ def _orders_round(b, producer, orders, name):
     age, batch = ([pipeline.histogram_quantile(m0, m1, name_, q, lifecycle)[0] for q in (0.5, 0.99)]
                   for name_ in ("stocksvr_consumer_record_age_seconds", "stocksvr_processing_seconds"))
     b.notes.append(f"{name}: where a batch waited, p50 / p99 in ms: " + _batch_parts(m0, m1))
-    if confirmed:
-        b.notes.append(f"{name}: " + b.table_line(rec, confirmed, "order"))
+    tables = b.table_line(rec, confirmed, "order")
+    if tables:
+        b.notes.append(f"{name}: {tables}")
     return {"lat": lat, "proj": proj, "confirmed": confirmed, "confirm_rate": confirm_rate, "took": took,
             "rec": rec, "m": (m0, m1), "age": age, "batch": batch}
 
