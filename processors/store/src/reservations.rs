@@ -409,30 +409,37 @@ pub async fn insert_preparing_many(
     if inserted == rows.len() as u64 {
         return Ok((now, vec![InsertOutcome::Inserted; rows.len()]));
     }
-    // Some were skipped (a repeat of an item, or a fenced order): which ones is one read,
-    // and each skipped one resolves as the single-row path resolves it.
-    let mut query =
-        sqlx::QueryBuilder::<MySql>::new("SELECT id FROM inventory_reservation WHERE id IN ");
-    in_list_of(&mut query, rows.iter().map(|r| r.id));
-    let present: std::collections::HashSet<u64> = query
-        .one_off_scalar::<u64>()
+    // Some were skipped (a repeat of an item, or a fenced order). Which ones, and the rows
+    // the repeats answer with, is one read of the group's items: one read per skipped row
+    // held the insert stage, and every fresh Try queued behind it, for as many round trips
+    // as a burst of client retries had repeats.
+    let mut query = sqlx::QueryBuilder::<MySql>::new(format!(
+        "SELECT {COLUMNS} FROM inventory_reservation WHERE order_item_id IN "
+    ));
+    in_list_of(&mut query, rows.iter().map(|r| r.order_item_id));
+    let found = query
+        .one_off_as::<Reservation>()
         .fetch_all(pool)
         .deadline()
-        .await?
+        .await?;
+    Ok((now, group_outcomes(rows, found)))
+}
+
+/// Each row's outcome, from the rows its group's items have after the group's INSERT: its
+/// own row (the same id) was inserted; another row of its item and dish makes it a repeat;
+/// none means the order's fence kept it out (the single-row path decides the same).
+fn group_outcomes(rows: &[NewReservation], found: Vec<Reservation>) -> Vec<InsertOutcome> {
+    let by_item: std::collections::HashMap<(u64, u64), Reservation> = found
         .into_iter()
+        .map(|f| ((f.order_item_id, f.dish_id), f))
         .collect();
-    let mut outcomes = Vec::with_capacity(rows.len());
-    for r in rows {
-        outcomes.push(if present.contains(&r.id) {
-            InsertOutcome::Inserted
-        } else {
-            match find_by_item(pool, r.order_item_id, r.dish_id).await? {
-                Some(existing) => InsertOutcome::Existing(Box::new(existing)),
-                None => InsertOutcome::OrderFailed,
-            }
-        });
-    }
-    Ok((now, outcomes))
+    rows.iter()
+        .map(|r| match by_item.get(&(r.order_item_id, r.dish_id)) {
+            Some(f) if f.id == r.id => InsertOutcome::Inserted,
+            Some(f) => InsertOutcome::Existing(Box::new(f.clone())),
+            None => InsertOutcome::OrderFailed,
+        })
+        .collect()
 }
 
 /// The intermediate step a CAS moves into, with what a resume needs.
@@ -1137,4 +1144,51 @@ pub async fn revive(pool: &MySqlPool, id: u64) -> Result<bool, sqlx::Error> {
     .deadline()
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new(id: u64, item: u64, dish: u64) -> NewReservation {
+        NewReservation {
+            id,
+            order_id: 9,
+            order_item_id: item,
+            merchant_id: 1,
+            dish_id: dish,
+            stock_bucket_id: "1:7:2026-12-06".into(),
+            stock_date: NaiveDate::from_ymd_opt(2026, 12, 6).expect("date"),
+            quantity: 1,
+            order_type: 0,
+            processing_time: None,
+            expire_at: now(),
+            try_operation_id: format!("try-{id}"),
+        }
+    }
+
+    #[test]
+    fn a_group_read_tells_inserted_repeated_and_fenced_rows_apart() {
+        let inserted = new(1, 100, 7);
+        let repeat = new(2, 200, 7);
+        let fenced = new(3, 300, 7);
+        // The same item with another dish is a reservation of its own, not this row's.
+        let other_dish = new(4, 300, 8);
+        let first_try = new(50, 200, 7).inserted_row(now());
+        let found = vec![
+            inserted.inserted_row(now()),
+            first_try.clone(),
+            other_dish.inserted_row(now()),
+        ];
+        let rows = [inserted, repeat, fenced, other_dish];
+        assert_eq!(
+            group_outcomes(&rows, found),
+            vec![
+                InsertOutcome::Inserted,
+                InsertOutcome::Existing(Box::new(first_try)),
+                InsertOutcome::OrderFailed,
+                InsertOutcome::Inserted,
+            ]
+        );
+    }
 }
