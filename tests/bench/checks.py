@@ -37,7 +37,7 @@ def acknowledged(runs):
             if not 200 <= status < 300 or ident == "-":
                 continue
             answered += 1
-            if mode == "single":
+            if mode != "order":  # single, repeat
                 if outcome == "RESERVED":
                     items.add(int(ident))
             elif outcome.startswith("ALL"):  # all_reserved (tests/bench/lua/wrk_try.lua)

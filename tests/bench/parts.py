@@ -156,7 +156,7 @@ def _metrics(b, r, when):
             time.sleep(1)
 
 
-def _wrk(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=None):
+def wrk_load(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_when=None):
     prefix = next(_prefix)
     r, m0 = _metrics(b, r, f"before the load {name}")
     with b.phase(name, tables=True) as rec:
@@ -257,10 +257,10 @@ def part_http(b, init=False):
     # delay would be that backlog's age.
     quiet(b)
     b.log(f"warm-up: hot dish, 64 connections, {P['warm_secs']} s")
-    _wrk(b, b.all, "warm-up", "single", 64, P["warm_secs"], HOT_DISH, 1)
+    wrk_load(b, b.all, "warm-up", "single", 64, P["warm_secs"], HOT_DISH, 1)
     quiet(b)
     b.log(f"Try through HTTP, hot dish, 64 connections, {P['try_secs']} s")
-    hot = _wrk(b, b.all, "try-hot-64", "single", 64, P["try_secs"], HOT_DISH, 1)
+    hot = wrk_load(b, b.all, "try-hot-64", "single", 64, P["try_secs"], HOT_DISH, 1)
     b.fig.add("try_http_hot", "Try through HTTP, hot dish, 64 conn (stocksvr all)", hot["rate"],
               p50_ms=hot["p50_ms"], p99_ms=hot["p99_ms"], concurrency=64, note=hot["note"])
     b.fig.add("stmts_per_try", "MariaDB statements per Try (hot, 64 conn, stocksvr all)",
@@ -274,12 +274,12 @@ def part_http(b, init=False):
                                          if hot.get("delay_over_100ms") is not None else "unknown")))
     quiet(b)
     b.log(f"Try through HTTP, {P['cold_dishes']} cold dishes, 64 connections, {P['try_secs']} s")
-    cold = _wrk(b, b.all, "try-cold-64", "single", 64, P["try_secs"], COLD_BASE, P["cold_dishes"])
+    cold = wrk_load(b, b.all, "try-cold-64", "single", 64, P["try_secs"], COLD_BASE, P["cold_dishes"])
     b.fig.add("try_http_cold", f"Try through HTTP, {P['cold_dishes']:,} cold dishes, 64 conn", cold["rate"],
               p50_ms=cold["p50_ms"], p99_ms=cold["p99_ms"], concurrency=64, note=cold["note"])
     quiet(b)
     b.log(f"order-level Try of 3 dishes, 64 connections, {P['try_secs']} s")
-    order = _wrk(b, b.all, "try-order-64", "order", 64, P["try_secs"], ORDER_DISH, 3)
+    order = wrk_load(b, b.all, "try-order-64", "order", 64, P["try_secs"], ORDER_DISH, 3)
     b.fig.add("try_http_order", "order-level Try of 3 dishes, 64 conn (orders)", order["rate"],
               p50_ms=order["p50_ms"], p99_ms=order["p99_ms"], concurrency=64,
               note=f"{order['rate'] * 3:,.0f} items/s; " + order["note"])
@@ -290,7 +290,7 @@ def part_http(b, init=False):
         else:
             quiet(b)
             b.log(f"sweep: hot dish, {c} connections, {P['sweep_secs']} s")
-            res = _wrk(b, b.all, f"try-hot-c{c}", "single", c, P["sweep_secs"], HOT_DISH, 1)
+            res = wrk_load(b, b.all, f"try-hot-c{c}", "single", c, P["sweep_secs"], HOT_DISH, 1)
         b.fig.add(f"try_http_hot_c{c}", f"Try through HTTP, hot dish, {c} conn", res["rate"],
                   p50_ms=res["p50_ms"], p99_ms=res["p99_ms"], concurrency=c,
                   note="" if c == 64 else res["note"])
@@ -317,10 +317,10 @@ def part_ab(b, against, against_env, rounds):
             b.watch = MetricsWatch(b.all)
             b.watch.start()
             quiet(b)
-            _wrk(b, b.all, "warm-up", "single", 64, P["warm_secs"], HOT_DISH, 1)
+            wrk_load(b, b.all, "warm-up", "single", 64, P["warm_secs"], HOT_DISH, 1)
             quiet(b)
             b.log(f"round {rnd}/{rounds}, {side}: hot dish, 64 connections, {P['try_secs']} s")
-            got[side].append(_wrk(b, b.all, f"ab-{side}{rnd}", "single", 64, P["try_secs"], HOT_DISH, 1))
+            got[side].append(wrk_load(b, b.all, f"ab-{side}{rnd}", "single", 64, P["try_secs"], HOT_DISH, 1))
             # Trys that wrk's end cut off (their client gone mid-request) stay PREPARING until
             # this process's recovery worker finishes them, about 10 s on: wait for it, so the
             # next side neither inherits them nor leaves them for a check no worker serves.
@@ -362,7 +362,7 @@ def quiet(b):
         if not b.revived:
             return
         b.revived = False
-        _wrk(b, b.all, "warm-up", "single", 64, b.P["warm_secs"], HOT_DISH, 1)
+        wrk_load(b, b.all, "warm-up", "single", 64, b.P["warm_secs"], HOT_DISH, 1)
 
 
 def wait_quiet(b, timeout=300, orders=False):

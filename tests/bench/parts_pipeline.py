@@ -14,7 +14,7 @@ import checks
 import loads
 import pipeline
 from bench import COLD_BASE, REPO, MetricsWatch, settings_env
-from parts import _wrk, wait_quiet
+from parts import wait_quiet, wrk_load
 from system import CLK_TCK, BenchError, StatusSampler, http, metric_sum, read_proc
 
 
@@ -55,7 +55,7 @@ def part_pipeline(b):
             seen.update(n=n, t=time.time())
         return n >= target or time.time() - seen["t"] > 10
 
-    res = _wrk(b, api, "backlog-trys", "single", 64, max(120, trys // 50), COLD_BASE, P["cold_dishes"],
+    res = wrk_load(b, api, "backlog-trys", "single", 64, max(120, trys // 50), COLD_BASE, P["cold_dishes"],
                quota=(trys + 1) // 2, stop_when=all_in)
     b.fig.add("try_http_api_alone", "Try through HTTP, cold dishes, 64 conn, API process alone", res["rate"],
               p50_ms=res["p50_ms"], p99_ms=res["p99_ms"], concurrency=64,

@@ -24,6 +24,7 @@ import traceback
 
 import parts
 import parts_pipeline
+import parts_retries
 import report
 import storage
 from bench import REPO, Bench, dump_json, settings_env
@@ -99,6 +100,7 @@ def main():
             parts_pipeline.part_durability(b)
         elif a.only == "http":
             parts.part_http(b, init=True)
+            parts_retries.part_retries(b)
             parts_pipeline.part_durability(b)
         elif a.only == "pipeline":
             parts.start_all(b, init=True)
@@ -109,6 +111,7 @@ def main():
             parts.part_capture(b)
             parts.part_bare(b)
             parts.part_http(b)
+            parts_retries.part_retries(b)
             parts_pipeline.part_pipeline(b)
             parts_pipeline.part_orders(b)
             parts_pipeline.part_idle(b)

@@ -5,6 +5,8 @@
 -- MODE single: POST /v1/reservations, one dish per request, dish = DISH_BASE + n % DISHES
 --           (DISHES 1: the hot dish; 1000: cold dishes, spread round-robin).
 -- MODE order:  POST /v1/orders/{id}/reservations with three items, dishes DISH_BASE..+2.
+-- MODE repeat: as single, but each thread cycles over REPEAT_IDS order items: every request
+--           after a thread's first REPEAT_IDS repeats a Try that settled (a client's retry).
 -- Ids are strings (LuaJIT numbers are doubles): PREFIX (2 digits, one per wrk run of the
 -- bench) .. thread (3 digits) .. counter (9 digits) = 14 digits, unique in the run; an order's
 -- items append one digit. QUOTA > 0: each thread stops after that many responses.
@@ -13,6 +15,8 @@
 -- code of an error body; for an order, ALL<n> when all_reserved, else the number of RESERVED
 -- items or the first item error). stdio buffers are
 -- flushed when wrk exits normally. done() prints one JSON line starting with "WRKJSON ".
+
+local REPEAT_IDS = 100
 
 local threads = {}
 local next_tid = 1
@@ -39,8 +43,10 @@ end
 
 function request()
   counter = counter + 1
-  local id = prefix .. string.format("%03d%09d", tid, counter)
-  if mode == "single" then
+  local n = counter
+  if mode == "repeat" then n = counter % REPEAT_IDS end
+  local id = prefix .. string.format("%03d%09d", tid, n)
+  if mode ~= "order" then
     local dish = dish_base + (counter % dishes)
     local body = '{"order_id":' .. id .. ',"order_item_id":' .. id .. ',"merchant_id":' .. merchant ..
       ',"dish_id":' .. string.format("%d", dish) .. ',"quantity":1,"order_type":"INSTANT"}'
@@ -61,7 +67,7 @@ function response(status, headers, body)
   answered = answered + 1
   if status >= 200 and status < 300 then ok2xx = ok2xx + 1 else other = other + 1 end
   local id, outcome
-  if mode == "single" then
+  if mode ~= "order" then
     id = string.match(body, '"order_item_id":%s*(%d+)')
     outcome = string.match(body, '"status":%s*"(%u+)"') or string.match(body, '"error":%s*"([%w_]+)"')
   else
