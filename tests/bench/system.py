@@ -290,7 +290,10 @@ class Sampler(threading.Thread):
         names = set().union(*(s[1].keys() for s in win))
         for name in names:
             seen = [(s[0], s[1][name]) for s in win if name in s[1]]
-            if not seen:
+            # A process stopped just before the phase (the relay before Kafka's producer
+            # tool) still shows in the samples of the half second before it: its CPU there
+            # is not the phase's.
+            if not any(t >= t0 for t, _ in seen):
                 continue
             (ta, (ca, _)), (tb, (cb, rss_last)) = seen[0], seen[-1]
             cpu = 100.0 * (cb - ca) / CLK_TCK / (tb - ta) if tb > ta else None
