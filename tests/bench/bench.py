@@ -230,7 +230,12 @@ class Bench:
         r0 = self.redis_counts()
         self.sampler.sample()
         rec = {"name": name, "t0": time.time()}
-        yield rec
+        try:
+            yield rec
+        except BaseException:
+            if before is not None:  # a load that failed leaves no bookkeeping on for the next
+                self.admin.q("SET GLOBAL userstat = 0")
+            raise
         rec["t1"] = time.time()
         self.sampler.sample()
         s1 = self.admin.status()

@@ -10,8 +10,8 @@ import time
 import checks
 import parts
 import pipeline
-from bench import COLD_BASE, HOT_DISH
-from system import BenchError
+from bench import BIG, COLD_BASE, HOT_DISH
+from system import BenchError, http
 
 SAME_TRY_TIMES = 1000
 # An order item of its own, outside wrk's ids (2-digit prefix + 12 digits).
@@ -54,13 +54,19 @@ async def _all_at_once(host, port, request, n):
 
 
 def same_try_at_once(b, r):
-    """The same Try (one order item of a cold dish, quantity 1) sent SAME_TRY_TIMES times at
+    """The same Try (one order item of a dish of its own, quantity 1) sent SAME_TRY_TIMES times at
     once, each on its own connection. Asserts what the issue asks: one reservation, one Redis
     effect; figures: the time until the last answer, p50/p99 of the answers, their codes."""
-    dish = COLD_BASE
-    bucket = b.db.one("SELECT stock_bucket_id FROM dish_stock_baseline WHERE merchant_id = %s AND dish_id = %s",
-                      (b.merchant, dish))
-    day = b.db.one("SELECT stock_date FROM dish_stock_baseline WHERE stock_bucket_id = %s", (bucket,))
+    # A dish of its own: no other load, and no recovery of another load's Try, moves its
+    # bucket, so "Redis moved by one unit" is this Try's alone.
+    dish = COLD_BASE + b.P["cold_dishes"]  # the first dish after the cold ones
+    st, text = http("POST", r.url("/admin/buckets"),
+                    json.dumps({"merchant_id": b.merchant, "dish_id": dish, "total": BIG}),
+                    {"content-type": "application/json", "authorization": f"Bearer {b.token}"})
+    if st != 200:
+        raise BenchError(f"the same-Try bucket: POST /admin/buckets answered {st}: {text[:200]}")
+    day = b.db.one("SELECT stock_date FROM dish_stock_baseline WHERE merchant_id = %s AND dish_id = %s",
+                   (b.merchant, dish))
     before = checks.redis_stock(b.redis, b.merchant, dish, day)
     body = json.dumps({"order_id": SAME_TRY_ITEM, "order_item_id": SAME_TRY_ITEM, "merchant_id": b.merchant,
                        "dish_id": dish, "quantity": 1, "order_type": "INSTANT"})
@@ -89,7 +95,7 @@ def same_try_at_once(b, r):
     moved = after["reserved"] - before["reserved"]
     took = sorted(t for _, _, t in answers)
     last = took[-1] if took else None
-    note = (f"{SAME_TRY_TIMES:,} connections, one order item of a cold dish; answers "
+    note = (f"{SAME_TRY_TIMES:,} connections, one order item of a dish of its own; answers "
             + ", ".join(f"{c}: {n:,}" for c, n in sorted(codes.items()))
             + (f", {len(errors)} connection errors ({errors[0]!r})" if errors else "")
             + f"; {len(ids)} reservation id(s) in the 2xx answers; {rows} row(s); Redis reserved moved by {moved}")
