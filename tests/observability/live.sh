@@ -46,8 +46,7 @@ export STACK_DIR="${STACK_DIR:-$repo/.stack}"
 scripts/stack status >/dev/null || { echo "live: the stack is not running; scripts/stack up" >&2; exit 1; }
 eval "$(scripts/stack env)"
 command -v prometheus >/dev/null || { echo "live: no prometheus binary (scripts/stack up installs Debian's)" >&2; exit 1; }
-PY="$("$here/venv.sh")"
-PYK="$("$repo/tests/interop/venv.sh")"
+PY="$("$repo/tests/venv.sh")"
 
 target="${CARGO_TARGET_DIR:-$HOME/.cache/stocksvr/target}"
 bin="${STOCKSVR_BIN:-$target/debug/stocksvr}"
@@ -78,7 +77,7 @@ cleanup() {
     for pid in $all_pid "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     if [ -z "${KEEP:-}" ] && [ "$created" -eq 1 ]; then
         "${db_admin[@]}" -e "DROP DATABASE IF EXISTS \`$run_id\`" 2>/dev/null || true
-        "$PYK" "$here/workload.py" cleanup --namespace "$run_id" >&2 || true
+        "$PY" "$here/workload.py" cleanup --namespace "$run_id" >&2 || true
     fi
     # A passing run leaves nothing in /tmp (its Prometheus TSDB and logs are of no further
     # use); a failing run, --render, KEEP or an OBS_LIVE_DIR chosen by the caller keeps them.
@@ -168,7 +167,7 @@ redis-cli -u "$STOCKSVR__REDIS__URL" HINCRBY "inv:{$merchant:$drift_dish:$(date 
     >>"$work/setup.log"
 
 workload() { # phase seconds
-    "$PYK" "$here/workload.py" "$1" --seconds "$2" --api "http://127.0.0.1:$svc_port" \
+    "$PY" "$here/workload.py" "$1" --seconds "$2" --api "http://127.0.0.1:$svc_port" \
         --bootstrap "${STOCKSVR__KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:9092}" \
         --registry "${STOCKSVR__REGISTRY__URL:-http://127.0.0.1:8081/apis/ccompat/v7}" \
         --namespace "$run_id" --run-id "$run_id" --merchant "$merchant" --dish "$dish" \
