@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced, not run: how the project builds a pinned, git-ignored Python environment. Its one
 # caller is tests/venv.sh (the environment of every harness: bench, chaos, observability,
 # interop, the OpenAPI fuzz test, and the harnesses' unit tests and lint).
@@ -53,6 +54,7 @@ pyenv_ready() {
                 _pyenv_log "neither venv nor pip works for $python (on Debian: apt-get install python3-venv)"; return 1; }
             mkdir -p "$venv/bin" "$venv/site"
             real="$(command -v "$python")"
+            # shellcheck disable=SC2016  # $PYTHONPATH and $@ belong to the wrapper, not to us
             printf '#!/bin/sh\nPYTHONPATH="%s/site${PYTHONPATH:+:$PYTHONPATH}" exec "%s" "$@"\n' \
                 "$venv" "$real" >"$venv/bin/python"
             chmod +x "$venv/bin/python"

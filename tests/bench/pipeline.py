@@ -3,6 +3,7 @@ Kafka's own producer and consumer tools on records of the same count and size, a
 OrderCreated -> CONFIRMED at a steady rate from an independent producer."""
 
 import calendar
+import math
 import time
 
 from confluent_kafka import Consumer, TopicPartition
@@ -78,10 +79,13 @@ def _epoch(naive_utc):
 
 
 def pct(values, p):
+    """The nearest-rank percentile: the smallest value with at least p% of them at or below
+    it. (It was round(p/100*n + 0.5), meant as a ceiling; round() goes to the even number on
+    .5, so an odd rank such as p99 of 100 values took the rank above: the maximum.)"""
     if not values:
         return None
     v = sorted(values)
-    return v[min(len(v) - 1, max(0, round(p / 100.0 * len(v) + 0.5) - 1))]
+    return v[min(len(v) - 1, max(0, math.ceil(p * len(v) / 100.0 - 1e-9) - 1))]
 
 
 class OrderProducer:

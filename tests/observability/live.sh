@@ -65,12 +65,15 @@ for s in socks: s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))')
 merchant=$(( 700000 + $$ % 100000 )) dish=$(( 800000 + $(date +%s) % 100000 ))
 small_dish=$(( dish + 1 ))
-db_admin=(mysql -h127.0.0.1 -P3307 -ustocksvr -p"${STACK_DB_PASSWORD:-stocksvr}")
+# The stack's MariaDB, wherever its port base put it (mysql://user:password@host:port/db).
+db_hostport="${STOCKSVR__MYSQL__URL#*@}" db_hostport="${db_hostport%%/*}"
+db_admin=(mysql -h"${db_hostport%:*}" -P"${db_hostport##*:}" -ustocksvr -p"${STACK_DB_PASSWORD:-stocksvr}")
 say "run $run_id: stocksvr :$svc_port, exporter :$exp_port, prometheus :$prom_port, files in $work"
 
 pids=()
 all_pid=
 created=0
+# shellcheck disable=SC2317  # runs from the EXIT trap below
 cleanup() {
     local rc=$?
     for pid in $all_pid "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -168,7 +171,7 @@ redis-cli -u "$STOCKSVR__REDIS__URL" HINCRBY "inv:{$merchant:$drift_dish:$(date 
 
 workload() { # phase seconds
     "$PY" "$here/workload.py" "$1" --seconds "$2" --api "http://127.0.0.1:$svc_port" \
-        --bootstrap "${STOCKSVR__KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:9092}" \
+        --bootstrap "${STOCKSVR__KAFKA__BROKERS:-127.0.0.1:9092}" \
         --registry "${STOCKSVR__REGISTRY__URL:-http://127.0.0.1:8081/apis/ccompat/v7}" \
         --namespace "$run_id" --run-id "$run_id" --merchant "$merchant" --dish "$dish" \
         --small-dish "$small_dish" --held "$work/held.json"

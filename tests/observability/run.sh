@@ -16,7 +16,7 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-cd "$repo"
+cd "$repo" || exit 1
 
 passed=0 failed=0 failures=()
 step() { # name command...

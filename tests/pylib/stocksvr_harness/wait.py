@@ -23,12 +23,15 @@ class WaitTimeout(HarnessError):
         super().__init__(f"timed out after {seconds:.1f} s waiting for {what}{seen}")
 
 
-def wait_until(predicate, timeout, what, interval=0.5, retry_on=(), clock=time.monotonic, sleep=time.sleep):
+def wait_until(predicate, timeout, what, interval=0.5, retry_on=(), clock=None, sleep=None):
     """Calls `predicate()` every `interval` seconds until it returns something truthy, and
     returns that. Exceptions of the kinds in `retry_on` count as "not yet" (a server still
     starting refuses connections); any other exception ends the wait at once (a process that
     exited will never answer). Raises WaitTimeout after `timeout` seconds; the predicate is
-    always called at least once, and once more at the deadline."""
+    always called at least once, and once more at the deadline. `clock` and `sleep` (default
+    time.monotonic and time.sleep) let a unit test run the loop without waiting."""
+    clock = clock or time.monotonic
+    sleep = sleep or time.sleep
     start = clock()
     end = start + timeout
     last = None
