@@ -111,18 +111,12 @@ class OrderProducer:
             self.acked[int(msg.key())] = time.time()
 
     def _value(self, order_id, rid, merchant, now):
-        return self.serializers.value("OrderCreated", {
-            "event_id": f"bench-oc-{order_id}",
-            "event_type": "OrderCreated",
-            "schema_version": 1,
-            "occurred_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
-            + f".{int(now * 1000) % 1000:03d}+00:00",
-            "producer": "bench-order-service",
-            "trace_id": None,
-            "partition_key": str(order_id),
-            "data": {"order_id": order_id, "merchant_id": merchant, "order_type": "INSTANT",
-                     "processing_time": None, "inventory_reservation_ids": [rid]},
-        }, self.topic)
+        data = {"order_id": order_id, "merchant_id": merchant, "order_type": "INSTANT", "processing_time": None,
+                "inventory_reservation_ids": [rid]}
+        occurred = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}+00:00"
+        return self.serializers.value("OrderCreated", avro.envelope(
+            "OrderCreated", f"bench-oc-{order_id}", order_id, data, "bench-order-service", occurred_at=occurred),
+            self.topic)
 
     def warm_up(self, merchant):
         """What a running order service has done long before: connected to the brokers, read

@@ -40,8 +40,7 @@ def utc_now():
     return dt.datetime.now(dt.timezone.utc)
 
 
-def rfc3339(t):
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+rfc3339 = avro.rfc3339
 
 
 def noon_zone(utc_hour):
@@ -314,16 +313,7 @@ class Workload:
     # ---- events -------------------------------------------------------------------------
 
     def envelope(self, event_type, event_id, order_id, data):
-        return {
-            "event_id": event_id,
-            "event_type": event_type,
-            "schema_version": 1,
-            "occurred_at": rfc3339(utc_now()),
-            "producer": "chaos-order-service",
-            "trace_id": None,
-            "partition_key": str(order_id),
-            "data": data,
-        }
+        return avro.envelope(event_type, event_id, order_id, data, "chaos-order-service")
 
     def emit(self, due, event_type, order_id, data, rng, label, n):
         """Schedule one event (plus its duplicates) `due` seconds from now."""

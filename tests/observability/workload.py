@@ -39,9 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from stocksvr_harness import avro, kafka
 from stocksvr_harness.wait import WaitTimeout, wait_until
 
-
-def rfc3339(t):
-    return t.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+rfc3339 = avro.rfc3339
 
 
 class Orders:
@@ -70,16 +68,9 @@ class Orders:
 
     def event(self, kind, order_id, data):
         self.seq += 1
-        envelope = {
-            "event_id": f"{self.args.run_id}-{kind}-{order_id}-{self.seq}",
-            "event_type": kind,
-            "schema_version": 1,
-            "occurred_at": rfc3339(datetime.now(timezone.utc)),
-            "producer": "obs-live-order-service",
-            "trace_id": None,
-            "partition_key": str(order_id),
-            "data": dict(data, order_id=order_id, merchant_id=self.args.merchant),
-        }
+        envelope = avro.envelope(kind, f"{self.args.run_id}-{kind}-{order_id}-{self.seq}", order_id,
+                                 dict(data, order_id=order_id, merchant_id=self.args.merchant),
+                                 "obs-live-order-service")
         value = self.serializers.value(kind, envelope, self.topic)
         self.producer.produce(self.topic, key=str(order_id).encode(), value=value,
                               on_delivery=self._acked)

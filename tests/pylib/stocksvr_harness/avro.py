@@ -9,6 +9,7 @@ producer with acks=all. What a Python team would write; nothing here is stocksvr
     producer = order_producer(bootstrap, "chaos-order-service", linger_ms=5)
 """
 
+import datetime as dt
 import json
 import os
 import struct
@@ -21,6 +22,27 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from . import SCHEMAS
 
 ORDER_EVENTS = ("OrderCreated", "OrderCreatedFailed", "OrderCanceled", "RefundRequested")
+
+
+def rfc3339(t=None):
+    """An event timestamp as the order service writes it: UTC, milliseconds, `Z`."""
+    t = t or dt.datetime.now(dt.timezone.utc)
+    return t.astimezone(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def envelope(event_type, event_id, order_id, data, producer, occurred_at=None):
+    """The envelope every order event carries (schemas/*.avsc): keyed and partitioned by the
+    order id, no trace id, `occurred_at` now unless given."""
+    return {
+        "event_id": event_id,
+        "event_type": event_type,
+        "schema_version": 1,
+        "occurred_at": occurred_at or rfc3339(),
+        "producer": producer,
+        "trace_id": None,
+        "partition_key": str(order_id),
+        "data": data,
+    }
 
 
 def serializer(registry, schema_str):

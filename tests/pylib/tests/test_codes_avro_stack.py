@@ -55,3 +55,26 @@ def test_a_stack_knows_its_ports_and_environment(tmp_path):
 def test_a_harness_never_inherits_stocksvr_settings():
     env = {"PATH": "/bin", "STOCKSVR__MYSQL__URL": "mysql://shared", "STOCKSVR_CONFIG": "x.toml"}
     assert stack.without_stocksvr_settings(env) == {"PATH": "/bin"}
+
+
+def test_event_times_are_utc_milliseconds_with_z():
+    import datetime as dt
+
+    t = dt.datetime(2026, 12, 7, 13, 0, 1, 234567, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    assert avro.rfc3339(t) == "2026-12-07T12:00:01.234Z"
+    assert avro.rfc3339().endswith("Z")
+
+
+@pytest.mark.parametrize("event", avro.ORDER_EVENTS)
+def test_the_envelope_fits_each_order_event_schema(event):
+    """What the harnesses produce must be what the schemas accept (checked without a registry)."""
+    from fastavro import parse_schema
+    from fastavro.validation import validate
+
+    with open(os.path.join(SCHEMAS, f"{event}.avsc"), encoding="utf-8") as f:
+        schema = parse_schema(json.load(f))
+    with open(os.path.join(SCHEMAS, "examples", f"{event}.json"), encoding="utf-8") as f:
+        example = json.load(f)
+    record = avro.envelope(event, "e-1", 42, example["data"], "test-order-service")
+    assert record["partition_key"] == "42" and record["trace_id"] is None
+    assert validate(record, schema, raise_errors=True)
