@@ -80,7 +80,8 @@ cleanup() {
     for pid in $all_pid "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     if [ -z "${KEEP:-}" ] && [ "$created" -eq 1 ]; then
         "${db_admin[@]}" -e "DROP DATABASE IF EXISTS \`$run_id\`" 2>/dev/null || true
-        "$PY" "$here/workload.py" cleanup --namespace "$run_id" >&2 || true
+        "$PY" "$here/workload.py" cleanup --bootstrap "${STOCKSVR__KAFKA__BROKERS:-127.0.0.1:9092}" \
+            --namespace "$run_id" >&2 || true
     fi
     # A passing run leaves nothing in /tmp (its Prometheus TSDB and logs are of no further
     # use); a failing run, --render, KEEP or an OBS_LIVE_DIR chosen by the caller keeps them.
