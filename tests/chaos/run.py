@@ -27,7 +27,7 @@ import replay as replay_mod
 from checker import Checker
 from state import State
 from stocksvr_harness import REPO
-from system import API_ROLES, ROLES, SERVERS, System
+from system import API_ROLES, ROLES, System
 from workload import Config, EventProducer, Workload, noon_zone
 
 
@@ -240,13 +240,7 @@ class Run:
         """Undo every fault: toxics off, servers running and continued, every role running."""
         s = self.system
         s.toxi_reset()
-        for server in SERVERS:
-            pid = s.server_pid(server)
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+        s.continue_servers()
         s.stack_up()
         for role in ROLES:
             if not s.role_alive(role):

@@ -210,12 +210,16 @@ class System:
                 pass
         self.procs.clear()
         # A SIGSTOPped server would ignore the SIGTERM of `stack down`.
-        for s in SERVERS:
-            pid = self.server_pid(s)
+        self.continue_servers()
+        self.toxiproxy("down", check=False, timeout=60)
+        self.stack_down()
+
+    def continue_servers(self):
+        """SIGCONT to every server of the stack (a stop fault may have left one stopped)."""
+        for server in SERVERS:
+            pid = self.server_pid(server)
             if pid:
                 try:
                     os.kill(pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
-        self.toxiproxy("down", check=False, timeout=60)
-        self.stack_down()

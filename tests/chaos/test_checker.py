@@ -165,13 +165,7 @@ def test_a_cancel_that_never_gave_the_units_back_is_flagged():
 
 def test_a_refund_booked_twice_is_applied_twice():
     w = World.good()
-    r = w.find("inventory_reservation", id=1001)
-    r["status"], r["refunded_quantity"] = REFUNDED, 2
-    w.fence(1001, "REFUNDED", refunded=2, try_op="op_try_1001")
-    w.tables["inventory_refund"].append({"reservation_id": 1001, "refund_key": "rf-1", "operation_id": "op_refund_1",
-                                         "status": 20})
-    for version in (6, 7):  # the same refund operation booked at two versions
-        w.ledger("op_refund_1", REFUND, version, rid=1001, available=2, sold=-2, quantity=2)
+    w.refund(1001, 2, "op_refund_1", versions=(6, 7))  # the same refund operation booked at two versions
     found = w.check()
     assert "applied_once" in found
     assert any("refund DONE booked 2 times" in a["detail"] for a in found["applied_once"])
@@ -306,12 +300,7 @@ def test_an_order_failed_error_after_the_failure_was_acknowledged_is_the_contrac
 def test_a_refunded_reservation_agrees_when_every_store_says_so():
     """A refund of both units of order 1, booked once everywhere: still a good history."""
     w = World.good()
-    r = w.find("inventory_reservation", id=1001)
-    r["status"], r["refunded_quantity"] = REFUNDED, 2
-    w.fence(1001, "REFUNDED", refunded=2, try_op="op_try_1001")
-    w.tables["inventory_refund"].append({"reservation_id": 1001, "refund_key": "rf-1", "operation_id": "op_refund_1",
-                                         "status": 20})
-    w.ledger("op_refund_1", REFUND, 6, rid=1001, available=2, sold=-2, quantity=2)
+    w.refund(1001, 2, "op_refund_1")
     w.op_record("op_refund_1", "REFUND", 6, {"total": 10, "available": 10, "reserved": 0, "sold": 0})
     w.stock(total=10, available=10, reserved=0, sold=0, version=6)
     w.records[[r["kind"] for r in w.records].index("order")]["fate"] = "canceled"

@@ -152,6 +152,19 @@ class World:
         self.tables["inventory_dead_letter"].append(row)
         return row
 
+    def refund(self, rid, quantity, op, versions=(6,)):
+        """A refund of `quantity` sold units of reservation `rid`, DONE, booked in the ledger
+        at each of `versions` (more than one: booked twice)."""
+        r = self.find("inventory_reservation", id=rid)
+        r["refunded_quantity"] += quantity
+        r["status"] = REFUNDED if r["refunded_quantity"] == r["quantity"] else r["status"]
+        self.fence(rid, "REFUNDED" if r["status"] == REFUNDED else "CONFIRMED", refunded=r["refunded_quantity"],
+                   try_op=f"op_try_{rid}")
+        self.tables["inventory_refund"].append({"reservation_id": rid, "refund_key": f"rf-{op}", "operation_id": op,
+                                                "status": 20})
+        for version in versions:
+            self.ledger(op, REFUND, version, rid=rid, available=quantity, sold=-quantity, quantity=quantity)
+
     def state(self):
         return FakeState(copy.deepcopy(self.tables), copy.deepcopy(self.redis))
 
