@@ -44,15 +44,17 @@ declare -A SHELLCHECK_EXCLUDE=(
     [scripts/stack]="SC2015,SC2016,SC2086,SC2094"
 )
 
-shellcheck_all() {
+shellcheck_all() { # one shellcheck for the clean files, one per file with exclusions
     local f rc=0
+    local -a plain=()
     while IFS= read -r f; do
         if [[ -n ${SHELLCHECK_EXCLUDE[$f]:-} ]]; then
             shellcheck -x -e "${SHELLCHECK_EXCLUDE[$f]}" "$f" || rc=1
         else
-            shellcheck -x "$f" || rc=1
+            plain+=("$f")
         fi
     done < <(shell_files)
+    shellcheck -x "${plain[@]}" || rc=1
     return "$rc"
 }
 
