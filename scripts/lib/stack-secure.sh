@@ -9,7 +9,7 @@
 #   tls/       ca.crt, <server>.crt/.key, client-<user>.crt/.key/.p12, keystore.password
 #              P-256 keys (unencrypted PKCS#8), v3 certificates, SAN DNS:localhost,IP:127.0.0.1
 #              on server certificates; valid STACK_TLS_DAYS (3) days, made again by `up` when
-#              missing or when the CA has less than a day left (running servers are restarted)
+#              missing or when a third of that is left (running servers are restarted)
 #   secrets/   <server>-<user>.password (random per stack, kept across certificate renewals)
 #              and kafka-<user>.properties for Kafka's Java tools; files mode 600
 #
@@ -26,7 +26,6 @@ SECURE_FLAG="$DATA/secure"
 TLS_DIR="$DATA/tls"
 SECRETS="$DATA/secrets"
 SECURE_TLS_DAYS="${STACK_TLS_DAYS:-3}"
-SECURE_RENEW_SECONDS=86400
 SECURE=0
 # The host name Kafka clients bootstrap from and brokers advertise: librdkafka checks a broker's
 # certificate against the advertised host name with OpenSSL, which matches a name only against
@@ -57,6 +56,8 @@ secure_resolve() {
   (( SECURE )) || return 0
   KAFKA_CLIENT_HOST=localhost
   [[ $SECURE_TLS_DAYS =~ ^[1-9][0-9]*$ ]] || die "STACK_TLS_DAYS=$SECURE_TLS_DAYS: expected a number of days"
+  # renewed by `up` once less than a third of the validity is left (a day of the default 3)
+  SECURE_RENEW_SECONDS=$(( SECURE_TLS_DAYS * 86400 / 3 ))
 }
 
 secure_pw_file() { echo "$SECRETS/$1.password"; }
@@ -167,7 +168,7 @@ secure_prepare() {
       server_pid "$name" >/dev/null && running+=("$name")
     done
     if (( ${#running[@]} > 0 )); then
-      say "tls: certificates missing or expiring within a day; restarting ${running[*]} with new ones"
+      say "tls: certificates missing or expiring soon; restarting ${running[*]} with new ones"
       for name in "${running[@]}"; do stop_server "$name" & done
       wait
     fi
