@@ -267,9 +267,20 @@ if section registry; then
   check "registry: stocksvr bearer token -> 200" ok:' 200$' bearer "$STACK_REGISTRY_TOKEN_FILE" -o /dev/null "$registry/subjects"
   check "registry: read-only bearer token cannot register -> 403" ok:' 403$' \
     bearer "$STACK_REGISTRY_ORDER_SERVICE_TOKEN_FILE" -o /dev/null -X POST -H "$ct" -d "$schema" "$registry/subjects/smoke-other-value/versions"
-  bad="$(mktemp)"; printf 'x%s' "$(cat "$STACK_REGISTRY_TOKEN_FILE")" >"$bad"
+  bad="$(mktemp)"
+  token="$(cat "$STACK_REGISTRY_TOKEN_FILE")"
+  printf '%s' "${token/.eyJ/.eyJhZG1pbiI6dHJ1ZSwi}" >"$bad"   # a claim added, the signature kept
   check "registry: a tampered token -> 401" ok:' 401$' bearer "$bad" -o /dev/null "$registry/subjects"
+  printf 'x%s' "$token" >"$bad"
+  check "registry: a malformed token -> 401" ok:' 401$' bearer "$bad" -o /dev/null "$registry/subjects"
   rm -f "$bad"
+  no_secret_in() {  # no_secret_in LOG: none of the registry's passwords and tokens appears in LOG
+    local f
+    for f in "$secrets"/registry-*.password "$secrets"/registry-*.token; do
+      if grep -qF -- "$(cat "$f")" "$1"; then echo "the secret of $(basename "$f") is in $1"; return 1; fi
+    done
+  }
+  check "registry: no password or token in its log" ok no_secret_in "$stack_dir/logs/registry.log"
   check "registry: wrong password -> 401" ok:' 401$' \
     sh -c "printf 'user = \"stocksvr:wrong\"\n' | curl -K - -s -o /dev/null --cacert '$ca' -w ' %{http_code}' '$registry/subjects'"
   check "registry: stocksvr deletes the subject" ok:' 200$' reg stocksvr -X DELETE "$registry/subjects/smoke-value"

@@ -27,9 +27,10 @@ TLS_DIR="$DATA/tls"
 SECRETS="$DATA/secrets"
 SECURE_TLS_DAYS="${STACK_TLS_DAYS:-3}"
 SECURE=0
-# The host name Kafka clients bootstrap from and brokers advertise: librdkafka checks a broker's
-# certificate against the advertised host name with OpenSSL, which matches a name only against
-# DNS SANs, never against an IP SAN; Java, rustls, MariaDB and Redis clients take either.
+# The host name Kafka clients bootstrap from and brokers advertise. librdkafka checks a broker's
+# certificate against the advertised host with SSL_set1_host: OpenSSL 3 matches an IP literal
+# there against the IP SAN (seen with 3.0.19), OpenSSL 1.1 (and `openssl verify -verify_hostname`)
+# only against DNS SANs. localhost, with its DNS SAN, passes every client's check.
 KAFKA_CLIENT_HOST="$HOST"
 SECURE_KAFKA_USERS="admin stocksvr stocksvr-admin stocksvr-lag order-service"
 SECURE_SERVERS="kafka registry mariadb redis"
@@ -271,6 +272,10 @@ secure_registry_conf() {
   printf 'quarkus.oidc.tenant-enabled=true\nquarkus.oidc.application-type=service\n'
   printf 'quarkus.oidc.public-key=%s\nquarkus.oidc.token.issuer=stocksvr-stack\n' \
     "$(grep -v -- '-----' "$TLS_DIR/registry-jwt.pub" | tr -d '\n')"
+  # A refused token is quoted whole by Quarkus' WARN and by the stack trace Apicurio logs with
+  # its ERROR; logs/registry.log would keep it. The access log still shows every 401.
+  printf 'quarkus.log.category."io.quarkus.oidc.runtime.OidcProvider".level=ERROR\n'
+  printf 'quarkus.log.category."io.apicurio.registry.auth.AuthorizedInterceptor".level=OFF\n'
   printf 'quarkus.security.users.embedded.enabled=true\nquarkus.security.users.embedded.plain-text=true\n'
   for pw in stocksvr:sr-developer admin:sr-admin order-service:sr-readonly; do
     printf 'quarkus.security.users.embedded.users.%s=%s\nquarkus.security.users.embedded.roles.%s=%s\n' \
