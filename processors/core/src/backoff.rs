@@ -1,6 +1,8 @@
-//! The one backoff rule every retry loop of stocksvr uses: the delay doubles per failed
-//! attempt up to a cap, and jitter spreads out the rows or records that failed together (an
-//! outage) so they do not all come back in the same instant.
+//! The backoff rule of stocksvr: the delay doubles per failed attempt up to a cap, and jitter
+//! spreads out the rows or records that failed together (an outage) so they do not all come
+//! back in the same instant. Persisted retries (WAL rows, outbox rows, reservations under
+//! recovery) compute their `next_retry_at` with it; in-process retries and waits use it
+//! through [`crate::retry`].
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;

@@ -172,51 +172,9 @@ pub fn bucket_date_for(
     }
 }
 
-/// `dish_stock_baseline.bucket_status`: OPEN -> CLOSED -> ARCHIVED (seed §12.4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum BucketState {
-    /// Takes new Trys; existing reservations complete.
-    Open = 10,
-    /// The day is over: no new Try, but existing reservations still Confirm, Cancel, Refund.
-    Closed = 20,
-    /// No unfinished reservation is left; the Redis keys are on their way out.
-    Archived = 30,
-}
+pub use crate::codes::BucketState;
 
 impl BucketState {
-    pub const fn code(self) -> u8 {
-        self as u8
-    }
-
-    pub const fn from_code(code: u8) -> Option<Self> {
-        match code {
-            10 => Some(BucketState::Open),
-            20 => Some(BucketState::Closed),
-            30 => Some(BucketState::Archived),
-            _ => None,
-        }
-    }
-
-    /// The `state` field of the Redis stock hash.
-    pub const fn name(self) -> &'static str {
-        match self {
-            BucketState::Open => "OPEN",
-            BucketState::Closed => "CLOSED",
-            BucketState::Archived => "ARCHIVED",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        [
-            BucketState::Open,
-            BucketState::Closed,
-            BucketState::Archived,
-        ]
-        .into_iter()
-        .find(|s| s.name() == name)
-    }
-
     pub const fn accepts_try(self) -> bool {
         matches!(self, BucketState::Open)
     }

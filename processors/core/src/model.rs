@@ -15,98 +15,11 @@
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
-
 use crate::events::StockAfter;
 
-/// Result code of one Lua step, as the scripts return it (`name()`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum OpCode {
-    Succeeded,
-    /// Try only: fewer units available than asked; nothing held, no fence written.
-    Insufficient,
-    /// Try only: the fence is already CANCELED/CONFIRMED/REFUNDED (anti-hanging).
-    Fenced,
-    /// The fence is in a phase this step cannot leave (e.g. Cancel after CONFIRMED).
-    Conflict,
-    /// Refund only: more units than the reservation still holds; nothing moved.
-    OverRefund,
-    /// Arguments the script refuses (zero quantity, negative total). Never recorded, like a
-    /// script error, so a corrected call with the same id is not locked out.
-    Invalid,
-    /// The bucket's stock hash does not exist. Not recorded: the same operation works after
-    /// the (lazy) init.
-    BucketMissing,
-    /// A Try on a bucket that is not OPEN, or an adjust of an ARCHIVED one. Not recorded.
-    BucketClosed,
-}
-
-impl OpCode {
-    pub const ALL: [OpCode; 8] = [
-        OpCode::Succeeded,
-        OpCode::Insufficient,
-        OpCode::Fenced,
-        OpCode::Conflict,
-        OpCode::OverRefund,
-        OpCode::Invalid,
-        OpCode::BucketMissing,
-        OpCode::BucketClosed,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            OpCode::Succeeded => "SUCCEEDED",
-            OpCode::Insufficient => "INSUFFICIENT",
-            OpCode::Fenced => "FENCED",
-            OpCode::Conflict => "CONFLICT",
-            OpCode::OverRefund => "OVER_REFUND",
-            OpCode::Invalid => "INVALID",
-            OpCode::BucketMissing => "BUCKET_MISSING",
-            OpCode::BucketClosed => "BUCKET_CLOSED",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.name() == name)
-    }
-}
-
-/// Phase of the per-reservation fence `inv:{tag}:reservation:<id>` (seed §5.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum FencePhase {
-    /// No fence key: the Try never reached Redis (or was refused as INSUFFICIENT).
-    None,
-    Reserved,
-    Confirmed,
-    Canceled,
-    Refunded,
-}
+pub use crate::codes::{FencePhase, OpCode};
 
 impl FencePhase {
-    pub const ALL: [FencePhase; 5] = [
-        FencePhase::None,
-        FencePhase::Reserved,
-        FencePhase::Confirmed,
-        FencePhase::Canceled,
-        FencePhase::Refunded,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            FencePhase::None => "NONE",
-            FencePhase::Reserved => "RESERVED",
-            FencePhase::Confirmed => "CONFIRMED",
-            FencePhase::Canceled => "CANCELED",
-            FencePhase::Refunded => "REFUNDED",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.name() == name)
-    }
-
     /// The one-way edges of seed §5.2. Staying put (partial refunds) is not an edge.
     pub const fn can_advance_to(self, next: FencePhase) -> bool {
         use FencePhase::*;

@@ -7,73 +7,12 @@
 //! turns a [`Decision::Start`] into a CAS `UPDATE … WHERE status=? AND version=?`; a CAS that
 //! hits 0 rows re-reads the row and calls [`decide`] again.
 
-use serde::{Deserialize, Serialize};
-
 use crate::events::{OrderType, StockAction};
 use crate::model::{FencePhase, OpCode};
 
-/// `inventory_reservation.status` (codes as in the migration).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-#[repr(u8)]
-pub enum ReservationStatus {
-    /// Row inserted, Try not known to have run in Redis.
-    Preparing = 10,
-    Reserved = 20,
-    /// Scheduled order created; stock stays reserved until `processing_time`. No Cancel.
-    CreatedReserved = 25,
-    Confirming = 30,
-    /// Not terminal: a created order can still be refunded.
-    Confirmed = 40,
-    Canceling = 50,
-    Canceled = 60,
-    Rejected = 70,
-    Refunding = 80,
-    Refunded = 90,
-}
+pub use crate::codes::{RefundStatus, ReservationStatus, SyncStatus};
 
 impl ReservationStatus {
-    pub const ALL: [ReservationStatus; 10] = [
-        ReservationStatus::Preparing,
-        ReservationStatus::Reserved,
-        ReservationStatus::CreatedReserved,
-        ReservationStatus::Confirming,
-        ReservationStatus::Confirmed,
-        ReservationStatus::Canceling,
-        ReservationStatus::Canceled,
-        ReservationStatus::Rejected,
-        ReservationStatus::Refunding,
-        ReservationStatus::Refunded,
-    ];
-
-    pub const fn code(self) -> u8 {
-        self as u8
-    }
-
-    pub fn from_code(code: u8) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.code() == code)
-    }
-
-    pub const fn name(self) -> &'static str {
-        use ReservationStatus::*;
-        match self {
-            Preparing => "PREPARING",
-            Reserved => "RESERVED",
-            CreatedReserved => "CREATED_RESERVED",
-            Confirming => "CONFIRMING",
-            Confirmed => "CONFIRMED",
-            Canceling => "CANCELING",
-            Canceled => "CANCELED",
-            Rejected => "REJECTED",
-            Refunding => "REFUNDING",
-            Refunded => "REFUNDED",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.name() == name)
-    }
-
     /// No edge leaves these. CONFIRMED is not among them: a created order can be refunded.
     pub const fn is_terminal(self) -> bool {
         use ReservationStatus::*;
@@ -113,12 +52,6 @@ impl ReservationStatus {
     /// Work on the bucket is unfinished: its bucket may not be archived (seed §12.4).
     pub const fn blocks_bucket_archive(self) -> bool {
         !self.is_terminal() && !matches!(self, ReservationStatus::Confirmed)
-    }
-}
-
-impl std::fmt::Display for ReservationStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
     }
 }
 
@@ -424,91 +357,5 @@ pub fn refund_operation_id(reservation_id: u64, refund_id: Option<&str>) -> Stri
         format!("{base}_{key}")
     } else {
         format!("{base}_~{:016x}", crate::ids::fnv1a64(key.as_bytes()))
-    }
-}
-
-/// `inventory_reservation.sync_status`: has the MySQL projection caught up with the Redis
-/// version this reservation's last step produced?
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SyncStatus {
-    /// A step finished in Redis; its stock-change event is not booked yet.
-    Pending,
-    /// The projector booked the version the row expects.
-    Synced,
-    Retry,
-    Dead,
-}
-
-impl SyncStatus {
-    pub const fn code(self) -> u8 {
-        match self {
-            SyncStatus::Pending => 10,
-            SyncStatus::Synced => 20,
-            SyncStatus::Retry => 30,
-            SyncStatus::Dead => 40,
-        }
-    }
-
-    pub const fn from_code(code: u8) -> Option<Self> {
-        match code {
-            10 => Some(SyncStatus::Pending),
-            20 => Some(SyncStatus::Synced),
-            30 => Some(SyncStatus::Retry),
-            40 => Some(SyncStatus::Dead),
-            _ => None,
-        }
-    }
-}
-
-/// `inventory_refund.status`: one refund request's progress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RefundStatus {
-    InProgress,
-    Done,
-    /// Refused by Redis as more than held; nothing moved.
-    Refused,
-}
-
-impl RefundStatus {
-    pub const fn code(self) -> u8 {
-        match self {
-            RefundStatus::InProgress => 10,
-            RefundStatus::Done => 20,
-            RefundStatus::Refused => 30,
-        }
-    }
-
-    pub const fn from_code(code: u8) -> Option<Self> {
-        match code {
-            10 => Some(RefundStatus::InProgress),
-            20 => Some(RefundStatus::Done),
-            30 => Some(RefundStatus::Refused),
-            _ => None,
-        }
-    }
-}
-
-#[cfg(test)]
-mod code_tests {
-    use super::*;
-
-    #[test]
-    fn codes_round_trip() {
-        for s in [
-            SyncStatus::Pending,
-            SyncStatus::Synced,
-            SyncStatus::Retry,
-            SyncStatus::Dead,
-        ] {
-            assert_eq!(SyncStatus::from_code(s.code()), Some(s));
-        }
-        for r in [
-            RefundStatus::InProgress,
-            RefundStatus::Done,
-            RefundStatus::Refused,
-        ] {
-            assert_eq!(RefundStatus::from_code(r.code()), Some(r));
-        }
-        assert_eq!(SyncStatus::from_code(0), None);
     }
 }

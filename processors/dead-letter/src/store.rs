@@ -2,10 +2,8 @@
 //! talks to Kafka, is in `replay.rs`.)
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sqlx::{MySql, MySqlPool, QueryBuilder};
-use std::fmt;
-use std::str::FromStr;
 use stocksvr_store::deadline::Deadline;
 use stocksvr_store::one_off::OneOff;
 use stocksvr_telemetry::names;
@@ -13,61 +11,7 @@ use stocksvr_telemetry::names;
 /// Upper bound of one `list` page, so one request cannot pull the whole table.
 pub const MAX_LIST_LIMIT: u32 = 1000;
 
-/// Where a parked dead letter stands. Codes as in the migration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    Parked,
-    Replayed,
-    Discarded,
-}
-
-impl Status {
-    pub fn code(self) -> i8 {
-        match self {
-            Status::Parked => 10,
-            Status::Replayed => 20,
-            Status::Discarded => 30,
-        }
-    }
-
-    pub fn from_code(code: i8) -> Option<Self> {
-        match code {
-            10 => Some(Status::Parked),
-            20 => Some(Status::Replayed),
-            30 => Some(Status::Discarded),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Parked => "parked",
-            Status::Replayed => "replayed",
-            Status::Discarded => "discarded",
-        }
-    }
-}
-
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Status {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "parked" => Ok(Status::Parked),
-            "replayed" => Ok(Status::Replayed),
-            "discarded" => Ok(Status::Discarded),
-            other => Err(format!(
-                "unknown status {other:?} (parked, replayed, discarded)"
-            )),
-        }
-    }
-}
+pub use stocksvr_core::codes::DeadLetterStatus as Status;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DlqError {

@@ -15,17 +15,13 @@ use std::time::Duration;
 use stocksvr_store::deadline::Deadline;
 use stocksvr_store::one_off::OneOff;
 
-/// `inventory_outbox.status` codes (see the migration).
+/// `inventory_outbox.status` codes, as the relay binds them.
 pub mod status {
-    /// Written by the local transaction. Stays so when the leader's scan publishes it: the
-    /// row is sent once its id is at or below the high-water mark.
-    pub const PENDING: i8 = 10;
-    /// Claimed by the retry path until `next_retry_at` (the lease expiry).
-    pub const SENDING: i8 = 20;
-    /// Acknowledged by the broker after a retry (the scan does not write this).
-    pub const SENT: i8 = 30;
-    /// A publish failed; tried again from `next_retry_at`.
-    pub const RETRY: i8 = 40;
+    use stocksvr_core::codes::OutboxStatus;
+    pub const PENDING: i8 = OutboxStatus::Pending.code();
+    pub const SENDING: i8 = OutboxStatus::Sending.code();
+    pub const SENT: i8 = OutboxStatus::Sent.code();
+    pub const RETRY: i8 = OutboxStatus::Retry.code();
 }
 
 /// One claimed row. The payload is read per row and parsed when it is encoded, so one odd

@@ -10,7 +10,7 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use stocksvr_core::events::{
-    Envelope, EventData, EventError, EventKind, StockAction, StockAfter, StockBaselineAdjustedData,
+    Envelope, EventData, EventError, EventKind, StockAfter, StockBaselineAdjustedData,
     StockBucketInitializedData, StockBucketRebuiltData, StockBucketRepairedData, StockChangeData,
 };
 use stocksvr_pipeline::codec::{DecodeError, Decoded};
@@ -18,47 +18,7 @@ use stocksvr_pipeline::codec::{DecodeError, Decoded};
 /// Length of the VARCHAR(64) id columns (event_id, operation_id, stock_bucket_id, ...).
 pub const MAX_ID_LEN: usize = 64;
 
-/// `inventory_ledger.action`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LedgerAction {
-    Init,
-    Try,
-    Confirm,
-    Cancel,
-    Adjust,
-    Refund,
-    /// A versioned repair by the reconciler.
-    Repair,
-    /// A lost bucket recreated from MySQL.
-    Rebuild,
-}
-
-impl LedgerAction {
-    /// The TINYINT stored in `inventory_ledger.action` (migration 20261129000001).
-    pub const fn code(self) -> i8 {
-        match self {
-            LedgerAction::Init => 1,
-            LedgerAction::Try => 2,
-            LedgerAction::Confirm => 3,
-            LedgerAction::Cancel => 4,
-            LedgerAction::Adjust => 5,
-            LedgerAction::Refund => 6,
-            LedgerAction::Repair => 7,
-            LedgerAction::Rebuild => 8,
-        }
-    }
-}
-
-impl From<StockAction> for LedgerAction {
-    fn from(action: StockAction) -> Self {
-        match action {
-            StockAction::Try => LedgerAction::Try,
-            StockAction::Confirm => LedgerAction::Confirm,
-            StockAction::Cancel => LedgerAction::Cancel,
-            StockAction::Refund => LedgerAction::Refund,
-        }
-    }
-}
+pub use stocksvr_core::codes::LedgerAction;
 
 /// Everything one event writes, decided before any I/O.
 #[derive(Debug, Clone, PartialEq, Eq)]

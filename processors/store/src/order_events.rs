@@ -105,24 +105,7 @@ pub async fn insert_rejected(
     Ok(true)
 }
 
-/// Status of a parked order event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeferredStatus {
-    Waiting,
-    Applied,
-    /// Settled by a conflict report instead of a change (it can never apply now).
-    Reported,
-}
-
-impl DeferredStatus {
-    pub const fn code(self) -> u8 {
-        match self {
-            DeferredStatus::Waiting => 10,
-            DeferredStatus::Applied => 20,
-            DeferredStatus::Reported => 30,
-        }
-    }
-}
+pub use stocksvr_core::codes::DeferredStatus;
 
 /// An order event to park.
 #[derive(Debug, Clone)]

@@ -917,14 +917,7 @@ pub async fn finish_shard(
     Ok(())
 }
 
-/// `inventory_reconcile_difference.status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(i8)]
-pub enum DifferenceStatus {
-    Suspected = 10,
-    Confirmed = 20,
-    Resolved = 30,
-}
+pub use stocksvr_core::codes::DifferenceStatus;
 
 /// An open (suspected or confirmed) difference.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
