@@ -210,3 +210,22 @@ def test_percentiles_of_whole_ranks_do_not_round_up_past_them():
     assert pipeline.pct(values, 99.9) == 999
     assert pipeline.pct(values, 99) == 990
     assert pipeline.pct(list(range(1, 11)), 95) == 10  # rank 9.5 -> 10
+
+
+def test_the_bench_s_order_created_fits_its_schema():
+    import json
+    import os
+
+    from fastavro import parse_schema
+    from fastavro.validation import validate
+
+    from stocksvr_harness import SCHEMAS
+
+    p = pipeline.OrderProducer("127.0.0.1:9", "http://127.0.0.1:9/apis/ccompat/v7", "ns.order.lifecycle.v1")
+    p.serializers.value = lambda event, record, topic: (event, record, topic)  # no registry here
+    event, record, topic = p._value(7, 70, 501, 1796620000.25)
+    assert (event, topic) == ("OrderCreated", "ns.order.lifecycle.v1")
+    assert record["occurred_at"] == "2026-12-07T05:06:40.250+00:00"
+    assert record["data"]["inventory_reservation_ids"] == [70]
+    with open(os.path.join(SCHEMAS, "OrderCreated.avsc"), encoding="utf-8") as f:
+        assert validate(record, parse_schema(json.load(f)), raise_errors=True)
