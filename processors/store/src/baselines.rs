@@ -1,8 +1,8 @@
 //! `dish_stock_baseline` (the merchant's total per bucket, seed §4.1) and the merchants'
 //! time zones: what a bucket is initialised, adjusted and rebuilt from.
 
+use crate::clock::now;
 use crate::deadline::Deadline;
-use crate::reservations::now;
 use chrono::NaiveDate;
 use sqlx::MySqlPool;
 

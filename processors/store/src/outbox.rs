@@ -1,9 +1,9 @@
 //! The transactional outbox (seed §4.6): rows written in the same transaction as the state
 //! change they announce, published by the relay.
 
+use crate::clock::now;
 use crate::deadline::Deadline;
 use crate::one_off::OneOff;
-use crate::reservations::now;
 use sqlx::{MySql, MySqlPool, Transaction};
 use std::borrow::Borrow;
 

@@ -11,9 +11,9 @@
 //! applied and announced once even if two workers overlap.
 
 use crate::baselines::{insert_baseline, read_baseline, Baseline};
+use crate::clock::now;
 use crate::deadline::Deadline;
 use crate::outbox::{write_outbox, NewOutbox};
-use crate::reservations::now;
 use chrono::{NaiveDateTime, TimeDelta};
 use sqlx::{MySql, MySqlPool, Transaction};
 use stocksvr_core::bucket::BucketState;
