@@ -3,6 +3,7 @@
 
 use super::{check_op, check_total, ExecError, LuaExecutor};
 use stocksvr_core::bucket::{BucketKey, BucketState};
+use stocksvr_core::codes::WalAction;
 use stocksvr_core::model::{FencePhase, OpResult};
 
 /// The five numbers a repair or a rebuild writes; they satisfy
@@ -99,12 +100,24 @@ impl LuaExecutor {
             RepairMode::Repair {
                 expected_version,
                 min_version,
-            } => ("REPAIR", expected_version, "", 0, min_version),
+            } => (
+                WalAction::Repair.name(),
+                expected_version,
+                "",
+                0,
+                min_version,
+            ),
             RepairMode::Rebuild {
                 version,
                 state,
                 baseline_version,
-            } => ("REBUILD", version, state.name(), baseline_version, 0),
+            } => (
+                WalAction::Rebuild.name(),
+                version,
+                state.name(),
+                baseline_version,
+                0,
+            ),
         };
         self.run(
             "repair",
