@@ -4,7 +4,7 @@
 use super::{Reservation, STEP_GRACE};
 use crate::clock::now;
 use crate::deadline::Deadline;
-use crate::one_off::{in_list_of, OneOff};
+use crate::one_off::{in_list_of, when_id_then, OneOff};
 use chrono::NaiveDateTime;
 use sqlx::{MySql, MySqlPool};
 use stocksvr_core::reservation::ReservationStatus;
@@ -144,27 +144,27 @@ async fn begin_group(
     let now = now();
     let mut query =
         sqlx::QueryBuilder::<MySql>::new("UPDATE inventory_reservation SET status = CASE id");
-    for b in items {
-        query.push(" WHEN ").push_bind(b.row.id);
-        query.push(" THEN ").push_bind(b.to.code() as i8);
-    }
+    when_id_then(
+        &mut query,
+        items.iter().map(|b| (b.row.id, b.to.code() as i8)),
+    );
     query.push(" END, current_operation_id = CASE id");
-    for b in items {
-        query.push(" WHEN ").push_bind(b.row.id);
-        query.push(" THEN ").push_bind(b.operation_id.clone());
-    }
+    when_id_then(
+        &mut query,
+        items.iter().map(|b| (b.row.id, b.operation_id.as_str())),
+    );
     query.push(" END, pending_quantity = CASE id");
-    for b in items {
-        query.push(" WHEN ").push_bind(b.row.id);
-        query.push(" THEN ").push_bind(b.pending_quantity);
-    }
+    when_id_then(
+        &mut query,
+        items.iter().map(|b| (b.row.id, b.pending_quantity)),
+    );
     query.push(" END, resume_status = CASE id");
-    for b in items {
-        query.push(" WHEN ").push_bind(b.row.id);
-        query
-            .push(" THEN ")
-            .push_bind(b.resume_status.map(|s| s.code() as i8));
-    }
+    when_id_then(
+        &mut query,
+        items
+            .iter()
+            .map(|b| (b.row.id, b.resume_status.map(|s| s.code() as i8))),
+    );
     query.push(" END, retry_count = 0, next_retry_at = ");
     query.push_bind(now + STEP_GRACE);
     query.push(", last_error = NULL, version = version + 1, updated_at = ");
@@ -172,15 +172,9 @@ async fn begin_group(
     query.push(" WHERE id IN ");
     in_list_of(&mut query, items.iter().map(|b| b.row.id));
     query.push(" AND status = CASE id");
-    for b in items {
-        query.push(" WHEN ").push_bind(b.row.id);
-        query.push(" THEN ").push_bind(b.row.status);
-    }
+    when_id_then(&mut query, items.iter().map(|b| (b.row.id, b.row.status)));
     query.push(" END AND version = CASE id");
-    for b in items {
-        query.push(" WHEN ").push_bind(b.row.id);
-        query.push(" THEN ").push_bind(b.row.version);
-    }
+    when_id_then(&mut query, items.iter().map(|b| (b.row.id, b.row.version)));
     query.push(" END");
     let done = query.one_off().execute(&mut *tx).deadline().await?;
     if done.rows_affected() == items.len() as u64 {

@@ -4,7 +4,7 @@
 use super::Reservation;
 use crate::clock::now;
 use crate::deadline::Deadline;
-use crate::one_off::{in_list_of, OneOff};
+use crate::one_off::{in_list_of, when_id_then, OneOff};
 use crate::outbox::{insert_outbox, NewOutbox};
 use chrono::NaiveDateTime;
 use sqlx::{MySql, MySqlPool};
@@ -149,10 +149,10 @@ async fn complete_group(
     let now = now();
     let mut query =
         sqlx::QueryBuilder::<MySql>::new("UPDATE inventory_reservation SET status = CASE id");
-    for (row, c) in items {
-        query.push(" WHEN ").push_bind(row.id);
-        query.push(" THEN ").push_bind(c.to.code() as i8);
-    }
+    when_id_then(
+        &mut query,
+        items.iter().map(|(row, c)| (row.id, c.to.code() as i8)),
+    );
     query.push(" END, expected_redis_version = CASE id");
     for (row, c) in items {
         query.push(" WHEN ").push_bind(row.id);
@@ -170,10 +170,10 @@ async fn complete_group(
         };
     }
     query.push(" END, refunded_quantity = refunded_quantity + CASE id");
-    for (row, c) in items {
-        query.push(" WHEN ").push_bind(row.id);
-        query.push(" THEN ").push_bind(c.refunded_add);
-    }
+    when_id_then(
+        &mut query,
+        items.iter().map(|(row, c)| (row.id, c.refunded_add)),
+    );
     query.push(" END, reject_reason = CASE id");
     for (row, c) in items {
         query.push(" WHEN ").push_bind(row.id);
@@ -190,15 +190,15 @@ async fn complete_group(
     query.push(" WHERE id IN ");
     in_list_of(&mut query, items.iter().map(|(row, _)| row.id));
     query.push(" AND status = CASE id");
-    for (row, _) in items {
-        query.push(" WHEN ").push_bind(row.id);
-        query.push(" THEN ").push_bind(row.status);
-    }
+    when_id_then(
+        &mut query,
+        items.iter().map(|(row, _)| (row.id, row.status)),
+    );
     query.push(" END AND version = CASE id");
-    for (row, _) in items {
-        query.push(" WHEN ").push_bind(row.id);
-        query.push(" THEN ").push_bind(row.version);
-    }
+    when_id_then(
+        &mut query,
+        items.iter().map(|(row, _)| (row.id, row.version)),
+    );
     query.push(" END");
     let done = query.one_off().execute(&mut *tx).deadline().await?;
     part.done("cas");

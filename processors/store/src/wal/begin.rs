@@ -8,11 +8,25 @@ use crate::deadline::Deadline;
 use sqlx::{MySql, MySqlPool, Transaction};
 use stocksvr_core::bucket::BucketState;
 
-async fn baseline_for_update(
+/// The bucket's baseline, locked for the rest of the transaction; refused when missing.
+async fn locked_baseline(
     tx: &mut Transaction<'_, MySql>,
     bucket: &str,
-) -> Result<Option<Baseline>, sqlx::Error> {
-    read_baseline(&mut **tx, bucket, true).await
+) -> Result<Baseline, Refusal> {
+    read_baseline(&mut **tx, bucket, true)
+        .await?
+        .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))
+}
+
+/// Writes `wal` (a repeat of the same operation id finds the row the first call wrote),
+/// commits, and returns the stored row.
+async fn write_and_commit(mut tx: Transaction<'_, MySql>, wal: &NewWal) -> Result<WalRow, Refusal> {
+    insert_ignore(&mut tx, wal).await?;
+    let row = find_by_op(&mut *tx, &wal.operation_id)
+        .await?
+        .ok_or(Refusal::Mysql(sqlx::Error::RowNotFound))?;
+    tx.commit().deadline().await?;
+    Ok(row)
 }
 
 /// Creates the baseline (if missing) and the INIT_BUCKET WAL row of its version in one
@@ -54,9 +68,7 @@ where
     F: FnOnce(&Baseline) -> NewWal,
 {
     let mut tx = crate::deadline::begin(pool).await?;
-    let before = baseline_for_update(&mut tx, bucket)
-        .await?
-        .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
+    let before = locked_baseline(&mut tx, bucket).await?;
     if before.state() == Some(BucketState::Archived) {
         return Err(Refusal::Archived(bucket.to_string()));
     }
@@ -70,12 +82,7 @@ where
     .execute(&mut *tx)
     .deadline()
     .await?;
-    let new = wal(&before);
-    insert_ignore(&mut tx, &new).await?;
-    let row = find_by_op(&mut *tx, &new.operation_id)
-        .await?
-        .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
-    tx.commit().deadline().await?;
+    let row = write_and_commit(tx, &wal(&before)).await?;
     Ok((before, row))
 }
 
@@ -84,9 +91,7 @@ where
 /// a Try already past the baseline check is refused by the script.
 pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<WalRow, Refusal> {
     let mut tx = crate::deadline::begin(pool).await?;
-    let b = baseline_for_update(&mut tx, bucket)
-        .await?
-        .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
+    let b = locked_baseline(&mut tx, bucket).await?;
     if b.state() == Some(BucketState::Archived) {
         return Err(Refusal::Archived(bucket.to_string()));
     }
@@ -101,12 +106,7 @@ pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<
     .execute(&mut *tx)
     .deadline()
     .await?;
-    insert_ignore(&mut tx, &wal).await?;
-    let row = find_by_op(&mut *tx, &wal.operation_id)
-        .await?
-        .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
-    tx.commit().deadline().await?;
-    Ok(row)
+    write_and_commit(tx, &wal).await
 }
 
 /// Archiving, first half: only a CLOSED bucket without unfinished reservations. The bucket
@@ -114,9 +114,7 @@ pub async fn begin_close(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<
 /// the script, never left open).
 pub async fn begin_archive(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Result<WalRow, Refusal> {
     let mut tx = crate::deadline::begin(pool).await?;
-    let b = baseline_for_update(&mut tx, bucket)
-        .await?
-        .ok_or_else(|| Refusal::NoBaseline(bucket.to_string()))?;
+    let b = locked_baseline(&mut tx, bucket).await?;
     if b.state() == Some(BucketState::Open) {
         return Err(Refusal::NotClosed {
             bucket: bucket.to_string(),
@@ -130,12 +128,7 @@ pub async fn begin_archive(pool: &MySqlPool, bucket: &str, wal: NewWal) -> Resul
             open,
         });
     }
-    insert_ignore(&mut tx, &wal).await?;
-    let row = find_by_op(&mut *tx, &wal.operation_id)
-        .await?
-        .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
-    tx.commit().deadline().await?;
-    Ok(row)
+    write_and_commit(tx, &wal).await
 }
 
 /// A repair or rebuild row: written as it is (idempotent on its operation id, which the
@@ -148,10 +141,5 @@ pub async fn begin_operation(pool: &MySqlPool, wal: NewWal) -> Result<WalRow, Re
     {
         return Err(Refusal::NoBaseline(wal.stock_bucket_id.clone()));
     }
-    insert_ignore(&mut tx, &wal).await?;
-    let row = find_by_op(&mut *tx, &wal.operation_id)
-        .await?
-        .ok_or_else(|| Refusal::Mysql(sqlx::Error::RowNotFound))?;
-    tx.commit().deadline().await?;
-    Ok(row)
+    write_and_commit(tx, &wal).await
 }
