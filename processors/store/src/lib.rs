@@ -3,6 +3,7 @@
 
 pub mod baselines;
 pub mod buckets;
+pub mod clock;
 pub mod deadline;
 pub mod lua;
 pub mod one_off;

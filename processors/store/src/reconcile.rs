@@ -4,9 +4,9 @@
 //! buckets at once (`IN (...)` with bound parameters), so a pass costs a few statements per
 //! chunk, not per bucket.
 
+use crate::clock::now;
 use crate::deadline::Deadline;
 use crate::one_off::{in_list_of, OneOff};
-use crate::reservations::now;
 use chrono::{NaiveDate, NaiveDateTime, TimeDelta};
 use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
 use std::collections::HashMap;

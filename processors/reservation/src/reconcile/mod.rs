@@ -808,7 +808,7 @@ impl Reconciler {
         let ids: Vec<String> = chunk.iter().map(|b| b.stock_bucket_id.clone()).collect();
         let snapshots = store::snapshot_versions(self.service.pool(), &ids).await?;
         let now = Instant::now();
-        let wall_now = stocksvr_store::reservations::now();
+        let wall_now = stocksvr_store::clock::now();
         let mut todo = Vec::new();
         let mut todo_redis = Vec::new();
         let mut seen = HashMap::new();
