@@ -90,27 +90,30 @@ pub enum Class {
 ///   succeed later.
 /// - Invalid: the data itself is refused (too long, out of range, wrong value, a constraint),
 ///   so the record can never be stored as it is.
-/// - Fatal: the schema is not what this build expects (missing table or column) or a value
-///   read back does not decode: a deployment or code problem, not the record's.
+/// - Fatal: the schema is not what this build expects (missing table or column), a
+///   privilege it needs is missing ([`is_access_denied`]), a value read back does not
+///   decode, or the pool was closed: a deployment or code problem, not the record's, and
+///   nothing that waiting repairs. Stopping (exit non-zero) keeps the offsets where they
+///   are and says so at once; a pause would look like an outage that never ends.
 pub fn sqlx_class(e: &sqlx::Error) -> Class {
     use sqlx::Error as E;
     match e {
-        E::Io(_)
-        | E::Tls(_)
-        | E::Protocol(_)
-        | E::PoolTimedOut
-        | E::PoolClosed
-        | E::WorkerCrashed => Class::Unavailable,
-        E::Database(db) => {
-            let code = db
-                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                .map(|m| m.number());
-            match code {
-                // Lock wait timeout, deadlock, too many connections, server shutdown, read-only
-                // (failover), lost connection codes the server sends, max_statement_time.
-                Some(
-                    1205 | 1213 | 1040 | 1053 | 1290 | 1836 | 2006 | 2013 | 1927 | 1969 | 3024,
-                ) => Class::Unavailable,
+        E::Io(_) | E::Tls(_) | E::Protocol(_) | E::PoolTimedOut | E::WorkerCrashed => {
+            Class::Unavailable
+        }
+        // Only `Pool::close` closes a pool, and a closed pool never opens again: retrying
+        // would wait for nothing.
+        E::PoolClosed => Class::Fatal,
+        E::Database(_) if is_access_denied(e) => Class::Fatal,
+        E::Database(_) if is_lock_conflict(e) => Class::Unavailable,
+        E::Database(_) => {
+            match mysql_number(e) {
+                // Too many connections, server shutdown, read-only (failover), lost
+                // connection codes the server sends, max_statement_time, an idle connection
+                // closed by the server (4031).
+                Some(1040 | 1053 | 1290 | 1836 | 2006 | 2013 | 1927 | 1969 | 3024 | 4031) => {
+                    Class::Unavailable
+                }
                 // Data too long, out of range, incorrect value, null into NOT NULL, check,
                 // foreign key, duplicate entry not handled by the caller.
                 Some(1406 | 1264 | 1366 | 1292 | 1048 | 3819 | 1452 | 1062) => Class::Invalid,
@@ -126,6 +129,33 @@ pub fn sqlx_class(e: &sqlx::Error) -> Class {
         E::Configuration(_) | E::Migrate(_) => Class::Fatal,
         _ => Class::Unavailable,
     }
+}
+
+/// The server's error number of a MySQL/MariaDB error, if it is one.
+fn mysql_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|m| m.number()),
+        _ => None,
+    }
+}
+
+/// True when the server refused a statement for lack of a privilege: 1142 on a table
+/// (ER_TABLEACCESS_DENIED_ERROR), 1143 on a column, 1044 on a database, 1227 a global one
+/// such as PROCESS (ER_SPECIFIC_ACCESS_DENIED_ERROR). Fatal for [`sqlx_class`]; a caller
+/// with a fallback for a privilege it only prefers (the relay's read of
+/// `information_schema.INNODB_TRX`) asks this first.
+pub fn is_access_denied(e: &sqlx::Error) -> bool {
+    matches!(mysql_number(e), Some(1142 | 1143 | 1044 | 1227))
+}
+
+/// True when the transaction lost a lock conflict: InnoDB chose it as a deadlock victim
+/// (1213) or it waited past `innodb_lock_wait_timeout` (1205). The server rolled its work
+/// back, so running it again is safe and usually the whole answer; [`sqlx_class`] calls
+/// both unavailable for a caller that does not retry on the spot.
+pub fn is_lock_conflict(e: &sqlx::Error) -> bool {
+    matches!(mysql_number(e), Some(1213 | 1205))
 }
 
 #[cfg(test)]
@@ -145,6 +175,13 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_closed_pool_is_fatal_for_it_never_opens_again() {
+        assert_eq!(sqlx_class(&sqlx::Error::PoolClosed), Class::Fatal);
+        assert!(!is_access_denied(&sqlx::Error::PoolClosed));
+        assert!(!is_lock_conflict(&sqlx::Error::PoolTimedOut));
     }
 
     #[test]
