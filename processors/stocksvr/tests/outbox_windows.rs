@@ -22,7 +22,7 @@ use stocksvr_core::reservation::{
 };
 use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_failpoint::{is_injected, scenario, Action};
-use stocksvr_outbox_relay::{status, OutboxRelay, RelayConfig, UNSENT};
+use stocksvr_outbox_relay::{status, OutboxRelay, RelayConfig, UNSENT, UNSENT_CODES};
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::consumer::{self, Applied, Failure, Handler, Record};
@@ -93,13 +93,16 @@ async fn expire_leases(pool: &sqlx::MySqlPool) {
 /// The persisted high-water mark and the rows not sent yet (PENDING above the mark,
 /// SENDING, RETRY).
 async fn mark_and_unsent(pool: &sqlx::MySqlPool) -> (u64, i64) {
-    sqlx::query_as(&format!(
+    let sql = format!(
         "SELECT c.hwm, (SELECT COUNT(*) FROM inventory_outbox o WHERE {UNSENT}) \
          FROM inventory_outbox_relay c WHERE c.id = 1"
-    ))
-    .fetch_one(pool)
-    .await
-    .expect("mark")
+    );
+    UNSENT_CODES
+        .iter()
+        .fold(sqlx::query_as(&sql), |q, code| q.bind(code))
+        .fetch_one(pool)
+        .await
+        .expect("mark")
 }
 
 /// Records on `topic` (sum of the partitions' high watermarks).
