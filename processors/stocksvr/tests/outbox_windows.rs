@@ -1,12 +1,12 @@
-//! Seed §10.2 windows 5 and 6 from the reservation service to the ledger: the outbox rows a
-//! real Try, Confirm, partial Refund and Cancel committed are relayed by a relay that dies
-//! twice (failpoints, live in test builds only): once after reading the rows and before
-//! publishing (window 5: MySQL committed, Kafka not sent), once after the broker's
-//! acknowledgement and before moving the high-water mark over the rows (window 6: every
-//! event is on Kafka twice under the same event_id). The next relay publishes what was left; the projector, consuming all of it,
-//! books exactly one ledger row per Redis operation and dedupes every copy in its inbox.
-//! The mapping of every §10.2 window to its tests is in
-//! `processors/reservation/tests/failure_windows.rs`.
+//! Failure windows 5 and 6 (docs/design.md, failure windows) from the reservation service
+//! to the ledger: the outbox rows a real Try, Confirm, partial Refund and Cancel committed
+//! are relayed by a relay that dies twice (failpoints, live in test builds only): once
+//! after reading the rows and before publishing (window 5: MySQL committed, Kafka not
+//! sent), once after the broker's acknowledgement and before moving the high-water mark
+//! over the rows (window 6: every event is on Kafka twice under the same event_id). The
+//! next relay publishes what was left; the projector, consuming all of it, books exactly
+//! one ledger row per Redis operation and dedupes every copy in its inbox. The mapping of
+//! every failure window to its tests is in `processors/reservation/tests/failure_windows.rs`.
 
 mod common;
 
