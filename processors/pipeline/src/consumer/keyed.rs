@@ -7,11 +7,12 @@ use futures::StreamExt;
 use rdkafka::message::Message;
 use std::collections::HashMap;
 
-/// What [`RecordHandler`] does with a batch, for a [`Handler`] that prepares the batch first
-/// (one query for all its records, say) and then handles record by record: records of
-/// different keys `width` at a time, records of one (topic, partition, key) one after
-/// another in partition order. The results are in batch order up to the first record whose
-/// dependency is unavailable (its result is the last one), as [`Handler::handle`] answers.
+/// What [`RecordHandler`](super::RecordHandler) does with a batch, for a
+/// [`Handler`](super::Handler) that prepares the batch first (one query for all its
+/// records, say) and then handles record by record: records of different keys `width` at a
+/// time, records of one (topic, partition, key) one after another in partition order. The
+/// results are in batch order up to the first record whose dependency is unavailable (its
+/// result is the last one), as [`Handler::handle`](super::Handler::handle) answers.
 pub async fn by_key<'a, F, Fut>(
     batch: &'a [Record],
     width: usize,
