@@ -71,7 +71,8 @@ impl JsonAvroWriter {
         self.write(&json, out).map_err(TextError::Misfit)
     }
 
-    /// The same cases as [`convert`], in the same order, writing instead of building.
+    /// The same cases as [`convert`](super::convert), in the same order, writing instead of
+    /// building.
     pub(super) fn put<J: JsonView>(
         &self,
         json: &J,
