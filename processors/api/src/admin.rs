@@ -18,6 +18,7 @@ use axum::{Json, Router};
 use chrono::NaiveDate;
 use serde::Deserialize;
 use stocksvr_core::bucket::{self, BucketKey};
+use stocksvr_core::codes::StockStatus;
 use stocksvr_reservation::operations::WalView;
 use stocksvr_reservation::OpsError;
 use stocksvr_store::baselines::Baseline;
@@ -127,7 +128,7 @@ async fn init_bucket(
             timezone: tz.name().to_string(),
             total_stock: body.total,
             baseline_version: 1,
-            stock_status: 1,
+            stock_status: StockStatus::Enabled.code(),
             bucket_status: bucket::BucketState::Open.code() as i8,
             lost_at: None,
         })

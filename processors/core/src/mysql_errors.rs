@@ -16,6 +16,9 @@ pub enum Kind {
     /// A table, column or database this build expects is missing: the schema is behind the
     /// code, a deployment problem rather than the data's.
     SchemaBehind,
+    /// A privilege this build needs is missing: a deployment problem too, which waiting
+    /// does not repair.
+    Denied,
 }
 
 /// Lock wait timeout (`ER_LOCK_WAIT_TIMEOUT`).
@@ -27,14 +30,18 @@ pub const DEADLOCK: u16 = 1213;
 pub const fn kind(number: u16) -> Option<Kind> {
     match number {
         // Lock wait timeout, deadlock, too many connections, server shutdown, read-only
-        // (failover), lost connection codes the server sends, max_statement_time.
+        // (failover), lost connection codes the server sends, max_statement_time, an idle
+        // connection the server closed (4031).
         LOCK_WAIT_TIMEOUT | DEADLOCK | 1040 | 1053 | 1290 | 1836 | 2006 | 2013 | 1927 | 1969
-        | 3024 => Some(Kind::Transient),
+        | 3024 | 4031 => Some(Kind::Transient),
         // Data too long, out of range, incorrect value, null into NOT NULL, check, foreign
         // key, duplicate entry not handled by the caller.
         1406 | 1264 | 1366 | 1292 | 1048 | 3819 | 1452 | 1062 => Some(Kind::BadData),
         // Unknown table or column, unknown database.
         1146 | 1054 | 1049 => Some(Kind::SchemaBehind),
+        // No privilege on a table (1142), a column (1143), a database (1044), or a global
+        // one such as PROCESS (1227).
+        1142 | 1143 | 1044 | 1227 => Some(Kind::Denied),
         _ => None,
     }
 }
@@ -59,6 +66,7 @@ mod tests {
         assert!(!is_lock_conflict(1062));
         assert_eq!(kind(1062), Some(Kind::BadData));
         assert_eq!(kind(1146), Some(Kind::SchemaBehind));
+        assert_eq!(kind(1142), Some(Kind::Denied));
         assert_eq!(kind(1), None);
     }
 }

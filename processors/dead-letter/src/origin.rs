@@ -62,30 +62,8 @@ fn bounded(text: &str, max_chars: usize) -> String {
 /// because `INSERT IGNORE` would otherwise cut them silently.
 pub fn parse_dead_letter<M: Message>(message: &M) -> NewParked {
     let mut notes = Vec::new();
-    let mut text = |name: &str| -> Option<String> {
-        match header(message, name) {
-            None => {
-                notes.push(format!("{name} missing"));
-                None
-            }
-            Some(bytes) => match std::str::from_utf8(bytes) {
-                Ok(s) => Some(s.to_string()),
-                Err(_) => {
-                    notes.push(format!("{name} is not UTF-8"));
-                    Some(String::from_utf8_lossy(bytes).into_owned())
-                }
-            },
-        }
-    };
-    let topic_header = text(headers::ORIGINAL_TOPIC);
-    let partition_header = text(headers::ORIGINAL_PARTITION);
-    let offset_header = text(headers::ORIGINAL_OFFSET);
-    let timestamp_header = text(headers::ORIGINAL_TIMESTAMP);
-    let group_header = text(headers::CONSUMER_GROUP);
-    let class_header = text(headers::ERROR_CLASS);
-    let message_header = text(headers::ERROR_MESSAGE);
-
-    let original_topic = match topic_header.filter(|t| !t.is_empty()) {
+    let texts = Texts::read(message, &mut notes);
+    let original_topic = match texts.topic.filter(|t| !t.is_empty()) {
         Some(t) => bounded(&t, TOPIC_MAX_CHARS),
         // Empty when even the name gives nothing away: replay refuses an unknown origin.
         None => message
@@ -94,7 +72,7 @@ pub fn parse_dead_letter<M: Message>(message: &M) -> NewParked {
             .unwrap_or_default()
             .to_string(),
     };
-    let original_partition = match partition_header.as_deref().map(str::parse::<i32>) {
+    let original_partition = match texts.partition.as_deref().map(str::parse::<i32>) {
         Some(Ok(p)) if p >= 0 => p,
         Some(_) => {
             notes.push(format!("{} garbled", headers::ORIGINAL_PARTITION));
@@ -102,7 +80,7 @@ pub fn parse_dead_letter<M: Message>(message: &M) -> NewParked {
         }
         None => message.partition(),
     };
-    let original_offset = match offset_header.as_deref().map(str::parse::<i64>) {
+    let original_offset = match texts.offset.as_deref().map(str::parse::<i64>) {
         Some(Ok(o)) if o >= 0 => o,
         Some(_) => {
             notes.push(format!("{} garbled", headers::ORIGINAL_OFFSET));
@@ -111,7 +89,7 @@ pub fn parse_dead_letter<M: Message>(message: &M) -> NewParked {
         None => -1,
     };
     // `deadletter::send` writes -1 for a record without a timestamp.
-    let original_timestamp_ms = match timestamp_header.as_deref().map(str::parse::<i64>) {
+    let original_timestamp_ms = match texts.timestamp.as_deref().map(str::parse::<i64>) {
         Some(Ok(t)) if t >= 0 => Some(t),
         Some(Ok(_)) | None => None,
         Some(Err(_)) => {
@@ -119,8 +97,8 @@ pub fn parse_dead_letter<M: Message>(message: &M) -> NewParked {
             None
         }
     };
-    let consumer_group = bounded(&group_header.unwrap_or_default(), GROUP_MAX_CHARS);
-    let error_class = match class_header {
+    let consumer_group = bounded(&texts.group.unwrap_or_default(), GROUP_MAX_CHARS);
+    let error_class = match texts.class {
         Some(c) if !c.is_empty() && c.chars().count() <= CLASS_MAX_CHARS && c.is_ascii() => c,
         Some(_) => {
             notes.push(format!("{} garbled", headers::ERROR_CLASS));
@@ -128,7 +106,74 @@ pub fn parse_dead_letter<M: Message>(message: &M) -> NewParked {
         }
         None => UNKNOWN_CLASS.to_string(),
     };
+    let (key, value, error_message) =
+        stored_bytes(message, &texts.message.unwrap_or_default(), &mut notes);
+    NewParked {
+        dlt_topic: message.topic().to_string(),
+        dlt_partition: message.partition(),
+        dlt_offset: message.offset(),
+        original_topic,
+        original_partition,
+        original_offset,
+        original_timestamp_ms,
+        consumer_group,
+        error_class,
+        error_message,
+        key,
+        value,
+        notes,
+    }
+}
 
+/// The `stocksvr.dlt.*` headers as text: `None` for a missing one, a lossy reading of one
+/// that is not UTF-8 (both noted).
+struct Texts {
+    topic: Option<String>,
+    partition: Option<String>,
+    offset: Option<String>,
+    timestamp: Option<String>,
+    group: Option<String>,
+    class: Option<String>,
+    message: Option<String>,
+}
+
+impl Texts {
+    fn read<M: Message>(message: &M, notes: &mut Vec<String>) -> Self {
+        let mut text = |name: &str| -> Option<String> {
+            match header(message, name) {
+                None => {
+                    notes.push(format!("{name} missing"));
+                    None
+                }
+                Some(bytes) => match std::str::from_utf8(bytes) {
+                    Ok(s) => Some(s.to_string()),
+                    Err(_) => {
+                        notes.push(format!("{name} is not UTF-8"));
+                        Some(String::from_utf8_lossy(bytes).into_owned())
+                    }
+                },
+            }
+        };
+        Texts {
+            topic: text(headers::ORIGINAL_TOPIC),
+            partition: text(headers::ORIGINAL_PARTITION),
+            offset: text(headers::ORIGINAL_OFFSET),
+            timestamp: text(headers::ORIGINAL_TIMESTAMP),
+            group: text(headers::CONSUMER_GROUP),
+            class: text(headers::ERROR_CLASS),
+            message: text(headers::ERROR_MESSAGE),
+        }
+    }
+}
+
+/// The key and value as the row stores them, and its error message: a key or value too
+/// large for its column is not stored, and the message then starts with
+/// [`NOT_STORED_MARKER`] saying which.
+fn stored_bytes<M: Message>(
+    message: &M,
+    original_message: &str,
+    notes: &mut Vec<String>,
+) -> (Option<Vec<u8>>, Option<Vec<u8>>, String) {
     let mut not_stored = Vec::new();
     let key = message.key().and_then(|k| {
         if k.len() > KEY_MAX_BYTES {
@@ -146,9 +191,8 @@ pub fn parse_dead_letter<M: Message>(message: &M) -> NewParked {
             Some(v.to_vec())
         }
     });
-    let original_message = message_header.unwrap_or_default();
     let error_message = if not_stored.is_empty() {
-        bounded(&original_message, MESSAGE_MAX_CHARS)
+        bounded(original_message, MESSAGE_MAX_CHARS)
     } else {
         notes.extend(not_stored.iter().cloned());
         bounded(
@@ -159,22 +203,7 @@ pub fn parse_dead_letter<M: Message>(message: &M) -> NewParked {
             MESSAGE_MAX_CHARS,
         )
     };
-
-    NewParked {
-        dlt_topic: message.topic().to_string(),
-        dlt_partition: message.partition(),
-        dlt_offset: message.offset(),
-        original_topic,
-        original_partition,
-        original_offset,
-        original_timestamp_ms,
-        consumer_group,
-        error_class,
-        error_message,
-        key,
-        value,
-        notes,
-    }
+    (key, value, error_message)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use crate::lag::{
 use crate::LagExporterConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -78,105 +79,15 @@ impl Reader {
     pub fn scrape(&mut self) -> Result<Scrape, KafkaError> {
         let started = Instant::now();
         let mut scrape = Scrape::default();
-        let list = self.reader.fetch_group_list(None, self.timeout)?;
-        for g in list.groups() {
-            if g.name().starts_with(&self.prefix) {
-                scrape.groups.push(GroupSummary {
-                    group: g.name().to_string(),
-                    state: g.state().to_string(),
-                    members: g.members().len(),
-                });
-            }
-        }
-        scrape.groups.sort_by(|a, b| a.group.cmp(&b.group));
-        let listed: BTreeSet<&str> = scrape.groups.iter().map(|g| g.group.as_str()).collect();
-        self.groups.retain(|name, _| listed.contains(name.as_str()));
-
-        let metadata = self.reader.fetch_metadata(None, self.timeout)?;
-        let mut partitions: BTreeMap<String, Vec<i32>> = BTreeMap::new();
-        for t in metadata.topics() {
-            // Kafka's own topics and topics the broker reports an error for are skipped.
-            if t.name().starts_with("__") || t.error().is_some() || t.partitions().is_empty() {
-                continue;
-            }
-            let mut ids: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
-            ids.sort_unstable();
-            partitions.insert(t.name().to_string(), ids);
-        }
-
+        self.list_groups(&mut scrape)?;
+        let partitions = self.topic_partitions()?;
         let listed_in = started.elapsed();
-        // Committed offsets of every group, on the topics where it committed at least once.
-        let mut committed: BTreeMap<String, BTreeMap<(String, i32), Option<i64>>> = BTreeMap::new();
-        let names: Vec<String> = scrape.groups.iter().map(|g| g.group.clone()).collect();
-        for group in names {
-            match self.committed(&group, &partitions) {
-                Ok(offsets) => {
-                    committed.insert(group, offsets);
-                }
-                Err(e) => {
-                    scrape.unread_groups.insert(group.clone());
-                    scrape
-                        .problems
-                        .push(format!("committed offsets of {group}: {e}"));
-                }
-            }
-        }
-
+        let committed = self.committed_offsets(&mut scrape, &partitions);
         let committed_in = started.elapsed();
-        // Watermarks once per partition any group reads.
-        let wanted: BTreeSet<(String, i32)> = committed
-            .values()
-            .flat_map(|offsets| offsets.keys().cloned())
-            .collect();
-        let mut watermarks = BTreeMap::new();
-        for (topic, partition) in &wanted {
-            match self
-                .reader
-                .fetch_watermarks(topic, *partition, self.timeout)
-            {
-                Ok(w) => {
-                    watermarks.insert((topic.clone(), *partition), w);
-                }
-                Err(e) => {
-                    scrape
-                        .problems
-                        .push(format!("watermarks of {topic}/{partition}: {e}"));
-                    for (group, offsets) in &committed {
-                        if offsets.contains_key(&(topic.clone(), *partition)) {
-                            scrape.unread_groups.insert(group.clone());
-                        }
-                    }
-                }
-            }
-        }
-
+        let (wanted, watermarks) = self.watermarks(&mut scrape, &committed);
         let watermarks_in = started.elapsed();
         // Lag in records; the first unconsumed record of every lagging partition.
-        let mut rows = Vec::new();
-        let mut lagging: BTreeSet<RecordAt> = BTreeSet::new();
-        for (group, offsets) in &committed {
-            for ((topic, partition), offset) in offsets {
-                let Some(&(low, high)) = watermarks.get(&(topic.clone(), *partition)) else {
-                    continue;
-                };
-                let at = position(*offset, low);
-                let lag = records_behind(at, high);
-                if lag > 0 {
-                    lagging.insert((topic.clone(), *partition, at));
-                }
-                let row = PartitionLag {
-                    group: group.clone(),
-                    topic: topic.clone(),
-                    partition: *partition,
-                    committed: *offset,
-                    low_watermark: low,
-                    high_watermark: high,
-                    lag,
-                    lag_seconds: (lag == 0).then_some(0.0),
-                };
-                rows.push((row, at));
-            }
-        }
+        let (rows, lagging) = lag_rows(&committed, &watermarks);
         let missing = self.cache.missing(&lagging);
         if !missing.is_empty() {
             let (found, problems) = self.first_records(&missing);
@@ -209,6 +120,101 @@ impl Reader {
             "lag exporter round"
         );
         Ok(scrape)
+    }
+
+    /// The groups of this deployment (by prefix), sorted; the handles of groups no longer
+    /// listed are dropped.
+    fn list_groups(&mut self, scrape: &mut Scrape) -> Result<(), KafkaError> {
+        let list = self.reader.fetch_group_list(None, self.timeout)?;
+        for g in list.groups() {
+            if g.name().starts_with(&self.prefix) {
+                scrape.groups.push(GroupSummary {
+                    group: g.name().to_string(),
+                    state: g.state().to_string(),
+                    members: g.members().len(),
+                });
+            }
+        }
+        scrape.groups.sort_by(|a, b| a.group.cmp(&b.group));
+        let listed: BTreeSet<&str> = scrape.groups.iter().map(|g| g.group.as_str()).collect();
+        self.groups.retain(|name, _| listed.contains(name.as_str()));
+        Ok(())
+    }
+
+    /// The partition ids of every topic, Kafka's own topics and topics the broker reports
+    /// an error for left out.
+    fn topic_partitions(&self) -> Result<BTreeMap<String, Vec<i32>>, KafkaError> {
+        let metadata = self.reader.fetch_metadata(None, self.timeout)?;
+        let mut partitions: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        for t in metadata.topics() {
+            if t.name().starts_with("__") || t.error().is_some() || t.partitions().is_empty() {
+                continue;
+            }
+            let mut ids: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
+            ids.sort_unstable();
+            partitions.insert(t.name().to_string(), ids);
+        }
+        Ok(partitions)
+    }
+
+    /// Committed offsets of every listed group, on the topics where it committed at least
+    /// once; a group that cannot be read is named unread.
+    fn committed_offsets(
+        &mut self,
+        scrape: &mut Scrape,
+        partitions: &BTreeMap<String, Vec<i32>>,
+    ) -> Committed {
+        let mut committed = Committed::new();
+        let names: Vec<String> = scrape.groups.iter().map(|g| g.group.clone()).collect();
+        for group in names {
+            match self.committed(&group, partitions) {
+                Ok(offsets) => {
+                    committed.insert(group, offsets);
+                }
+                Err(e) => {
+                    scrape.unread_groups.insert(group.clone());
+                    scrape
+                        .problems
+                        .push(format!("committed offsets of {group}: {e}"));
+                }
+            }
+        }
+        committed
+    }
+
+    /// Watermarks once per partition any group reads, and those partitions. A group that
+    /// reads a partition whose watermarks cannot be read is named unread.
+    fn watermarks(
+        &self,
+        scrape: &mut Scrape,
+        committed: &Committed,
+    ) -> (BTreeSet<(String, i32)>, Watermarks) {
+        let wanted: BTreeSet<(String, i32)> = committed
+            .values()
+            .flat_map(|offsets| offsets.keys().cloned())
+            .collect();
+        let mut watermarks = Watermarks::new();
+        for (topic, partition) in &wanted {
+            match self
+                .reader
+                .fetch_watermarks(topic, *partition, self.timeout)
+            {
+                Ok(w) => {
+                    watermarks.insert((topic.clone(), *partition), w);
+                }
+                Err(e) => {
+                    scrape
+                        .problems
+                        .push(format!("watermarks of {topic}/{partition}: {e}"));
+                    for (group, offsets) in committed {
+                        if offsets.contains_key(&(topic.clone(), *partition)) {
+                            scrape.unread_groups.insert(group.clone());
+                        }
+                    }
+                }
+            }
+        }
+        (wanted, watermarks)
     }
 
     /// The group's committed offsets of every partition of every topic where it committed at
@@ -261,7 +267,7 @@ impl Reader {
     /// reader within the fetch timeout. Positions on the same partition are read one after
     /// another (seek), so a far-behind group costs one record, not the records in between.
     fn first_records(&self, positions: &[RecordAt]) -> (Vec<(RecordAt, i64)>, Vec<String>) {
-        let mut pending: BTreeMap<(String, i32), Vec<i64>> = BTreeMap::new();
+        let mut pending: Pending = BTreeMap::new();
         for (topic, partition, offset) in positions {
             pending
                 .entry((topic.clone(), *partition))
@@ -274,21 +280,8 @@ impl Reader {
         }
         let mut found = Vec::new();
         let mut problems = Vec::new();
-        let mut tpl = TopicPartitionList::new();
-        for ((topic, partition), offsets) in &pending {
-            if let Err(e) = tpl.add_partition_offset(topic, *partition, Offset::Offset(offsets[0]))
-            {
-                problems.push(format!("{topic}/{partition}: {e}"));
-            }
-        }
-        if let Err(e) = self.reader.assign(&tpl) {
-            problems.push(format!("assigning {} partitions: {e}", tpl.count()));
+        if !self.assign_at_first(&pending, &mut problems) {
             return (found, problems);
-        }
-        // librdkafka keeps a partition's pause across unassign/assign: an earlier round
-        // paused the partitions it had answered.
-        if let Err(e) = self.reader.resume(&tpl) {
-            problems.push(format!("resuming {} partitions: {e}", tpl.count()));
         }
         let deadline = Instant::now() + self.fetch_timeout;
         while !pending.is_empty() {
@@ -296,62 +289,18 @@ impl Reader {
             if left.is_zero() {
                 break;
             }
-            let message = match self.reader.poll(left) {
-                None => continue,
+            let answered = match self.reader.poll(left) {
+                None => None,
                 Some(Err(e)) => {
                     problems.push(format!("reading first unconsumed records: {e}"));
-                    continue;
+                    None
                 }
-                Some(Ok(m)) => m,
+                // The record is dropped before the reader seeks past it.
+                Some(Ok(message)) => answer(&message, &mut pending, &mut found, &mut problems),
             };
-            let key = (message.topic().to_string(), message.partition());
-            let Some(offsets) = pending.get_mut(&key) else {
-                continue;
-            };
-            // Prefetched records from before a seek lie below the position asked for.
-            if message.offset() < offsets[0] {
-                continue;
+            if let Some((key, next)) = answered {
+                self.move_on(key, next, &mut pending, &mut problems);
             }
-            let Some(ts) = message.timestamp().to_millis() else {
-                problems.push(format!(
-                    "{}/{} offset {} has no timestamp",
-                    key.0,
-                    key.1,
-                    message.offset()
-                ));
-                offsets.clear();
-                continue;
-            };
-            // This record is the first at or after every pending position up to its own
-            // offset: nothing lies between them.
-            while let Some(&first) = offsets.first() {
-                if first > message.offset() {
-                    break;
-                }
-                found.push(((key.0.clone(), key.1, first), ts));
-                offsets.remove(0);
-            }
-            let next = offsets.first().copied();
-            drop(message);
-            match next {
-                Some(offset) => {
-                    if let Err(e) =
-                        self.reader
-                            .seek(&key.0, key.1, Offset::Offset(offset), self.timeout)
-                    {
-                        problems.push(format!("{}/{}: seek to {offset}: {e}", key.0, key.1));
-                        pending.remove(&key);
-                    }
-                }
-                None => {
-                    pending.remove(&key);
-                    let mut done = TopicPartitionList::new();
-                    done.add_partition(&key.0, key.1);
-                    // Stops fetching a partition already answered; failing only wastes reads.
-                    let _ = self.reader.pause(&done);
-                }
-            }
-            pending.retain(|_, offsets| !offsets.is_empty());
         }
         for ((topic, partition), offsets) in &pending {
             for offset in offsets {
@@ -365,6 +314,139 @@ impl Reader {
         let _ = self.reader.unassign();
         (found, problems)
     }
+
+    /// Assigns every pending partition at its first pending position; false when the
+    /// assignment itself failed (nothing can be read this round).
+    fn assign_at_first(&self, pending: &Pending, problems: &mut Vec<String>) -> bool {
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), offsets) in pending {
+            if let Err(e) = tpl.add_partition_offset(topic, *partition, Offset::Offset(offsets[0]))
+            {
+                problems.push(format!("{topic}/{partition}: {e}"));
+            }
+        }
+        if let Err(e) = self.reader.assign(&tpl) {
+            problems.push(format!("assigning {} partitions: {e}", tpl.count()));
+            return false;
+        }
+        // librdkafka keeps a partition's pause across unassign/assign: an earlier round
+        // paused the partitions it had answered.
+        if let Err(e) = self.reader.resume(&tpl) {
+            problems.push(format!("resuming {} partitions: {e}", tpl.count()));
+        }
+        true
+    }
+
+    /// After a record answered the positions of `key` up to its own: seeks to the next
+    /// pending position, or stops fetching a partition with none left.
+    fn move_on(
+        &self,
+        key: (String, i32),
+        next: Option<i64>,
+        pending: &mut Pending,
+        problems: &mut Vec<String>,
+    ) {
+        match next {
+            Some(offset) => {
+                if let Err(e) =
+                    self.reader
+                        .seek(&key.0, key.1, Offset::Offset(offset), self.timeout)
+                {
+                    problems.push(format!("{}/{}: seek to {offset}: {e}", key.0, key.1));
+                    pending.remove(&key);
+                }
+            }
+            None => {
+                pending.remove(&key);
+                let mut done = TopicPartitionList::new();
+                done.add_partition(&key.0, key.1);
+                // Stops fetching a partition already answered; failing only wastes reads.
+                let _ = self.reader.pause(&done);
+            }
+        }
+    }
+}
+
+/// One record read: its timestamp answers every pending position of its partition up to
+/// its offset. Returns the partition and its next pending position when it answered any,
+/// for [`Reader::move_on`]; a record without a timestamp gives its partition up.
+fn answer(
+    message: &BorrowedMessage<'_>,
+    pending: &mut Pending,
+    found: &mut Vec<(RecordAt, i64)>,
+    problems: &mut Vec<String>,
+) -> Option<((String, i32), Option<i64>)> {
+    let key = (message.topic().to_string(), message.partition());
+    let offsets = pending.get_mut(&key)?;
+    // Prefetched records from before a seek lie below the position asked for.
+    if message.offset() < offsets[0] {
+        return None;
+    }
+    let Some(ts) = message.timestamp().to_millis() else {
+        problems.push(format!(
+            "{}/{} offset {} has no timestamp",
+            key.0,
+            key.1,
+            message.offset()
+        ));
+        pending.remove(&key);
+        return None;
+    };
+    // This record is the first at or after every pending position up to its own offset:
+    // nothing lies between them.
+    while let Some(&first) = offsets.first() {
+        if first > message.offset() {
+            break;
+        }
+        found.push(((key.0.clone(), key.1, first), ts));
+        offsets.remove(0);
+    }
+    let next = offsets.first().copied();
+    Some((key, next))
+}
+
+/// Committed offsets per group, per (topic, partition); `None` where the group has not
+/// committed on a partition of a topic it reads.
+type Committed = BTreeMap<String, BTreeMap<(String, i32), Option<i64>>>;
+
+/// (low, high) watermarks per (topic, partition).
+type Watermarks = BTreeMap<(String, i32), (i64, i64)>;
+
+/// Positions still to read, per (topic, partition), ascending.
+type Pending = BTreeMap<(String, i32), Vec<i64>>;
+
+/// Every group's lag per partition it reads (with the position its first unconsumed record
+/// is at), and the positions of the partitions that lag.
+fn lag_rows(
+    committed: &Committed,
+    watermarks: &Watermarks,
+) -> (Vec<(PartitionLag, i64)>, BTreeSet<RecordAt>) {
+    let mut rows = Vec::new();
+    let mut lagging: BTreeSet<RecordAt> = BTreeSet::new();
+    for (group, offsets) in committed {
+        for ((topic, partition), offset) in offsets {
+            let Some(&(low, high)) = watermarks.get(&(topic.clone(), *partition)) else {
+                continue;
+            };
+            let at = position(*offset, low);
+            let lag = records_behind(at, high);
+            if lag > 0 {
+                lagging.insert((topic.clone(), *partition, at));
+            }
+            let row = PartitionLag {
+                group: group.clone(),
+                topic: topic.clone(),
+                partition: *partition,
+                committed: *offset,
+                low_watermark: low,
+                high_watermark: high,
+                lag,
+                lag_seconds: (lag == 0).then_some(0.0),
+            };
+            rows.push((row, at));
+        }
+    }
+    (rows, lagging)
 }
 
 fn now_ms() -> i64 {

@@ -24,8 +24,8 @@ pub struct RelayConfig {
     /// round published one commit's few rows as a Kafka request of its own. The first rows
     /// after an empty round still go at once. At most `min_poll`.
     pub linger: Duration,
-    /// Longest sleep when idle: empty rounds double the sleep up to this (seed 003's
-    /// adaptive polling: fast under backlog, easy on the database when idle).
+    /// Longest sleep when idle: empty rounds double the sleep up to this (adaptive polling,
+    /// docs/design.md: fast under backlog, easy on the database when idle).
     pub max_poll: Duration,
     /// How long a lease lasts: the leader's (renewed by every round; another relay takes
     /// over once it runs out) and that of a row claimed by the retry path (SENDING,

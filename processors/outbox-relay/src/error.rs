@@ -1,19 +1,10 @@
-//! The relay's error type and the one place that decides which errors are worth retrying.
+//! The relay's error type and what the one classifier ([`stocksvr_pipeline::failure`]) means
+//! for the relay: which errors it waits out and which stop it.
 //!
 //! Kafka and codec failures never surface here: they belong to a single row, which goes to
 //! RETRY with the reason. What is left is the database and the configuration.
 
-/// MySQL/MariaDB server error numbers that describe a passing condition, not a bug.
-const RETRYABLE_MYSQL_ERRORS: &[u16] = &[
-    1040, // ER_CON_COUNT_ERROR: too many connections
-    1053, // ER_SERVER_SHUTDOWN
-    1205, // ER_LOCK_WAIT_TIMEOUT
-    1213, // ER_LOCK_DEADLOCK
-    1927, // MariaDB ER_CONNECTION_KILLED
-    2006, // CR_SERVER_GONE_ERROR
-    2013, // CR_SERVER_LOST
-    4031, // MySQL ER_CLIENT_INTERACTION_TIMEOUT
-];
+use stocksvr_pipeline::failure::{sqlx_class, Class};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
@@ -27,8 +18,9 @@ pub enum RelayError {
 
 impl RelayError {
     /// True when the same call may succeed later (database down, connection lost, lock
-    /// conflict): the run loop backs off and tries again. Anything else (a missing table, a
-    /// bad configuration) is fatal and stops the relay, so it is fixed instead of spinning.
+    /// conflict, read-only during a failover): the run loop backs off and tries again.
+    /// Anything else (a missing table or privilege, a closed pool, a bad configuration) is
+    /// fatal and stops the relay, so it is fixed instead of spinning.
     pub fn is_retryable(&self) -> bool {
         match self {
             RelayError::Mysql(e) => sqlx_is_retryable(e),
@@ -37,19 +29,17 @@ impl RelayError {
     }
 }
 
-/// Classifies sqlx errors: transport problems and lock conflicts are retryable.
-pub fn sqlx_is_retryable(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .is_some_and(|e| RETRYABLE_MYSQL_ERRORS.contains(&e.number())),
-        _ => false,
-    }
+/// A MySQL error the relay waits out: what the classifier calls unavailable.
+///
+/// The classifier's invalid (data the server refuses) is fatal here: the relay writes only
+/// statuses, counters, times and a truncated reason into its own rows, so MySQL refusing
+/// one of those is a bug or a schema the build does not expect, not a record to set aside.
+/// An error number the classifier does not know counts as unavailable, as for every
+/// processor: the relay runs inside `stocksvr all`, where a fatal error stops the Try API
+/// too, while a round that keeps failing is logged at every backoff and shows in the
+/// backlog gauges.
+pub(crate) fn sqlx_is_retryable(e: &sqlx::Error) -> bool {
+    sqlx_class(e) == Class::Unavailable
 }
 
 #[cfg(test)]
@@ -62,6 +52,7 @@ mod tests {
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
         assert!(RelayError::Mysql(sqlx::Error::Io(io)).is_retryable());
         assert!(!RelayError::Mysql(sqlx::Error::RowNotFound).is_retryable());
+        // A closed pool never opens again.
         assert!(!RelayError::Mysql(sqlx::Error::PoolClosed).is_retryable());
         assert!(!RelayError::Config("x".into()).is_retryable());
     }

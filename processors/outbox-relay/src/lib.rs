@@ -1,4 +1,4 @@
-//! The transactional outbox relay (design §2, seed §4.6, seed 003's local message table).
+//! The transactional outbox relay (docs/design.md, the outbox).
 //!
 //! Services write `inventory_outbox` rows in the same transaction as the state change they
 //! announce; this crate publishes them to Kafka as Avro in the Confluent wire format, keyed
@@ -32,12 +32,14 @@
 //! `SELECT … FOR UPDATE SKIP LOCKED` under a lease (status SENDING) and marks them SENT or
 //! RETRY again. It is never dropped and never holds up other rows. Order: records are
 //! enqueued in id order, so one key's records keep their order unless a retry or a late
-//! commit intervenes; consumers do not rely on it (they use versions, design §1).
+//! commit intervenes; consumers do not rely on it (they use versions: docs/design.md,
+//! ordering).
 //!
 //! Polling is adaptive: a full batch goes again at once, a partial one waits `min_poll`,
 //! empty rounds double the wait up to `max_poll`, and [`OutboxRelay::waker`] cuts any wait
 //! short when a local transaction has just written rows. Sent rows are purged after the
-//! retention, and the backlog gauges feed seed 003's backlog alert.
+//! retention, and the backlog gauges feed the `StocksvrOutboxBacklogGrowing` alert
+//! (docs/runbook.md).
 
 mod config;
 mod error;
@@ -50,4 +52,4 @@ pub use config::{RelayConfig, RelaySettings};
 pub use error::RelayError;
 pub use publish::EVENT_ID_HEADER;
 pub use relay::{OutboxRelay, RelayReport};
-pub use store::{status, Backlog, UNSENT};
+pub use store::{status, Backlog, UNSENT, UNSENT_CODES};

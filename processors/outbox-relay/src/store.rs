@@ -12,6 +12,8 @@ use chrono::{NaiveDateTime, SubsecRound, TimeDelta};
 use sqlx::mysql::MySqlRow;
 use sqlx::{Connection, Executor, MySql, MySqlPool, QueryBuilder, Row};
 use std::time::Duration;
+use stocksvr_core::retry::RetryPolicy;
+use stocksvr_pipeline::failure;
 use stocksvr_store::deadline::Deadline;
 use stocksvr_store::one_off::OneOff;
 
@@ -90,23 +92,16 @@ pub async fn retry_due(pool: &MySqlPool) -> Result<bool, sqlx::Error> {
 
 /// InnoDB may pick two concurrent claims as a deadlock victim (SKIP LOCKED skips locked rows,
 /// not the index gaps its range scan also locks). Nothing was claimed then: the claim is
-/// simply run again, a few times, before the error goes up to the relay's own retry.
+/// simply run again at once, a few times, before the error goes up to the relay's own retry.
 pub async fn claim(pool: &MySqlPool, limit: u32, lease: Duration) -> Result<Claim, sqlx::Error> {
-    let mut attempt = 0;
-    loop {
-        match claim_once(pool, limit, lease).await {
-            Err(sqlx::Error::Database(e))
-                if attempt < 3 && matches!(e.code().as_deref(), Some("40001")) =>
-            {
-                attempt += 1;
-                tracing::debug!(
-                    attempt,
-                    "outbox claim chosen as a deadlock victim; claiming again"
-                );
-            }
-            other => return other,
-        }
-    }
+    RetryPolicy::fixed(Duration::ZERO)
+        .times(3)
+        .run(
+            || claim_once(pool, limit, lease),
+            failure::is_lock_conflict,
+            |e, _| tracing::debug!(error = %e, "outbox claim lost a lock conflict; claiming again"),
+        )
+        .await
 }
 
 /// Claims up to `limit` due rows in one short transaction and leases them for `lease`.
@@ -472,18 +467,6 @@ pub async fn open_transactions(pool: &MySqlPool) -> Result<Vec<u64>, sqlx::Error
     .await
 }
 
-/// True when the server refused a query for lack of a privilege (PROCESS for INNODB_TRX).
-pub fn is_access_denied(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(db) => db
-            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            // 1227 ER_SPECIFIC_ACCESS_DENIED_ERROR, 1142 ER_TABLEACCESS_DENIED_ERROR,
-            // 1044 ER_DBACCESS_DENIED_ERROR.
-            .is_some_and(|e| matches!(e.number(), 1227 | 1142 | 1044)),
-        _ => false,
-    }
-}
-
 /// Puts rows the scan could not publish into RETRY with backoff and the reason, so the
 /// mark can pass them and the retry path takes them over. Only rows still PENDING: a row
 /// already taken by the retry path keeps its state.
@@ -592,8 +575,12 @@ pub struct Backlog {
 }
 
 /// The rows not sent yet, as a WHERE clause on `inventory_outbox o` joined with the relay
-/// row `c` (tests and tools count the backlog with it).
-pub const UNSENT: &str = "((o.id > c.hwm AND o.status = 10) OR o.status IN (20, 40))";
+/// row `c` (tests and tools count the backlog with it); bind [`UNSENT_CODES`] to its
+/// placeholders, in order.
+pub const UNSENT: &str = "((o.id > c.hwm AND o.status = ?) OR o.status IN (?, ?))";
+
+/// The codes [`UNSENT`] binds: PENDING (above the mark), then SENDING and RETRY.
+pub const UNSENT_CODES: [i8; 3] = [status::PENDING, status::SENDING, status::RETRY];
 
 /// Counts unsent rows: PENDING above the mark by primary key (the rows at or below it are
 /// mostly PENDING too, so `idx_publish` would read them all) and SENDING/RETRY rows through

@@ -164,8 +164,8 @@ impl KafkaSettings {
     }
 
     /// This deployment's topic namespace.
-    pub fn namespace(&self) -> crate::topics::Namespace {
-        crate::topics::Namespace::new(&self.topic_namespace)
+    pub fn namespace(&self) -> Namespace {
+        Namespace::new(&self.topic_namespace)
     }
 
     /// The name of the topic the topics file declares as `logical` in this deployment.
@@ -197,6 +197,31 @@ impl KafkaSettings {
             ));
         }
         Ok(())
+    }
+}
+
+/// The prefix that turns the topic names of the topics file into one deployment's
+/// (`kafka.topic_namespace`): several deployments, tests or benchmarks share a cluster
+/// without reading each other's records. Empty: the names as declared.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Namespace(String);
+
+impl Namespace {
+    pub fn new(namespace: &str) -> Self {
+        Self(namespace.to_string())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The deployment's name of the declared topic `logical`.
+    pub fn topic(&self, logical: &str) -> String {
+        if self.0.is_empty() {
+            logical.to_string()
+        } else {
+            format!("{}.{logical}", self.0)
+        }
     }
 }
 

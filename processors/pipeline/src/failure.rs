@@ -92,24 +92,24 @@ pub enum Class {
 ///   succeed later.
 /// - Invalid: the data itself is refused (too long, out of range, wrong value, a constraint),
 ///   so the record can never be stored as it is.
-/// - Fatal: the schema is not what this build expects (missing table or column) or a value
-///   read back does not decode: a deployment or code problem, not the record's.
+/// - Fatal: the schema is not what this build expects (missing table or column), a
+///   privilege it needs is missing ([`is_access_denied`]), a value read back does not
+///   decode, or the pool was closed: a deployment or code problem, not the record's, and
+///   nothing that waiting repairs. Stopping (exit non-zero) keeps the offsets where they
+///   are and says so at once; a pause would look like an outage that never ends.
 pub fn sqlx_class(e: &sqlx::Error) -> Class {
     use sqlx::Error as E;
     match e {
-        E::Io(_)
-        | E::Tls(_)
-        | E::Protocol(_)
-        | E::PoolTimedOut
-        | E::PoolClosed
-        | E::WorkerCrashed => Class::Unavailable,
-        E::Database(db) => {
-            let number = db
-                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                .map(|m| m.number());
-            match number.and_then(mysql_errors::kind) {
+        E::Io(_) | E::Tls(_) | E::Protocol(_) | E::PoolTimedOut | E::WorkerCrashed => {
+            Class::Unavailable
+        }
+        // Only `Pool::close` closes a pool, and a closed pool never opens again: retrying
+        // would wait for nothing.
+        E::PoolClosed => Class::Fatal,
+        E::Database(_) => {
+            match mysql_number(e).and_then(mysql_errors::kind) {
                 Some(Kind::BadData) => Class::Invalid,
-                Some(Kind::SchemaBehind) => Class::Fatal,
+                Some(Kind::SchemaBehind | Kind::Denied) => Class::Fatal,
                 // A number the list does not know is taken for an outage: waiting is safe,
                 // dead-lettering a record the server could store later is not.
                 Some(Kind::Transient) | None => Class::Unavailable,
@@ -122,6 +122,33 @@ pub fn sqlx_class(e: &sqlx::Error) -> Class {
         E::Configuration(_) | E::Migrate(_) => Class::Fatal,
         _ => Class::Unavailable,
     }
+}
+
+/// The server's error number of a MySQL/MariaDB error, if it is one.
+fn mysql_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|m| m.number()),
+        _ => None,
+    }
+}
+
+/// True when the server refused a statement for lack of a privilege: 1142 on a table
+/// (ER_TABLEACCESS_DENIED_ERROR), 1143 on a column, 1044 on a database, 1227 a global one
+/// such as PROCESS (ER_SPECIFIC_ACCESS_DENIED_ERROR). Fatal for [`sqlx_class`]; a caller
+/// with a fallback for a privilege it only prefers (the relay's read of
+/// `information_schema.INNODB_TRX`) asks this first.
+pub fn is_access_denied(e: &sqlx::Error) -> bool {
+    mysql_number(e).and_then(mysql_errors::kind) == Some(Kind::Denied)
+}
+
+/// True when the transaction lost a lock conflict: InnoDB chose it as a deadlock victim
+/// (1213) or it waited past `innodb_lock_wait_timeout` (1205). The server rolled its work
+/// back, so running it again is safe and usually the whole answer; [`sqlx_class`] calls
+/// both unavailable for a caller that does not retry on the spot.
+pub fn is_lock_conflict(e: &sqlx::Error) -> bool {
+    mysql_number(e).is_some_and(mysql_errors::is_lock_conflict)
 }
 
 #[cfg(test)]
@@ -141,6 +168,13 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_closed_pool_is_fatal_for_it_never_opens_again() {
+        assert_eq!(sqlx_class(&sqlx::Error::PoolClosed), Class::Fatal);
+        assert!(!is_access_denied(&sqlx::Error::PoolClosed));
+        assert!(!is_lock_conflict(&sqlx::Error::PoolTimedOut));
     }
 
     #[test]

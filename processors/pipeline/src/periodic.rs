@@ -3,12 +3,12 @@
 //! job, the time-wheel poller and the due scan): run a round, sleep as its outcome says, stop
 //! promptly on shutdown.
 //!
-//! The rhythm is seed 003's adaptive polling: no sleep while there is a backlog, `min` after a
-//! round that found some work, and doubling towards `max` while idle or failing, so an idle
-//! deployment costs a query every few seconds per task instead of several a second. A
-//! [`Notify`] wake-up (a commit in the same process) ends a sleep at once and resets it;
-//! after a round that found work, not before the task's `linger` has passed since that round
-//! (see [`Cadence::with_linger`]).
+//! The rhythm is adaptive polling (docs/design.md): no sleep while there is a backlog,
+//! `min` after a round that found some work, and doubling towards `max` while idle or
+//! failing, so an idle deployment costs a query every few seconds per task instead of
+//! several a second. A [`Notify`] wake-up (a commit in the same process) ends a sleep at
+//! once and resets it; after a round that found work, not before the task's `linger` has
+//! passed since that round (see [`Cadence::with_linger`]).
 
 use std::future::Future;
 use std::time::Duration;
@@ -34,7 +34,7 @@ pub enum Round {
     Failed,
 }
 
-/// Adaptive polling (seed 003): no sleep under backlog, `min` after a partial batch,
+/// Adaptive polling (docs/design.md): no sleep under backlog, `min` after a partial batch,
 /// doubling towards `max` while idle or failing. A wake-up resets it to `min`.
 /// The rhythm of one task.
 #[derive(Debug, Clone)]

@@ -22,7 +22,7 @@
 //! meanwhile) the lane is rolled back and applied event by event instead. A record that
 //! can never be projected is answered `Failure::Invalid` on its own and dead-lettered by the
 //! loop while the rest of the batch applies; a database failure fails the whole batch
-//! ([`error::classify`]).
+//! (classified by [`stocksvr_pipeline::failure`], see [`error`]).
 
 pub mod decide;
 pub mod error;
@@ -32,16 +32,16 @@ pub mod telemetry;
 
 use chrono::{NaiveDateTime, Utc};
 use decide::{InvalidEvent, LedgerRow, Projection, SnapshotRow, MAX_ID_LEN};
-use error::{classify, ProjectorError};
+use error::ProjectorError;
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use plan::SnapshotWrite;
 use sqlx::{MySqlConnection, MySqlPool};
 use std::collections::HashSet;
 use stocksvr_core::events::topics;
 use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::consumer::{Applied, Failure, Handler, LoopConfig, Record};
 use stocksvr_store::deadline::Deadline;
-use store::SnapshotWrite;
 use telemetry::Tally;
 
 /// Processor name: metrics label, client id and consumer group suffix.
@@ -188,31 +188,37 @@ impl Projector {
         let events: Vec<&Projection> = lane.iter().map(|&i| valid[i]).collect();
         let mut tx = stocksvr_store::deadline::begin(&self.pool)
             .await
-            .map_err(|e| classify(&e))?;
+            .map_err(|e| Failure::from_sqlx(&e))?;
         let mut tally = Tally::default();
         let applied = match self
             .apply_all(&mut tx, &events, now, &mut tally)
             .await
-            .map_err(|e| classify(&e))?
+            .map_err(|e| Failure::from_sqlx(&e))?
         {
             Some(applied) => applied,
             None => {
                 // Rare (a rebalance, ids the collation equates): redo the lane the slow way,
                 // which needs no prediction, rather than guess what the other consumer did.
                 tracing::info!("batch raced another writer; applying it event by event");
-                tx.rollback().deadline().await.map_err(|e| classify(&e))?;
+                tx.rollback()
+                    .deadline()
+                    .await
+                    .map_err(|e| Failure::from_sqlx(&e))?;
                 tx = stocksvr_store::deadline::begin(&self.pool)
                     .await
-                    .map_err(|e| classify(&e))?;
+                    .map_err(|e| Failure::from_sqlx(&e))?;
                 tally = Tally::default();
                 self.apply_each(&mut tx, &events, now, &mut tally)
                     .await
-                    .map_err(|e| classify(&e))?
+                    .map_err(|e| Failure::from_sqlx(&e))?
             }
         };
         // Dropping the transaction on any error above rolls back the whole lane, so no part
         // of it is durable when the loop retries the batch.
-        tx.commit().deadline().await.map_err(|e| classify(&e))?;
+        tx.commit()
+            .deadline()
+            .await
+            .map_err(|e| Failure::from_sqlx(&e))?;
         tally.emit(events.len(), Utc::now());
         Ok(applied)
     }

@@ -5,8 +5,18 @@
 //! without a database.
 
 use crate::decide::{ReservationSync, SnapshotRow};
-use crate::store::SnapshotWrite;
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// How the snapshot upsert ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotWrite {
+    /// First event of the bucket: row inserted.
+    Created,
+    /// A newer redis_version: the row now holds this event's after-quantities.
+    Advanced,
+    /// Not newer than the stored version: nothing changed.
+    Stale,
+}
 
 /// Which events of a batch claim their inbox row: `false` for an event the group already
 /// applied (`inboxed`) and for the second sighting of an event_id within the batch, as the

@@ -7,7 +7,7 @@
 //! Every value is bound; nothing from an event is ever spliced into SQL text.
 
 use crate::decide::{LedgerRow, ReservationSync, SnapshotRow};
-use crate::plan::FinalRow;
+use crate::plan::{FinalRow, SnapshotWrite};
 use chrono::NaiveDateTime;
 use sqlx::{MySql, MySqlConnection, QueryBuilder};
 use std::collections::{HashMap, HashSet};
@@ -92,17 +92,6 @@ pub async fn existing_buckets(
         .await?
         .into_iter()
         .collect())
-}
-
-/// How the snapshot upsert ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SnapshotWrite {
-    /// First event of the bucket: row inserted.
-    Created,
-    /// A newer redis_version: the row now holds this event's after-quantities.
-    Advanced,
-    /// Not newer than the stored version: nothing changed.
-    Stale,
 }
 
 /// The upsert moves the row only forward. Every column is guarded by the same comparison

@@ -47,6 +47,7 @@ pub fn confirm_due(row: &Reservation) -> Option<NewOutbox> {
 pub(crate) mod tests {
     use super::*;
     use chrono::NaiveDate;
+    use stocksvr_core::codes::SyncStatus;
     use stocksvr_core::reservation::ReservationStatus;
 
     /// A scheduled CREATED_RESERVED row due at 2026-11-29 12:00:00.250 UTC.
@@ -67,7 +68,7 @@ pub(crate) mod tests {
             quantity: 2,
             refunded_quantity: 0,
             pending_quantity: 0,
-            order_type: 2,
+            order_type: crate::store::SCHEDULED,
             processing_time: Some(at(12, 0, 0, 250)),
             expire_at: at(12, 30, 0, 0),
             status: ReservationStatus::CreatedReserved.code() as i8,
@@ -77,7 +78,7 @@ pub(crate) mod tests {
             retry_count: 0,
             next_retry_at: at(11, 0, 0, 0),
             last_error: None,
-            sync_status: 20,
+            sync_status: SyncStatus::Synced.code() as i8,
             expected_redis_version: None,
             synced_redis_version: 0,
             version: 2,

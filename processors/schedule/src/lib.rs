@@ -1,5 +1,5 @@
-//! Scheduled confirms (seed §8.2): a SCHEDULED reservation parked in CREATED_RESERVED by its
-//! OrderCreated is confirmed at its `processing_time`.
+//! Scheduled confirms (docs/design.md, scheduled confirms): a SCHEDULED reservation parked
+//! in CREATED_RESERVED by its OrderCreated is confirmed at its `processing_time`.
 //!
 //! Three parts, any number of instances of each:
 //!
@@ -77,7 +77,7 @@ pub struct ScheduleConfig {
     pub scan_interval: Duration,
     pub scan_grace: TimeDelta,
     pub load_ahead: TimeDelta,
-    /// Rows per scan query (seed §8.2: LIMIT 500).
+    /// Rows per scan query (500 by default).
     pub scan_batch: u32,
     /// The consumer loop of the schedule processor (`[consumer]`).
     pub consumer: stocksvr_pipeline::config::ConsumerSettings,

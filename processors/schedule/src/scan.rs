@@ -1,5 +1,5 @@
-//! The scan behind the wheel (seed §8.2): the wheel is only for being on time, MySQL is the
-//! truth. Every `scan_interval` it
+//! The scan behind the wheel (docs/design.md, scheduled confirms): the wheel is only for
+//! being on time, MySQL is the truth. Every `scan_interval` it
 //!
 //! 1. re-arms CREATED_RESERVED reservations due within the load-ahead horizon (`ZADD NX`,
 //!    so entries in place, claimed or not, are left alone): an entry lost from Redis (a

@@ -1,12 +1,13 @@
-//! The scan's queries (seed §8.2). Both use `idx_schedule_scan (status, processing_time)`.
+//! The scan's queries (docs/design.md, scheduled confirms). Both use `idx_schedule_scan (status, processing_time)`.
 
 use chrono::NaiveDateTime;
 use sqlx::MySqlPool;
+use stocksvr_core::events::OrderType;
 use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_store::deadline::Deadline;
 
 /// `inventory_reservation.order_type` of a SCHEDULED order.
-pub const SCHEDULED: i8 = 2;
+pub const SCHEDULED: i8 = OrderType::Scheduled.code() as i8;
 
 fn created_reserved() -> i8 {
     ReservationStatus::CreatedReserved.code() as i8

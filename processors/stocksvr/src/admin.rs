@@ -1,13 +1,13 @@
 //! Operator commands. Each prints what it changed, one line per item, and is idempotent.
 
 use anyhow::{bail, Context};
-use backon::{ExponentialBuilder, Retryable};
 use rdkafka::producer::FutureRecord;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use stocksvr::Settings;
+use stocksvr_core::retry::RetryPolicy;
 use stocksvr_pipeline::catalog::{Catalog, EventSchema};
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::config::redact_url;
@@ -109,21 +109,21 @@ async fn register_retrying(
     client: &RegistryClient,
     event: &EventSchema,
 ) -> Result<(RegisterOutcome, bool), RegistryError> {
-    (|| client.register_event(event))
-        .retry(
-            ExponentialBuilder::default()
-                .with_min_delay(Duration::from_secs(1))
-                .with_max_delay(Duration::from_secs(4))
-                .with_max_times(3),
+    // Whole seconds, no jitter: the message says when the next try comes.
+    RetryPolicy::new(Duration::from_secs(1), Duration::from_secs(4))
+        .times(3)
+        .without_jitter()
+        .run(
+            || client.register_event(event),
+            |e| matches!(e, RegistryError::Unreachable { .. }),
+            |e, after| {
+                eprintln!(
+                    "stocksvr: registering {}: {e}; trying again in {} s",
+                    event.subject(),
+                    after.as_secs()
+                )
+            },
         )
-        .when(|e| matches!(e, RegistryError::Unreachable { .. }))
-        .notify(|e, after| {
-            eprintln!(
-                "stocksvr: registering {}: {e}; trying again in {} s",
-                event.subject(),
-                after.as_secs()
-            )
-        })
         .await
 }
 

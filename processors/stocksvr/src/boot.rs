@@ -10,20 +10,26 @@
 use crate::roles::Roles;
 use crate::settings::Settings;
 use anyhow::Context;
-use backon::{ExponentialBuilder, Retryable};
 use chrono::TimeDelta;
 use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_api::ApiState;
+use stocksvr_core::retry::RetryPolicy;
 use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_reservation::ReservationService;
+use stocksvr_reservation::{ReservationService, ServiceConfig};
 use stocksvr_schedule::{ScheduleConfig, TimeWheel};
 use stocksvr_store::lua::LuaExecutor;
 use stocksvr_store::worker_lease::WorkerLease;
-use tokio::sync::watch;
+use stocksvr_store::RedisConn;
+use tokio::sync::{watch, Notify};
 
 const LEASE_TTL: TimeDelta = TimeDelta::seconds(30);
+
+/// How the service waits for Redis and for a worker-id lease at start: until they come or
+/// shutdown is asked, every 0.5 s doubling to 10 s.
+const START_RETRY: RetryPolicy =
+    RetryPolicy::new(Duration::from_millis(500), Duration::from_secs(10)).without_jitter();
 
 /// Resolves once shutdown was asked; the watch guard is dropped inside so the future is Send.
 async fn stopped(stop: &mut watch::Receiver<bool>) {
@@ -46,10 +52,11 @@ pub async fn run(
     pool: sqlx::MySqlPool,
     api: ApiState,
     codec: AvroCodec,
-    outbox_waker: Option<Arc<tokio::sync::Notify>>,
+    outbox_waker: Option<Arc<Notify>>,
     roles: Roles,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    // Settings first: a mistake there fails the start at once, not after Redis answered.
     let config = settings
         .reservation
         .service_config(&settings.recovery)
@@ -58,36 +65,103 @@ pub async fn run(
         consumer: settings.consumer.clone(),
         ..ScheduleConfig::from_settings(&settings.schedule)?
     };
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(10))
-        .without_max_times();
-    let redis_target = crate::settings::redis_target(&settings.redis);
-    let timeout = Duration::from_millis(settings.redis.response_timeout_ms);
-    let connect = || stocksvr_store::connect_redis(&redis_target, timeout);
-    let conn = tokio::select! {
-        _ = stopped(&mut stop) => return Ok(()),
-        c = connect.retry(backoff).notify(|e, after| tracing::warn!(error = %e, ?after, "redis not reachable; the Try API stays unavailable")) => c?,
+    let Some(conn) = connect_redis(&settings, &mut stop).await? else {
+        return Ok(());
     };
     let lease = match settings.reservation.worker_id {
         Some(_) => None,
-        None => {
-            let owner = owner();
-            let acquire = || WorkerLease::acquire(&pool, &owner, LEASE_TTL);
-            Some(tokio::select! {
-                _ = stopped(&mut stop) => return Ok(()),
-                l = acquire.retry(backoff).notify(|e, after| tracing::warn!(error = %e, ?after, "cannot lease a snowflake worker id yet")) => l?,
-            })
-        }
+        None => match lease_worker_id(&pool, &mut stop).await? {
+            Some(lease) => Some(lease),
+            None => return Ok(()),
+        },
     };
     let worker_id = settings
         .reservation
         .worker_id
         .or(lease.as_ref().map(|l| l.worker_id))
         .context("no worker id")?;
+    let (service, wheel) = build_service(&settings, &pool, config, conn, worker_id, &outbox_waker)?;
+    if roles.reservations {
+        api.install(service.clone());
+    }
+    tracing::info!(
+        worker_id,
+        leased = lease.is_some(),
+        "reservation service ready"
+    );
+    // The processors that need the reservation service start once it exists.
+    let parts = Processors {
+        settings: &settings,
+        pool: &pool,
+        service,
+        wheel,
+        codec: &codec,
+        roles,
+        stop: stop.clone(),
+    };
+    tokio::try_join!(
+        parts.order_lifecycle(),
+        parts.recovery(),
+        parts.stale_watcher(),
+        parts.gauges(),
+        parts.wal_worker(),
+        parts.daily(),
+        parts.scheduled(schedule, outbox_waker),
+        parts.reconciler(),
+        renew(lease, &pool, stop.clone()),
+    )?;
+    Ok(())
+}
+
+/// Connects Redis, trying until it answers; `None` when shutdown was asked first.
+async fn connect_redis(
+    settings: &Settings,
+    stop: &mut watch::Receiver<bool>,
+) -> anyhow::Result<Option<RedisConn>> {
+    let target = crate::settings::redis_target(&settings.redis);
+    let timeout = Duration::from_millis(settings.redis.response_timeout_ms);
+    let connect = START_RETRY.run(
+        || stocksvr_store::connect_redis(&target, timeout),
+        |_| true,
+        |e, after| tracing::warn!(error = %e, ?after, "redis not reachable; the Try API stays unavailable"),
+    );
+    tokio::select! {
+        _ = stopped(stop) => Ok(None),
+        c = connect => Ok(Some(c?)),
+    }
+}
+
+/// Leases a snowflake worker id from MySQL, trying until one is free; `None` when
+/// shutdown was asked first.
+async fn lease_worker_id(
+    pool: &sqlx::MySqlPool,
+    stop: &mut watch::Receiver<bool>,
+) -> anyhow::Result<Option<WorkerLease>> {
+    let owner = owner();
+    let acquire = START_RETRY.run(
+        || WorkerLease::acquire(pool, &owner, LEASE_TTL),
+        |_| true,
+        |e, after| tracing::warn!(error = %e, ?after, "cannot lease a snowflake worker id yet"),
+    );
+    tokio::select! {
+        _ = stopped(stop) => Ok(None),
+        l = acquire => Ok(Some(l?)),
+    }
+}
+
+/// The reservation service on Redis and MySQL, and the time wheel of scheduled confirms
+/// (armed by order-lifecycle wherever it runs, fired by the schedule part wherever that
+/// runs).
+fn build_service(
+    settings: &Settings,
+    pool: &sqlx::MySqlPool,
+    config: ServiceConfig,
+    conn: RedisConn,
+    worker_id: u16,
+    outbox_waker: &Option<Arc<Notify>>,
+) -> anyhow::Result<(Arc<ReservationService>, TimeWheel)> {
     let ids = SnowflakeGenerator::new(worker_id)
         .map_err(|e| anyhow::anyhow!("reservation.worker_id: {e}"))?;
-    // Armed by order-lifecycle wherever it runs, fired by the schedule part wherever that runs.
     let wheel = TimeWheel::new(
         conn.clone(),
         &settings.schedule.wheel_namespace,
@@ -103,80 +177,91 @@ pub async fn run(
     if let Some(waker) = outbox_waker.clone() {
         service = service.with_outbox_waker(waker);
     }
-    let service = Arc::new(service);
-    if roles.reservations {
-        api.install(service.clone());
-    }
-    tracing::info!(
-        worker_id,
-        leased = lease.is_some(),
-        "reservation service ready"
-    );
+    Ok((Arc::new(service), wheel))
+}
 
-    // The processors that need the reservation service start once it exists.
-    let lifecycle = async {
-        if !roles.reservations {
+/// The processors that need the reservation service, each a step that runs until shutdown
+/// (or returns at once when its role is not this process's).
+struct Processors<'a> {
+    settings: &'a Settings,
+    pool: &'a sqlx::MySqlPool,
+    service: Arc<ReservationService>,
+    wheel: TimeWheel,
+    codec: &'a AvroCodec,
+    roles: Roles,
+    stop: watch::Receiver<bool>,
+}
+
+impl Processors<'_> {
+    /// The order-lifecycle processor and the re-driver of its deferred events.
+    async fn order_lifecycle(&self) -> anyhow::Result<()> {
+        if !self.roles.reservations {
             return Ok(());
         }
+        let settings = self.settings;
         let handler = Arc::new(
             stocksvr_order_lifecycle::OrderLifecycle::new(
-                service.clone(),
+                self.service.clone(),
                 stocksvr_order_lifecycle::group_name(&settings.kafka),
             )
-            .with_wheel(wheel.clone()),
+            .with_wheel(self.wheel.clone()),
         );
         let consume = async {
             stocksvr_pipeline::consumer::run(
                 &settings.kafka,
-                codec.clone(),
+                self.codec.clone(),
                 stocksvr_order_lifecycle::loop_config(&settings.kafka)
                     .with_consumer(&settings.consumer),
                 handler.clone(),
-                stop.clone(),
+                self.stop.clone(),
             )
             .await
             .context("order-lifecycle processor")
         };
         let redrive = async {
-            stocksvr_order_lifecycle::run_redriver(handler.clone(), stop.clone())
+            stocksvr_order_lifecycle::run_redriver(handler.clone(), self.stop.clone())
                 .await
                 .map_err(|f| anyhow::anyhow!("deferred order events: {f:?}"))
         };
         tokio::try_join!(consume, redrive).map(|_| ())
-    };
-    let recovery = async {
+    }
+
+    async fn recovery(&self) -> anyhow::Result<()> {
         stocksvr_reservation::recovery::run(
-            service.clone(),
-            settings.recovery.recovery_config(),
-            stop.clone(),
+            self.service.clone(),
+            self.settings.recovery.recovery_config(),
+            self.stop.clone(),
         )
         .await
         .context("recovery worker")
-    };
-    let stale = async {
-        if !roles.reservations {
+    }
+
+    async fn stale_watcher(&self) -> anyhow::Result<()> {
+        if !self.roles.reservations {
             return Ok(());
         }
         stocksvr_reservation::stale::run(
-            service.clone(),
-            settings.recovery.stale_interval(),
-            stop.clone(),
+            self.service.clone(),
+            self.settings.recovery.stale_interval(),
+            self.stop.clone(),
         )
         .await
         .context("stale-reservation watcher")
-    };
-    // Gauges read from MySQL (seed §15): reservations per intermediate status and parked
-    // dead letters. The facts are the database's, so any instance may report them (the
-    // dashboards take the max across instances).
-    let gauges = async {
+    }
+
+    /// Gauges read from MySQL: reservations per intermediate status and parked dead
+    /// letters. The facts are the database's, so any instance may report them (the
+    /// dashboards take the max across instances).
+    async fn gauges(&self) -> anyhow::Result<()> {
+        let roles = self.roles;
         let reservations = async {
             if !roles.reservations {
                 return Ok(());
             }
             stocksvr_reservation::gauges::run(
-                service.clone(),
+                self.service.clone(),
                 stocksvr_reservation::gauges::INTERVAL,
-                stop.clone(),
+                self.stop.clone(),
             )
             .await
             .context("reservation gauges")
@@ -186,67 +271,71 @@ pub async fn run(
                 return Ok(());
             }
             stocksvr_dead_letter::run_gauge(
-                pool.clone(),
+                self.pool.clone(),
                 stocksvr_dead_letter::GAUGE_INTERVAL,
-                stop.clone(),
+                self.stop.clone(),
             )
             .await
             .context("dead-letter gauge")
         };
         tokio::try_join!(reservations, dead_letters).map(|_| ())
-    };
-    let wal_worker = async {
+    }
+
+    async fn wal_worker(&self) -> anyhow::Result<()> {
         stocksvr_reservation::operations::run_worker(
-            service.clone(),
+            self.service.clone(),
             50,
             Duration::from_secs(1),
-            stop.clone(),
+            self.stop.clone(),
         )
         .await
         .context("operation WAL worker")
-    };
-    let daily = async {
+    }
+
+    async fn daily(&self) -> anyhow::Result<()> {
         stocksvr_reservation::operations::run_daily(
-            service.clone(),
-            settings.stock_ops.daily_config(),
-            stop.clone(),
+            self.service.clone(),
+            self.settings.stock_ops.daily_config(),
+            self.stop.clone(),
         )
         .await
         .context("daily bucket job")
-    };
-    let scheduled = async {
-        if !roles.schedule {
+    }
+
+    /// Scheduled confirms: the time wheel poller, the due scan and the schedule processor.
+    async fn scheduled(
+        &self,
+        schedule: ScheduleConfig,
+        outbox_waker: Option<Arc<Notify>>,
+    ) -> anyhow::Result<()> {
+        if !self.roles.schedule {
             return Ok(());
         }
         stocksvr_schedule::run(
             schedule,
-            wheel.clone(),
-            service.clone(),
+            self.wheel.clone(),
+            self.service.clone(),
             outbox_waker,
-            &settings.kafka,
-            codec.clone(),
-            stop.clone(),
+            &self.settings.kafka,
+            self.codec.clone(),
+            self.stop.clone(),
         )
         .await
         .context("scheduled confirms")
-    };
-    let reconciler = async {
-        if !roles.reconciler {
+    }
+
+    async fn reconciler(&self) -> anyhow::Result<()> {
+        if !self.roles.reconciler {
             return Ok(());
         }
         let reconciler = Arc::new(stocksvr_reservation::reconcile::Reconciler::new(
-            service.clone(),
-            settings.reconcile.reconcile_config(),
+            self.service.clone(),
+            self.settings.reconcile.reconcile_config(),
         ));
-        stocksvr_reservation::reconcile::run(reconciler, stop.clone())
+        stocksvr_reservation::reconcile::run(reconciler, self.stop.clone())
             .await
             .context("reconciler")
-    };
-    let renewals = renew(lease, &pool, stop.clone());
-    tokio::try_join!(
-        lifecycle, recovery, stale, gauges, wal_worker, daily, scheduled, reconciler, renewals
-    )?;
-    Ok(())
+    }
 }
 
 /// Keeps the worker-id lease alive until shutdown, then gives it back.

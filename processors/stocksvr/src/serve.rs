@@ -18,7 +18,7 @@ use stocksvr_pipeline::config::Secret;
 use stocksvr_pipeline::http::{self, HealthState, Probe};
 use stocksvr_pipeline::registry::RegistryClient;
 use stocksvr_pipeline::telemetry;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 
 /// The long-running parts of one process, each a named task. A part's name is kept by its
@@ -168,40 +168,9 @@ pub async fn run(
     let metrics = telemetry::init_metrics();
     let catalog = Arc::new(Catalog::for_deployment(&settings.kafka)?);
     let registry = RegistryClient::new(&settings.registry)?;
-    let pool = stocksvr_store::mysql_pool_with(
-        settings.mysql.url.expose(),
-        settings.mysql.max_connections,
-        Duration::from_millis(settings.mysql.acquire_timeout_ms),
-        settings.mysql.ping_before_use,
-    )?;
-    // Running against an unmigrated schema would fail record after record; say so once. An
-    // unreachable MySQL is not a reason to refuse to start: /readyz reports it.
-    match stocksvr_store::pending_migrations(&pool).await {
-        Ok(pending) if !pending.is_empty() => {
-            anyhow::bail!("the database lacks migrations {pending:?}: run `stocksvr migrate` first")
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "cannot check the database schema yet"),
-    }
-    let redis = probes::RedisProbe {
-        target: crate::settings::redis_target(&settings.redis),
-        timeout: Duration::from_millis(settings.http.readiness_timeout_ms),
-    };
-    let probes: Vec<Arc<dyn Probe>> = vec![
-        Arc::new(probes::KafkaProbe(settings.kafka.clone())),
-        Arc::new(probes::RegistryProbe(registry)),
-        Arc::new(probes::MysqlProbe(pool.clone())),
-        Arc::new(redis),
-    ];
-    let health = HealthState::new(probes, &settings.http, metrics)
+    let pool = mysql_pool(&settings).await?;
+    let health = HealthState::new(probes(&settings, registry, &pool), &settings.http, metrics)
         .with_advisories(vec![Arc::new(probes::LostBuckets(pool.clone()))]);
-
-    let redacted = serde_json::to_value(&settings)?;
-    let dlq = stocksvr_dead_letter::AdminState::with_lazy_producer(
-        pool.clone(),
-        settings.kafka.clone(),
-        Some(AvroCodec::new(&settings.registry, catalog.clone())?),
-    );
     let api = stocksvr_api::ApiState::new()
         .with_reconcile_config(settings.reconcile.reconcile_config())
         .with_shed_config(stocksvr_api::shed::ShedConfig {
@@ -209,25 +178,8 @@ pub async fn run(
             max_queued: settings.http.max_queued,
             admission_deadline: Duration::from_millis(settings.http.admission_deadline_ms),
         });
-    let admin = Router::new()
-        .route("/admin/config", get(move || async move { Json(redacted) }))
-        .merge(stocksvr_dead_letter::admin_routes(dlq))
-        .merge(stocksvr_api::admin_router(api.clone()));
     let bound = listener.local_addr()?;
-    // An empty token would let `Authorization: Bearer ` through: it counts as no token.
-    let token = settings
-        .http
-        .admin_token
-        .clone()
-        .filter(|t| !t.expose().trim().is_empty());
-    let access = admin_access(bound, token.is_some());
-    if access == AdminAccess::Refused {
-        tracing::warn!(listen = %bound, "{}", admin_refused_message(bound));
-    }
-    let router = http::health_routes(health)
-        .merge(stocksvr_api::router(api.clone()))
-        .merge(admin_routes(admin, access, token, bound));
-
+    let (router, access) = router(&settings, &pool, &catalog, &api, health, bound)?;
     tracing::info!(listen = %bound, ?roles, ?access, "stocksvr started");
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -243,88 +195,31 @@ pub async fn run(
         .map_err(anyhow::Error::from)
     });
     let codec = AvroCodec::new(&settings.registry, catalog.clone())?;
+    let start = Start {
+        settings: &settings,
+        pool: &pool,
+        codec: &codec,
+        stop: &stop_rx,
+    };
     // The relay starts first so the reservation service can wake it after each commit.
-    let mut outbox_waker = None;
-    if roles.relay {
-        let producer = stocksvr_pipeline::kafka::producer(&settings.kafka, "outbox-relay")?;
-        let relay = stocksvr_outbox_relay::OutboxRelay::new(
-            pool.clone(),
-            producer,
-            codec.clone(),
-            settings.relay.config()?,
-        )?
-        .in_namespace(settings.kafka.namespace());
-        outbox_waker = Some(relay.waker());
-        let stop = stop_rx.clone();
-        tasks.spawn("outbox relay", async move {
-            relay.run(stop).await.map_err(anyhow::Error::from)
-        });
-    }
+    let outbox_waker = if roles.relay {
+        Some(start.outbox_relay(&mut tasks)?)
+    } else {
+        None
+    };
     if roles.dead_letter {
-        let config = stocksvr_dead_letter::loop_config_from_file(&settings.kafka)
-            .context("reading the dead-letter topics from the topics file")?
-            .with_consumer(&settings.consumer);
-        let handler = Arc::new(stocksvr_dead_letter::Parker::new(
-            pool.clone(),
-            &settings.kafka.group_prefix,
-        ));
-        let (settings, stop, codec) = (settings.clone(), stop_rx.clone(), codec.clone());
-        tasks.spawn(stocksvr_dead_letter::NAME, async move {
-            stocksvr_pipeline::consumer::run(&settings.kafka, codec, config, handler, stop)
-                .await
-                .map_err(anyhow::Error::from)
-        });
+        start.dead_letter(&mut tasks)?;
     }
     if roles.lag_exporter {
-        let (kafka, config, stop) = (
-            settings.kafka.clone(),
-            settings.lag_exporter.clone(),
-            stop_rx.clone(),
-        );
-        tasks.spawn("lag exporter", async move {
-            stocksvr_lag_exporter::run(&kafka, config, stop)
-                .await
-                .map_err(anyhow::Error::from)
-        });
+        start.lag_exporter(&mut tasks);
     }
     if roles.projector {
-        let group = stocksvr_projector::group_name(&settings.kafka);
-        let handler = Arc::new(stocksvr_projector::Projector::new(pool.clone(), group)?);
-        let (settings, stop, codec) = (settings.clone(), stop_rx.clone(), codec.clone());
-        tasks.spawn("projector", async move {
-            stocksvr_pipeline::consumer::run(
-                &settings.kafka,
-                codec,
-                stocksvr_projector::loop_config(&settings.kafka).with_consumer(&settings.consumer),
-                handler,
-                stop,
-            )
-            .await
-            .map_err(anyhow::Error::from)
-        });
+        start.projector(&mut tasks)?;
     }
     if roles.needs_service() {
-        let (settings, pool, stop, codec) = (
-            settings.clone(),
-            pool.clone(),
-            stop_rx.clone(),
-            codec.clone(),
-        );
-        tasks.spawn("reservation service and its processors", async move {
-            boot::run(settings, pool, api, codec, outbox_waker, roles, stop).await
-        });
+        start.reservation_service(&mut tasks, api, outbox_waker, roles);
     }
-
-    let outcome: anyhow::Result<()> = tokio::select! {
-        _ = shutdown => {
-            tracing::info!("shutdown requested, draining");
-            Ok(())
-        }
-        Some((name, result)) = tasks.next() => match result {
-            Ok(()) => Err(anyhow::anyhow!("{name} stopped unexpectedly")),
-            Err(e) => Err(e.context(format!("{name} failed"))),
-        },
-    };
+    let outcome = until_shutdown_or_failure(&mut tasks, shutdown).await;
     let _ = stop_tx.send(true);
     // Bounded drain: processors commit what they finished, then the process exits.
     if let Err(busy) = tasks.drain(DRAIN_WITHIN).await {
@@ -336,6 +231,202 @@ pub async fn run(
     }
     tracing::info!("stocksvr stopped");
     outcome
+}
+
+/// The MySQL pool, after a look at the schema: running against an unmigrated schema would
+/// fail record after record, so that is said once, at start. An unreachable MySQL is not a
+/// reason to refuse to start: /readyz reports it.
+async fn mysql_pool(settings: &Settings) -> anyhow::Result<sqlx::MySqlPool> {
+    let pool = stocksvr_store::mysql_pool_with(
+        settings.mysql.url.expose(),
+        settings.mysql.max_connections,
+        Duration::from_millis(settings.mysql.acquire_timeout_ms),
+        settings.mysql.ping_before_use,
+    )?;
+    match stocksvr_store::pending_migrations(&pool).await {
+        Ok(pending) if !pending.is_empty() => {
+            anyhow::bail!("the database lacks migrations {pending:?}: run `stocksvr migrate` first")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot check the database schema yet"),
+    }
+    Ok(pool)
+}
+
+/// What `/readyz` asks: Kafka, the registry, MySQL and Redis.
+fn probes(
+    settings: &Settings,
+    registry: RegistryClient,
+    pool: &sqlx::MySqlPool,
+) -> Vec<Arc<dyn Probe>> {
+    let redis = probes::RedisProbe {
+        target: crate::settings::redis_target(&settings.redis),
+        timeout: Duration::from_millis(settings.http.readiness_timeout_ms),
+    };
+    vec![
+        Arc::new(probes::KafkaProbe(settings.kafka.clone())),
+        Arc::new(probes::RegistryProbe(registry)),
+        Arc::new(probes::MysqlProbe(pool.clone())),
+        Arc::new(redis),
+    ]
+}
+
+/// Health, the Try API and the admin endpoints (as [`admin_access`] decides for `bound`,
+/// which comes back with the router).
+fn router(
+    settings: &Settings,
+    pool: &sqlx::MySqlPool,
+    catalog: &Arc<Catalog>,
+    api: &stocksvr_api::ApiState,
+    health: HealthState,
+    bound: SocketAddr,
+) -> anyhow::Result<(Router, AdminAccess)> {
+    let redacted = serde_json::to_value(settings)?;
+    let dlq = stocksvr_dead_letter::AdminState::with_lazy_producer(
+        pool.clone(),
+        settings.kafka.clone(),
+        Some(AvroCodec::new(&settings.registry, catalog.clone())?),
+    );
+    let admin = Router::new()
+        .route("/admin/config", get(move || async move { Json(redacted) }))
+        .merge(stocksvr_dead_letter::admin_routes(dlq))
+        .merge(stocksvr_api::admin_router(api.clone()));
+    // An empty token would let `Authorization: Bearer ` through: it counts as no token.
+    let token = settings
+        .http
+        .admin_token
+        .clone()
+        .filter(|t| !t.expose().trim().is_empty());
+    let access = admin_access(bound, token.is_some());
+    if access == AdminAccess::Refused {
+        tracing::warn!(listen = %bound, "{}", admin_refused_message(bound));
+    }
+    let router = http::health_routes(health)
+        .merge(stocksvr_api::router(api.clone()))
+        .merge(admin_routes(admin, access, token, bound));
+    Ok((router, access))
+}
+
+/// What starting a role needs; each role is one named task of [`Parts`].
+struct Start<'a> {
+    settings: &'a Settings,
+    pool: &'a sqlx::MySqlPool,
+    codec: &'a AvroCodec,
+    stop: &'a watch::Receiver<bool>,
+}
+
+impl Start<'_> {
+    /// Starts the relay; its waker lets the reservation service wake it after each commit.
+    fn outbox_relay(&self, tasks: &mut Parts) -> anyhow::Result<Arc<Notify>> {
+        let settings = self.settings;
+        let producer = stocksvr_pipeline::kafka::producer(&settings.kafka, "outbox-relay")?;
+        let relay = stocksvr_outbox_relay::OutboxRelay::new(
+            self.pool.clone(),
+            producer,
+            self.codec.clone(),
+            settings.relay.config()?,
+        )?
+        .in_namespace(settings.kafka.namespace());
+        let waker = relay.waker();
+        let stop = self.stop.clone();
+        tasks.spawn("outbox relay", async move {
+            relay.run(stop).await.map_err(anyhow::Error::from)
+        });
+        Ok(waker)
+    }
+
+    fn dead_letter(&self, tasks: &mut Parts) -> anyhow::Result<()> {
+        let config = stocksvr_dead_letter::loop_config_from_file(&self.settings.kafka)
+            .context("reading the dead-letter topics from the topics file")?
+            .with_consumer(&self.settings.consumer);
+        let handler = Arc::new(stocksvr_dead_letter::Parker::new(
+            self.pool.clone(),
+            &self.settings.kafka.group_prefix,
+        ));
+        let (kafka, stop, codec) = (
+            self.settings.kafka.clone(),
+            self.stop.clone(),
+            self.codec.clone(),
+        );
+        tasks.spawn(stocksvr_dead_letter::NAME, async move {
+            stocksvr_pipeline::consumer::run(&kafka, codec, config, handler, stop)
+                .await
+                .map_err(anyhow::Error::from)
+        });
+        Ok(())
+    }
+
+    fn lag_exporter(&self, tasks: &mut Parts) {
+        let (kafka, config, stop) = (
+            self.settings.kafka.clone(),
+            self.settings.lag_exporter.clone(),
+            self.stop.clone(),
+        );
+        tasks.spawn("lag exporter", async move {
+            stocksvr_lag_exporter::run(&kafka, config, stop)
+                .await
+                .map_err(anyhow::Error::from)
+        });
+    }
+
+    fn projector(&self, tasks: &mut Parts) -> anyhow::Result<()> {
+        let settings = self.settings;
+        let group = stocksvr_projector::group_name(&settings.kafka);
+        let handler = Arc::new(stocksvr_projector::Projector::new(
+            self.pool.clone(),
+            group,
+        )?);
+        let config =
+            stocksvr_projector::loop_config(&settings.kafka).with_consumer(&settings.consumer);
+        let (kafka, stop, codec) = (
+            settings.kafka.clone(),
+            self.stop.clone(),
+            self.codec.clone(),
+        );
+        tasks.spawn("projector", async move {
+            stocksvr_pipeline::consumer::run(&kafka, codec, config, handler, stop)
+                .await
+                .map_err(anyhow::Error::from)
+        });
+        Ok(())
+    }
+
+    /// The reservation service and the processors that need it ([`boot::run`]).
+    fn reservation_service(
+        &self,
+        tasks: &mut Parts,
+        api: stocksvr_api::ApiState,
+        outbox_waker: Option<Arc<Notify>>,
+        roles: Roles,
+    ) {
+        let (settings, pool, stop, codec) = (
+            self.settings.clone(),
+            self.pool.clone(),
+            self.stop.clone(),
+            self.codec.clone(),
+        );
+        tasks.spawn("reservation service and its processors", async move {
+            boot::run(settings, pool, api, codec, outbox_waker, roles, stop).await
+        });
+    }
+}
+
+/// Waits for the shutdown signal or the first part to end (always a failure while no
+/// shutdown was asked for, even when it returned Ok).
+async fn until_shutdown_or_failure(
+    tasks: &mut Parts,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    tokio::select! {
+        _ = shutdown => {
+            tracing::info!("shutdown requested, draining");
+            Ok(())
+        }
+        Some((name, result)) = tasks.next() => match result {
+            Ok(()) => Err(anyhow::anyhow!("{name} stopped unexpectedly")),
+            Err(e) => Err(e.context(format!("{name} failed"))),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
-//! Seed §10.2 windows 5 and 6 from the reservation service to the ledger: the outbox rows a
-//! real Try, Confirm, partial Refund and Cancel committed are relayed by a relay that dies
-//! twice (failpoints, live in test builds only): once after reading the rows and before
-//! publishing (window 5: MySQL committed, Kafka not sent), once after the broker's
-//! acknowledgement and before moving the high-water mark over the rows (window 6: every
-//! event is on Kafka twice under the same event_id). The next relay publishes what was left; the projector, consuming all of it,
-//! books exactly one ledger row per Redis operation and dedupes every copy in its inbox.
-//! The mapping of every §10.2 window to its tests is in
-//! `processors/reservation/tests/failure_windows.rs`.
+//! Failure windows 5 and 6 (docs/design.md, failure windows) from the reservation service
+//! to the ledger: the outbox rows a real Try, Confirm, partial Refund and Cancel committed
+//! are relayed by a relay that dies twice (failpoints, live in test builds only): once
+//! after reading the rows and before publishing (window 5: MySQL committed, Kafka not
+//! sent), once after the broker's acknowledgement and before moving the high-water mark
+//! over the rows (window 6: every event is on Kafka twice under the same event_id). The
+//! next relay publishes what was left; the projector, consuming all of it, books exactly
+//! one ledger row per Redis operation and dedupes every copy in its inbox. The mapping of
+//! every failure window to its tests is in `processors/reservation/tests/failure_windows.rs`.
 
 mod common;
 
@@ -22,7 +22,7 @@ use stocksvr_core::reservation::{
 };
 use stocksvr_core::snowflake::SnowflakeGenerator;
 use stocksvr_failpoint::{is_injected, scenario, Action};
-use stocksvr_outbox_relay::{status, OutboxRelay, RelayConfig, UNSENT};
+use stocksvr_outbox_relay::{status, OutboxRelay, RelayConfig, UNSENT, UNSENT_CODES};
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::consumer::{self, Applied, Failure, Handler, Record};
@@ -93,13 +93,16 @@ async fn expire_leases(pool: &sqlx::MySqlPool) {
 /// The persisted high-water mark and the rows not sent yet (PENDING above the mark,
 /// SENDING, RETRY).
 async fn mark_and_unsent(pool: &sqlx::MySqlPool) -> (u64, i64) {
-    sqlx::query_as(&format!(
+    let sql = format!(
         "SELECT c.hwm, (SELECT COUNT(*) FROM inventory_outbox o WHERE {UNSENT}) \
          FROM inventory_outbox_relay c WHERE c.id = 1"
-    ))
-    .fetch_one(pool)
-    .await
-    .expect("mark")
+    );
+    UNSENT_CODES
+        .iter()
+        .fold(sqlx::query_as(&sql), |q, code| q.bind(code))
+        .fetch_one(pool)
+        .await
+        .expect("mark")
 }
 
 /// Records on `topic` (sum of the partitions' high watermarks).

@@ -1,9 +1,10 @@
-//! Scheduled orders end to end through `stocksvr all` (seed §8.2): OrderCreated parks a
-//! SCHEDULED reservation in CREATED_RESERVED and arms the Redis time wheel; at the due time
-//! the wheel emits InventoryConfirmDue through the outbox and Kafka, and the schedule
-//! processor confirms it once, however often the trigger arrives. An OrderCanceled before
-//! the due time refunds from the reserved pool and the timer then fires nothing. A timer
-//! lost while the process was down is made good by the DB scan after a restart.
+//! Scheduled orders end to end through `stocksvr all` (docs/design.md, scheduled confirms):
+//! OrderCreated parks a SCHEDULED reservation in CREATED_RESERVED and arms the Redis time
+//! wheel; at the due time the wheel emits InventoryConfirmDue through the outbox and Kafka,
+//! and the schedule processor confirms it once, however often the trigger arrives. An
+//! OrderCanceled before the due time refunds from the reserved pool and the timer then
+//! fires nothing. A timer lost while the process was down is made good by the DB scan after
+//! a restart.
 //!
 //! Every test has its own database, consumer groups and wheel namespace (the Redis and the
 //! topics are shared with other tests).

@@ -13,7 +13,7 @@ use serde_json::Value as Json;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use stocksvr_outbox_relay::{OutboxRelay, RelayConfig, EVENT_ID_HEADER, UNSENT};
+use stocksvr_outbox_relay::{OutboxRelay, RelayConfig, EVENT_ID_HEADER, UNSENT, UNSENT_CODES};
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::config::InfraSettings;
@@ -133,24 +133,30 @@ impl Stack {
     /// True when the row counts as sent: at or below the mark and still PENDING (the
     /// leader's scan published it), or SENT (the retry path did).
     pub async fn is_sent(&self, event_id: &str) -> Result<bool> {
-        let sent: bool = sqlx::query_scalar(&format!(
+        let sql = format!(
             "SELECT NOT {UNSENT} FROM inventory_outbox o JOIN inventory_outbox_relay c \
              ON c.id = 1 WHERE o.event_id = ?"
-        ))
-        .bind(event_id)
-        .fetch_one(&self.pool)
-        .await?;
+        );
+        let sent: bool = UNSENT_CODES
+            .iter()
+            .fold(sqlx::query_scalar(&sql), |q, code| q.bind(code))
+            .bind(event_id)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(sent)
     }
 
     /// Rows not sent yet.
     pub async fn unsent(&self) -> Result<i64> {
-        Ok(sqlx::query_scalar(&format!(
+        let sql = format!(
             "SELECT COUNT(*) FROM inventory_outbox o JOIN inventory_outbox_relay c \
              ON c.id = 1 WHERE {UNSENT}"
-        ))
-        .fetch_one(&self.pool)
-        .await?)
+        );
+        Ok(UNSENT_CODES
+            .iter()
+            .fold(sqlx::query_scalar(&sql), |q, code| q.bind(code))
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     /// The persisted high-water mark.

@@ -164,12 +164,23 @@ pub async fn quiescent(server: &Server, shop: &Shop, within: Duration) {
     }
 }
 
-/// Counts the outbox rows the relay has not published yet (the relay's own definition).
+/// Counts the outbox rows the relay has not published yet (the relay's own definition). The
+/// counting helpers here run SQL without binds, so the relay's codes fill its placeholders.
 pub fn unsent_outbox_sql() -> String {
+    let mut unsent = String::new();
+    let mut codes = stocksvr_outbox_relay::UNSENT_CODES.iter();
+    for (i, part) in stocksvr_outbox_relay::UNSENT.split('?').enumerate() {
+        if i > 0 {
+            let code = codes
+                .next()
+                .expect("a code for every placeholder of UNSENT");
+            unsent.push_str(&code.to_string());
+        }
+        unsent.push_str(part);
+    }
     format!(
         "SELECT COUNT(*) FROM inventory_outbox o JOIN inventory_outbox_relay c ON c.id = 1 \
-         WHERE {}",
-        stocksvr_outbox_relay::UNSENT
+         WHERE {unsent}"
     )
 }
 
