@@ -8,6 +8,7 @@
 //! outbox rows). A crash or an UNKNOWN Redis outcome anywhere leaves a persisted intermediate
 //! status that [`ReservationService::resume`] continues with the same operation id.
 
+pub mod cache;
 mod error;
 mod failpoint;
 pub mod gauges;

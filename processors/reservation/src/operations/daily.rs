@@ -147,9 +147,10 @@ impl Default for DailyConfig {
     }
 }
 
-/// Runs the daily job until `stop`.
-pub async fn run_daily(
-    service: Arc<crate::ReservationService>,
+/// Runs the daily job until `stop`, on the stock operations `ops` holds (the reservation
+/// service holds the process's).
+pub async fn run_daily<O: AsRef<StockOps>>(
+    ops: Arc<O>,
     config: DailyConfig,
     stop: watch::Receiver<bool>,
 ) -> Result<(), OpsError> {
@@ -160,8 +161,8 @@ pub async fn run_daily(
     );
     let cadence = Cadence::fixed(config.interval);
     periodic::run("daily bucket job", cadence, None, stop, || async {
-        if let Err(e) = service
-            .ops()
+        if let Err(e) = (*ops)
+            .as_ref()
             .prepare_days(Utc::now(), config.lead, config.lookback_days)
             .await
         {

@@ -121,7 +121,7 @@ impl StockOps {
         reason: &str,
         dead: bool,
     ) -> Result<(), OpsError> {
-        let delay = crate::service::chrono_backoff(
+        let delay = stocksvr_core::backoff::jittered_delta(
             row.retry_count,
             self.config.retry_delay,
             self.config.max_retry_delay,
@@ -439,16 +439,17 @@ pub(super) fn script_outcome(result: Result<OpResult, ExecError>) -> Result<OpRe
     }
 }
 
-/// Runs WAL rounds until `stop`.
-pub async fn run_worker(
-    ops: Arc<crate::ReservationService>,
+/// Runs WAL rounds until `stop`, on the stock operations `ops` holds (the reservation
+/// service holds the process's).
+pub async fn run_worker<O: AsRef<StockOps>>(
+    ops: Arc<O>,
     batch: u32,
     idle_poll: Duration,
     stop: watch::Receiver<bool>,
 ) -> Result<(), OpsError> {
     let cadence = Cadence::adaptive(idle_poll, idle_poll * 10);
     periodic::run("operation WAL worker", cadence, None, stop, || async {
-        Ok(match ops.ops().work_once(batch).await {
+        Ok(match (*ops).as_ref().work_once(batch).await {
             Ok(r) if r.succeeded + r.failed + r.dead >= batch as usize => Round::Full,
             Ok(r) if r.succeeded + r.failed + r.dead > 0 => Round::Partial,
             Ok(_) => Round::Empty,

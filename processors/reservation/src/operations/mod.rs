@@ -11,6 +11,7 @@
 //! `execute` runs one WAL row (lease, Lua, completion or failure) and the worker; `daily` is
 //! the next-day job; `view` is what operators see.
 
+use crate::cache::BaselineCache;
 use crate::outbox::{self, Adjusted};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, TimeDelta, Utc};
 use serde::Serialize;
@@ -170,8 +171,7 @@ pub struct StockOps {
     init_flights: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<bool>>>>,
     /// The Try path's copy of baseline rows: an operation that finishes here drops its
     /// bucket's entry, so this process's next Try sees a close or reopen at once.
-    baselines:
-        Option<Arc<crate::service::cache::TtlCache<String, stocksvr_store::baselines::Baseline>>>,
+    baselines: Option<Arc<BaselineCache>>,
 }
 
 fn instance_name() -> String {
@@ -199,10 +199,7 @@ impl StockOps {
         }
     }
 
-    pub(crate) fn with_baseline_cache(
-        mut self,
-        cache: Arc<crate::service::cache::TtlCache<String, stocksvr_store::baselines::Baseline>>,
-    ) -> Self {
+    pub(crate) fn with_baseline_cache(mut self, cache: Arc<BaselineCache>) -> Self {
         self.baselines = Some(cache);
         self
     }

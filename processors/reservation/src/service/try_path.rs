@@ -17,7 +17,7 @@ use stocksvr_store::reservations::{
 use stocksvr_telemetry::names;
 
 /// Whether a baseline row lets Trys in (its lost mark aside): only such a row is kept for
-/// [`super::cache::STATIC_TTL`].
+/// [`crate::cache::STATIC_TTL`].
 fn takes_trys(b: &stocksvr_store::baselines::Baseline) -> bool {
     b.stock_status == 1 && u8::try_from(b.bucket_status).ok() == Some(BucketState::Open.code())
 }
@@ -171,7 +171,7 @@ impl ReservationService {
     }
 
     /// Whether the bucket takes new Trys, judged on its baseline row (an OPEN one kept for
-    /// [`super::cache::STATIC_TTL`], any other for `try_cache_ttl`: Redis refuses a closed or absent
+    /// [`crate::cache::STATIC_TTL`], any other for `try_cache_ttl`: Redis refuses a closed or absent
     /// bucket itself) and on the list of lost buckets (read at most `try_cache_ttl` ago).
     async fn open_for_trys(&self, bucket_id: &str) -> Result<(), ServiceError> {
         let key = bucket_id.to_string();
