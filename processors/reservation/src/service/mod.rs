@@ -12,6 +12,7 @@
 mod completion;
 pub(crate) mod group;
 mod intents;
+mod missing;
 mod step;
 mod try_path;
 mod turns;
