@@ -27,5 +27,6 @@ pub use operations::{OpsConfig, OpsError, StockOps};
 /// inbox, say).
 pub use service::group::Coalescer;
 pub use service::{
-    IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest, REJECTED_ORDER_FAILED,
+    IntentOutcome, ReservationService, ServiceConfig, Target, TryReply, TryRequest,
+    REJECTED_ORDER_FAILED,
 };

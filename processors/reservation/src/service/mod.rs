@@ -17,6 +17,7 @@ mod step;
 mod try_path;
 mod turns;
 
+pub use intents::Target;
 pub use try_path::REJECTED_ORDER_FAILED;
 
 use crate::cache::{self, BaselineCache, LostBuckets, TtlCache};
