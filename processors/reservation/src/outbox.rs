@@ -7,7 +7,7 @@ use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
 use stocksvr_core::events::{
     Envelope, EventData, InventoryCanceledData, InventoryConfirmedData, InventoryOperationDeadData,
-    InventoryRefundedData, InventoryRejectedData, InventoryReservedData, OrderType, StockAction,
+    InventoryRefundedData, InventoryRejectedData, InventoryReservedData, StockAction,
     StockBaselineAdjustedData, StockBucketInitializedData, StockBucketRebuiltData,
     StockBucketRepairedData, StockChangeData, StockNumbers,
 };
@@ -63,14 +63,6 @@ fn row<D: EventData + Serialize>(aggregate_id: u64, operation_id: &str, data: D)
     }
 }
 
-fn order_type(r: &Reservation) -> OrderType {
-    if r.order_type == 2 {
-        OrderType::Scheduled
-    } else {
-        OrderType::Instant
-    }
-}
-
 /// The Redis step's effect on the bucket, for the ledger (seed §4.4 delta table).
 pub struct Deltas {
     pub available: i64,
@@ -94,7 +86,7 @@ pub fn stock_change(
         dish_id: r.dish_id as i64,
         stock_bucket_id: r.stock_bucket_id.clone(),
         stock_date: r.stock_date.to_string(),
-        order_type: order_type(r),
+        order_type: r.order_type(),
         processing_time: r.processing_time.map(ts),
         reservation_id: r.id as i64,
         order_item_id: r.order_item_id as i64,
@@ -126,7 +118,7 @@ pub fn reserved(r: &Reservation, operation_id: &str) -> NewOutbox {
             stock_bucket_id: r.stock_bucket_id.clone(),
             stock_date: r.stock_date.to_string(),
             quantity: r.quantity as i32,
-            order_type: order_type(r),
+            order_type: r.order_type(),
             processing_time: r.processing_time.map(ts),
             expire_at: ts(r.expire_at),
             reason_code: None,
@@ -171,7 +163,7 @@ pub fn confirmed(r: &Reservation, operation_id: &str) -> NewOutbox {
             stock_bucket_id: r.stock_bucket_id.clone(),
             stock_date: r.stock_date.to_string(),
             quantity: r.held() as i32,
-            order_type: order_type(r),
+            order_type: r.order_type(),
             reason_code: None,
         },
     )

@@ -360,19 +360,18 @@ impl StockOps {
             }
         }
         let view = self.init_bucket(b).await?;
-        match view.status {
-            s if s == WalStatus::Succeeded.name() => Ok(()),
-            s if s == WalStatus::Dead.name() => Err(OpsError::Dead {
+        match WalStatus::from_name(view.status) {
+            Some(WalStatus::Succeeded) => Ok(()),
+            Some(WalStatus::Dead) => Err(OpsError::Dead {
                 operation_id: view.operation_id,
                 reason: view.last_error.unwrap_or_default(),
             }),
-            s => Err(OpsError::Pending {
+            status => Err(OpsError::Pending {
                 operation_id: view.operation_id,
-                status: if s == WalStatus::Retry.name() {
-                    "RETRY"
-                } else {
-                    "EXECUTING"
-                },
+                status: status
+                    .filter(|s| *s == WalStatus::Retry)
+                    .unwrap_or(WalStatus::Executing)
+                    .name(),
                 reason: view.last_error.unwrap_or_default(),
             }),
         }
@@ -439,10 +438,7 @@ impl StockOps {
     }
 
     pub async fn find(&self, operation_id: &str) -> Result<WalView, OpsError> {
-        let row = wal::find_by_op(&self.pool, operation_id)
-            .await?
-            .ok_or_else(|| OpsError::UnknownOperation(operation_id.to_string()))?;
-        Ok(WalView::from_row(&row))
+        Ok(WalView::from_row(&self.find_row(operation_id).await?))
     }
 
     pub async fn list(

@@ -10,6 +10,7 @@ use super::ReservationService;
 use crate::error::ServiceError;
 use crate::operations::OpsError;
 use stocksvr_core::bucket::{BucketKey, BucketState};
+use stocksvr_core::codes::RejectReason;
 use stocksvr_core::model::{FencePhase, OpCode, OpResult};
 use stocksvr_core::reservation::{self as rules, ReservationStatus};
 use stocksvr_store::lua::{retry_unknown, ExecError, Step};
@@ -117,7 +118,7 @@ impl ReservationService {
         Ok(Prepared::Commit {
             row: row.clone(),
             status,
-            completion: rejection(row, "BUCKET_CLOSED", None),
+            completion: rejection(row, RejectReason::BucketClosed, None),
         })
     }
 
@@ -129,7 +130,7 @@ impl ReservationService {
         let baseline = stocksvr_store::baselines::find_baseline(&self.pool, &row.stock_bucket_id)
             .await?
             .ok_or_else(|| ServiceError::BucketNotFound(row.stock_bucket_id.clone()))?;
-        if u8::try_from(baseline.bucket_status).ok() != Some(BucketState::Open.code()) {
+        if baseline.state() != Some(BucketState::Open) {
             return Ok(false);
         }
         self.ops

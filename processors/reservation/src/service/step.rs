@@ -8,6 +8,7 @@ use super::ReservationService;
 use crate::error::ServiceError;
 use crate::failpoint::{self, Place};
 use stocksvr_core::bucket::BucketKey;
+use stocksvr_core::codes::RejectReason;
 use stocksvr_core::model::{OpCode, OpResult};
 use stocksvr_core::reservation::{self as rules, Completion as Next, ReservationStatus};
 use stocksvr_store::lua::{retry_unknown, ExecError, Step, TryItem};
@@ -249,7 +250,7 @@ impl ReservationService {
         result: &OpResult,
     ) -> Result<Option<Completion>, ServiceError> {
         if status == ReservationStatus::Preparing && result.code == OpCode::BucketClosed {
-            return Ok(Some(rejection(row, "BUCKET_CLOSED", None)));
+            return Ok(Some(rejection(row, RejectReason::BucketClosed, None)));
         }
         match rules::after_redis(status, result.code, result.fence) {
             Next::Advance { to } => {
