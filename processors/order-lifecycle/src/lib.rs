@@ -25,6 +25,7 @@ mod plan;
 pub use plan::{plan, Known, Op, OrderEvent};
 
 use batch::{usable_batch_rows, BatchState};
+use chrono::TimeDelta;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use std::collections::HashMap;
@@ -71,9 +72,9 @@ pub fn group_name(kafka: &KafkaSettings) -> String {
 }
 
 /// First delay before a parked event is tried again by the re-driver; doubles per attempt.
-const FIRST_RETRY: Duration = Duration::from_secs(1);
+const FIRST_RETRY: TimeDelta = TimeDelta::seconds(1);
 /// Longest delay between two re-drives of a parked event.
-const MAX_RETRY: Duration = Duration::from_secs(300);
+const MAX_RETRY: TimeDelta = TimeDelta::seconds(300);
 
 pub struct OrderLifecycle {
     service: Arc<ReservationService>,
@@ -214,7 +215,7 @@ impl OrderLifecycle {
                         offset: record.offset(),
                         event: &event.to_json(),
                         waiting_for: &waiting_for,
-                        first_retry: chrono::TimeDelta::from_std(FIRST_RETRY).unwrap_or_default(),
+                        first_retry: FIRST_RETRY,
                     },
                 )
                 .await
@@ -419,15 +420,10 @@ impl OrderLifecycle {
                 }
                 Outcome::Wait(waiting_for) => {
                     let delay =
-                        stocksvr_core::backoff::jittered(d.attempts, FIRST_RETRY, MAX_RETRY);
-                    order_events::retry_later(
-                        pool,
-                        d.id,
-                        chrono::TimeDelta::from_std(delay).unwrap_or_default(),
-                        &waiting_for,
-                    )
-                    .await
-                    .map_err(|e| Failure::from_sqlx(&e))?;
+                        stocksvr_core::backoff::jittered_delta(d.attempts, FIRST_RETRY, MAX_RETRY);
+                    order_events::retry_later(pool, d.id, delay, &waiting_for)
+                        .await
+                        .map_err(|e| Failure::from_sqlx(&e))?;
                 }
             }
         }
