@@ -11,6 +11,8 @@
 pub mod cache;
 mod error;
 mod failpoint;
+#[cfg(test)]
+mod fixture;
 pub mod gauges;
 pub mod operations;
 mod outbox;

@@ -545,37 +545,7 @@ fn conforms(
     at: &str,
 ) -> Result<(), String> {
     match schema {
-        Value::String(t) => match t.as_str() {
-            "null" => value
-                .is_null()
-                .then_some(())
-                .ok_or(format!("{at}: expected null")),
-            "boolean" => value
-                .is_boolean()
-                .then_some(())
-                .ok_or(format!("{at}: expected boolean")),
-            "string" => value
-                .is_string()
-                .then_some(())
-                .ok_or(format!("{at}: expected string")),
-            "int" => value
-                .as_i64()
-                .filter(|n| i32::try_from(*n).is_ok())
-                .map(|_| ())
-                .ok_or(format!("{at}: expected int")),
-            "long" => value
-                .as_i64()
-                .map(|_| ())
-                .ok_or(format!("{at}: expected long")),
-            named => {
-                let full = qualify(named, ns);
-                let def = names
-                    .get(&full)
-                    .cloned()
-                    .ok_or(format!("{at}: unknown type {full}"))?;
-                conforms(&def, value, ns, names, at)
-            }
-        },
+        Value::String(t) => conforms_to_name(t, value, ns, names, at),
         Value::Array(branches) => {
             if branches
                 .iter()
@@ -587,42 +557,7 @@ fn conforms(
             }
         }
         Value::Object(obj) => match obj["type"].as_str().unwrap_or_default() {
-            "record" => {
-                let ns = obj
-                    .get("namespace")
-                    .and_then(Value::as_str)
-                    .unwrap_or(ns)
-                    .to_owned();
-                let full = qualify(obj["name"].as_str().unwrap(), &ns);
-                names.insert(full.clone(), schema.clone());
-                let inner_ns = full
-                    .rsplit_once('.')
-                    .map(|(n, _)| n.to_owned())
-                    .unwrap_or_default();
-                let map = value
-                    .as_object()
-                    .ok_or(format!("{at}: expected object for {full}"))?;
-                let fields = obj["fields"].as_array().unwrap();
-                let declared: BTreeSet<&str> =
-                    fields.iter().map(|f| f["name"].as_str().unwrap()).collect();
-                let present: BTreeSet<&str> = map.keys().map(String::as_str).collect();
-                if declared != present {
-                    return Err(format!(
-                        "{at}: {full} fields {declared:?} but example has {present:?} (examples spell out every field)"
-                    ));
-                }
-                for field in fields {
-                    let name = field["name"].as_str().unwrap();
-                    conforms(
-                        &field["type"],
-                        &map[name],
-                        &inner_ns,
-                        names,
-                        &format!("{at}.{name}"),
-                    )?;
-                }
-                Ok(())
-            }
+            "record" => conforms_to_record(schema, value, ns, names, at),
             "enum" => {
                 let ns = obj.get("namespace").and_then(Value::as_str).unwrap_or(ns);
                 names.insert(qualify(obj["name"].as_str().unwrap(), ns), schema.clone());
@@ -650,4 +585,75 @@ fn conforms(
         },
         _ => Err(format!("{at}: bad schema {schema}")),
     }
+}
+
+/// A primitive type, or a record or enum named earlier in the schema.
+fn conforms_to_name(
+    type_name: &str,
+    value: &Value,
+    ns: &str,
+    names: &mut BTreeMap<String, Value>,
+    at: &str,
+) -> Result<(), String> {
+    let fits = match type_name {
+        "null" => value.is_null(),
+        "boolean" => value.is_boolean(),
+        "string" => value.is_string(),
+        "int" => value.as_i64().is_some_and(|n| i32::try_from(n).is_ok()),
+        "long" => value.as_i64().is_some(),
+        named => {
+            let full = qualify(named, ns);
+            let def = names
+                .get(&full)
+                .cloned()
+                .ok_or(format!("{at}: unknown type {full}"))?;
+            return conforms(&def, value, ns, names, at);
+        }
+    };
+    fits.then_some(())
+        .ok_or(format!("{at}: expected {type_name}"))
+}
+
+/// A record: every declared field present (examples spell out every field), none other,
+/// each conforming to its type.
+fn conforms_to_record(
+    schema: &Value,
+    value: &Value,
+    ns: &str,
+    names: &mut BTreeMap<String, Value>,
+    at: &str,
+) -> Result<(), String> {
+    let ns = schema
+        .get("namespace")
+        .and_then(Value::as_str)
+        .unwrap_or(ns)
+        .to_owned();
+    let full = qualify(schema["name"].as_str().unwrap(), &ns);
+    names.insert(full.clone(), schema.clone());
+    let inner_ns = full
+        .rsplit_once('.')
+        .map(|(n, _)| n.to_owned())
+        .unwrap_or_default();
+    let map = value
+        .as_object()
+        .ok_or(format!("{at}: expected object for {full}"))?;
+    let fields = schema["fields"].as_array().unwrap();
+    let declared: BTreeSet<&str> = fields.iter().map(|f| f["name"].as_str().unwrap()).collect();
+    let present: BTreeSet<&str> = map.keys().map(String::as_str).collect();
+    if declared != present {
+        return Err(format!(
+            "{at}: {full} fields {declared:?} but example has {present:?} (examples spell out every field)"
+        ));
+    }
+    for field in fields {
+        let name = field["name"].as_str().unwrap();
+        conforms(
+            &field["type"],
+            &map[name],
+            &inner_ns,
+            names,
+            &format!("{at}.{name}"),
+        )?;
+    }
+    Ok(())
 }

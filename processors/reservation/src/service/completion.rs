@@ -188,45 +188,9 @@ fn refunded(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::NaiveDate;
+    use crate::fixture::reservation as row;
     use stocksvr_core::events::StockAfter;
     use stocksvr_core::model::{FencePhase, OpCode};
-
-    fn row(status: ReservationStatus, op: &str) -> Reservation {
-        let t = NaiveDate::from_ymd_opt(2026, 7, 26)
-            .and_then(|d| d.and_hms_opt(12, 0, 0))
-            .expect("valid time");
-        Reservation {
-            id: 100_123_001,
-            order_id: 9,
-            order_item_id: 91,
-            merchant_id: 10_001,
-            dish_id: 90_001,
-            stock_bucket_id: "bucket_10001_90001_20260726".into(),
-            stock_date: t.date(),
-            quantity: 3,
-            refunded_quantity: 0,
-            pending_quantity: 2,
-            order_type: 1,
-            processing_time: None,
-            expire_at: t,
-            status: status.code() as i8,
-            resume_status: Some(ReservationStatus::Confirmed.code() as i8),
-            reject_reason: None,
-            current_operation_id: op.into(),
-            retry_count: 0,
-            next_retry_at: t,
-            last_error: None,
-            sync_status: 10,
-            expected_redis_version: None,
-            synced_redis_version: 0,
-            version: 1,
-            created_at: t,
-            updated_at: t,
-            stale_alerted_at: None,
-            dead: 0,
-        }
-    }
 
     fn result(code: OpCode, available: i64, empty_rollback: bool) -> OpResult {
         OpResult {
