@@ -59,7 +59,8 @@ pub mod topics {
     pub const INVENTORY_LIFECYCLE: &str = "inventory.lifecycle.v1";
 }
 
-/// Fields every event carries ahead of its payload (seed §11.2).
+/// Fields every event carries ahead of its payload (docs/design.md, events, outbox,
+/// inbox, projection).
 ///
 /// `event_type` and `partition_key` repeat what the schema name and the Kafka key already
 /// say; they are kept in the value so that dead letters, JSON dumps and re-publishing from

@@ -1,4 +1,4 @@
-//! Work that should not stay where it is, read from MySQL (seed §15): reservations per
+//! Work that should not stay where it is, read from MySQL (docs/metrics.md): reservations per
 //! intermediate status with the age of the oldest, and the operation WAL's unfinished rows
 //! with the age of the oldest, per action. Dead rows count too: they stay where they are until
 //! an operator retries them, and the age is what tells an on-call for how long.

@@ -77,7 +77,8 @@ fn reservation_fields(r: &Reservation, quantity: u32) -> ReservationFields {
     }
 }
 
-/// The Redis step's effect on the bucket, for the ledger (seed §4.4 delta table).
+/// The Redis step's effect on the bucket, for the ledger (docs/design.md, the fence:
+/// what each step moves).
 pub struct Deltas {
     pub available: i64,
     pub reserved: i64,

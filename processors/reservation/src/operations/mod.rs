@@ -1,8 +1,8 @@
-//! Stock operations without a reservation (seed §4.5, §12): bucket init (daily job and lazy
-//! init), merchant adjustments and the bucket lifecycle OPEN → CLOSED → ARCHIVED. Each goes
-//! WAL → Lua → WAL SUCCEEDED + outbox, so the projector books snapshot and ledger and a crash
-//! at any point leaves a WAL row that [`StockOps::work_once`] resumes with the same operation
-//! id.
+//! Stock operations without a reservation (docs/design.md, the section of that name): bucket init
+//! (daily job and lazy init), merchant adjustments and the bucket lifecycle OPEN → CLOSED →
+//! ARCHIVED. Each goes WAL → Lua → WAL SUCCEEDED + outbox, so the projector books snapshot and
+//! ledger and a crash at any point leaves a WAL row that [`StockOps::work_once`] resumes with the
+//! same operation id.
 //!
 //! Operation ids are deterministic per effect: `op_init_<m>_<d>_<yyyymmdd>_v<baseline>`
 //! (one init per baseline version, so concurrent lazy inits and the daily job converge on one
@@ -276,13 +276,14 @@ impl StockOps {
         self.drive(&op, &owner).await
     }
 
-    /// Lazy initialisation (seed §12.1): a Try found no bucket in Redis. Same WAL row and Lua
-    /// path as the daily job; concurrent first Trys share one row and one execution.
+    /// Lazy initialisation (docs/design.md, daily buckets and their lifecycle): a Try found no
+    /// bucket in Redis. Same WAL row and Lua path as the daily job; concurrent first Trys share one
+    /// row and one execution.
     ///
     /// Only a bucket that never existed is created here. If an init of it succeeded before,
     /// Redis lost the bucket (a flush, a failover without persistence): creating it again
     /// would sell what is already reserved or sold, so the Try fails closed and an operator
-    /// rebuilds it from baseline and ledger (seed §13.3).
+    /// rebuilds it from baseline and ledger (docs/design.md, reconcile, repair, rebuild).
     pub async fn ensure_bucket(&self, b: &Baseline) -> Result<(), OpsError> {
         let flight = {
             let mut flights = self
@@ -377,8 +378,9 @@ impl StockOps {
         }
     }
 
-    /// A merchant's new total (seed §12.3): `available = max(0, total - reserved - sold)`; an
-    /// adjust below what was already accepted records a deficit and never cancels orders.
+    /// A merchant's new total (docs/design.md, adjustments and deficit): `available = max(0, total
+    /// - reserved - sold)`; an adjust below what was already accepted records a deficit and never
+    /// cancels orders.
     pub async fn adjust(&self, bucket: &str, new_total: i64) -> Result<WalView, OpsError> {
         check_total(new_total)?;
         check_ids(bucket)?;

@@ -1,8 +1,8 @@
 //! The reservation service: one type, its configuration and what its operations answer.
 //! The operations live beside it, one concern a file:
 //!
-//! - [`try_path`]: Try (seed §6), idempotent on (order_item_id, dish_id);
-//! - [`intents`]: Confirm, MarkCreated, Cancel and Refund (seed §8, §9), each a CAS into an
+//! - [`try_path`]: Try (docs/design.md, Try), idempotent on (order_item_id, dish_id);
+//! - [`intents`]: Confirm, MarkCreated, Cancel and Refund (docs/design.md), each a CAS into an
 //!   intermediate status followed by its step, and conflict reports;
 //! - [`step`]: running (or resuming) the Redis step of an intermediate status and committing
 //!   its completion: also what the recovery worker calls;

@@ -1,5 +1,5 @@
-//! Try (seed §6): idempotent on (order_item_id, dish_id). A repeat returns the first outcome
-//! (finishing a Try left PREPARING); a CANCELED reservation is never revived.
+//! Try (docs/design.md, Try): idempotent on (order_item_id, dish_id). A repeat returns the first
+//! outcome (finishing a Try left PREPARING); a CANCELED reservation is never revived.
 
 use super::step::Prepared;
 use super::{error_label, ReservationService, TryReply, TryRequest};
@@ -101,7 +101,7 @@ impl ReservationService {
         Ok(())
     }
 
-    /// Try (seed §6): idempotent on (order_item_id, dish_id). A repeat returns the first
+    /// Try: idempotent on (order_item_id, dish_id). A repeat returns the first
     /// outcome (finishing a Try left PREPARING); a CANCELED reservation is never revived.
     #[tracing::instrument(skip_all, fields(order_id = req.order_id, order_item_id = req.order_item_id, dish_id = req.dish_id), err)]
     pub async fn try_reserve(&self, req: &TryRequest) -> Result<TryReply, ServiceError> {
@@ -178,8 +178,8 @@ impl ReservationService {
     }
 
     /// Whether the bucket takes new Trys, judged on its baseline row (an OPEN one kept for
-    /// [`crate::cache::STATIC_TTL`], any other for `try_cache_ttl`: Redis refuses a closed or absent
-    /// bucket itself) and on the list of lost buckets (read at most `try_cache_ttl` ago).
+    /// [`crate::cache::STATIC_TTL`], any other for `try_cache_ttl`: Redis refuses a closed or
+    /// absent bucket itself) and on the list of lost buckets (read at most `try_cache_ttl` ago).
     async fn open_for_trys(&self, bucket_id: &str) -> Result<(), ServiceError> {
         let key = bucket_id.to_string();
         let cached = self
