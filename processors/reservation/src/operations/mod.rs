@@ -378,9 +378,9 @@ impl StockOps {
         }
     }
 
-    /// A merchant's new total (docs/design.md, adjustments and deficit): `available = max(0, total
-    /// - reserved - sold)`; an adjust below what was already accepted records a deficit and never
-    /// cancels orders.
+    /// A merchant's new total (docs/design.md, adjustments and deficit):
+    /// `available = max(0, total - reserved - sold)`; an adjust below what was already accepted
+    /// records a deficit and never cancels orders.
     pub async fn adjust(&self, bucket: &str, new_total: i64) -> Result<WalView, OpsError> {
         check_total(new_total)?;
         check_ids(bucket)?;

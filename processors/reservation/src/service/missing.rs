@@ -62,7 +62,10 @@ impl ReservationService {
         let status = ReservationStatus::Preparing;
         match self.init_bucket(row).await {
             Ok(true) => Ok(Ran::Script(self.call_step(status, keys, row, false).await)),
-            Ok(false) => self.refuse_closed_try(row, keys).await.map(Ran::Settled),
+            Ok(false) => self
+                .refuse_closed_try(row, keys)
+                .await
+                .map(|prepared| Ran::Settled(Box::new(prepared))),
             Err(ServiceError::BucketLost { .. }) => Err(self.try_in_lost_bucket(row, keys).await?),
             Err(e) => {
                 // Counted like any failed step, so recovery backs off and, past its

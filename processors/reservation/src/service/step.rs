@@ -35,7 +35,7 @@ pub(super) enum Ran {
     Script(Result<OpResult, ExecError>),
     /// The missing bucket settled the step itself: a Try refused because its day closed
     /// before its bucket was built.
-    Settled(Prepared),
+    Settled(Box<Prepared>),
 }
 
 impl ReservationService {
@@ -163,7 +163,7 @@ impl ReservationService {
         let result = match self.run_script(status, &keys, &row).await? {
             Ran::Script(Ok(result)) => result,
             Ran::Script(Err(e)) => return Err(self.script_failed(&row, status, e).await?),
-            Ran::Settled(prepared) => return Ok(prepared),
+            Ran::Settled(prepared) => return Ok(*prepared),
         };
         if status == ReservationStatus::Preparing && result.code == OpCode::Fenced {
             metrics::counter!(names::FENCE_HITS, "kind" => "hanging_prevented").increment(1);
@@ -333,9 +333,9 @@ impl ReservationService {
                     status: ReservationStatus::Canceling,
                     reason: format!("reading the op record of its Try: {e}"),
                 })?;
-        if !recorded
+        if recorded
             .as_ref()
-            .is_some_and(|r| r.code == OpCode::Succeeded)
+            .is_none_or(|r| r.code != OpCode::Succeeded)
         {
             tracing::warn!(reservation_id = row.id, operation_id = %try_op, recorded = ?recorded.as_ref().map(|r| r.code), "a Cancel released a Try never booked whose op record is gone or not a success: the Try is booked without its Redis version");
         }
