@@ -281,25 +281,12 @@ pub struct InventoryRefundedData {
 
 // Keyed by the order of the reservation they are about, so the order domain reads an
 // order's events in order.
-macro_rules! keyed_by_reservation_order {
-    ($($data:ident => $kind:ident),+ $(,)?) => {$(
-        impl EventData for $data {
-            fn kind(&self) -> EventKind {
-                EventKind::$kind
-            }
-            fn partition_key(&self) -> String {
-                self.reservation.order_id.to_string()
-            }
-        }
-    )+};
-}
-
-keyed_by_reservation_order! {
-    InventoryReservedData => InventoryReserved,
-    InventoryRejectedData => InventoryRejected,
-    InventoryConfirmedData => InventoryConfirmed,
-    InventoryCanceledData => InventoryCanceled,
-    InventoryRefundedData => InventoryRefunded,
+keyed_by_order! {
+    InventoryReservedData.reservation => InventoryReserved,
+    InventoryRejectedData.reservation => InventoryRejected,
+    InventoryConfirmedData.reservation => InventoryConfirmed,
+    InventoryCanceledData.reservation => InventoryCanceled,
+    InventoryRefundedData.reservation => InventoryRefunded,
 }
 
 /// `io.stocksvr.inventory.InventoryOperationDeadData`: recovery gave up and a human must look.

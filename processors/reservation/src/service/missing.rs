@@ -71,14 +71,7 @@ impl ReservationService {
                 // Counted like any failed step, so recovery backs off and, past its
                 // bound, marks the row dead and alerts instead of retrying for ever.
                 if !matches!(e, ServiceError::Mysql(_)) {
-                    repo::record_failure(
-                        &self.pool,
-                        row.id,
-                        status,
-                        &e.to_string(),
-                        self.retry_delay(row.retry_count),
-                    )
-                    .await?;
+                    self.count_failure(row, status, &e.to_string()).await?;
                 }
                 Err(e)
             }
@@ -104,14 +97,7 @@ impl ReservationService {
             };
             // Held by another copy (the worker books it from the Try's op record) or not
             // written: the row stays PREPARING for the worker.
-            repo::record_failure(
-                &self.pool,
-                row.id,
-                status,
-                &reason,
-                self.retry_delay(row.retry_count),
-            )
-            .await?;
+            self.count_failure(row, status, &reason).await?;
             return Err(ServiceError::OutcomeUnknown {
                 reservation_id: row.id,
                 status,

@@ -210,6 +210,25 @@ impl ReservationService {
         }
     }
 
+    /// Counts a failed attempt of `status`'s step on the row, with `reason`: the recovery
+    /// worker retries it after a backoff and, past its bound, marks it dead and alerts.
+    pub(super) async fn count_failure(
+        &self,
+        row: &Reservation,
+        status: ReservationStatus,
+        reason: &str,
+    ) -> Result<(), ServiceError> {
+        repo::record_failure(
+            &self.pool,
+            row.id,
+            status,
+            reason,
+            self.retry_delay(row.retry_count),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// A script call that failed is counted on the row, so recovery backs off and, past its
     /// bound, marks the row dead and alerts; the caller hears an unknown outcome (the script
     /// may have run) or an inconsistency (it refused).
@@ -219,14 +238,7 @@ impl ReservationService {
         status: ReservationStatus,
         e: ExecError,
     ) -> Result<ServiceError, ServiceError> {
-        repo::record_failure(
-            &self.pool,
-            row.id,
-            status,
-            &e.to_string(),
-            self.retry_delay(row.retry_count),
-        )
-        .await?;
+        self.count_failure(row, status, &e.to_string()).await?;
         Ok(if e.is_unknown() {
             ServiceError::OutcomeUnknown {
                 reservation_id: row.id,
@@ -278,14 +290,7 @@ impl ReservationService {
                 outbox: Vec::new(),
             })),
             Next::Inconsistent { reason } => {
-                repo::record_failure(
-                    &self.pool,
-                    row.id,
-                    status,
-                    reason,
-                    self.retry_delay(row.retry_count),
-                )
-                .await?;
+                self.count_failure(row, status, reason).await?;
                 tracing::error!(
                     reservation_id = row.id,
                     reason,
