@@ -6,6 +6,7 @@ use super::*;
 use stocksvr_core::codes::WalEffect;
 use stocksvr_core::retry::{self, RetryPolicy};
 use stocksvr_pipeline::periodic::{self, Cadence, Round};
+use stocksvr_store::outbox::NewOutbox;
 use stocksvr_telemetry::names;
 
 /// How often a caller re-reads a row another worker executes while it waits for the result.
@@ -355,36 +356,7 @@ impl StockOps {
                 done(outbox, None, json!({ "effect": effect.name() }))
             }
             (WalAction::Adjust, OpCode::Succeeded) => {
-                let old_total = request
-                    .get("old_total")
-                    .and_then(|v| v.as_i64())
-                    .unwrap_or(0);
-                let new_total = request
-                    .get("new_total")
-                    .and_then(|v| v.as_i64())
-                    .unwrap_or(result.after.total);
-                let version = request
-                    .get("baseline_version")
-                    .and_then(|v| v.as_u64())
-                    .unwrap_or(baseline.baseline_version);
-                // Adjust moves neither reserved nor sold, so what was available before follows
-                // from the total before (the previous adjust's or the init's).
-                let committed = result.after.reserved + result.after.sold;
-                let available_delta = result.after.available - (old_total - committed).max(0);
-                if result.deficit > 0 && !result.replayed {
-                    metrics::counter!(names::BUCKET_DEFICIT).increment(1);
-                    tracing::error!(bucket = %row.stock_bucket_id, operation_id = op, new_total, committed, deficit = result.deficit, "adjust below accepted orders: available is 0 and a deficit is recorded; accepted orders stand");
-                }
-                let event = outbox::baseline_adjusted(&Adjusted {
-                    wal_id: row.id,
-                    operation_id: op,
-                    baseline,
-                    baseline_version: version,
-                    old_total,
-                    new_total,
-                    available_delta,
-                    result,
-                });
+                let (event, old_total) = adjusted(row, baseline, request, result);
                 done(vec![event], None, json!({ "old_total": old_total }))
             }
             // Not in Redis and no init pending: the baseline carries the new total, and the
@@ -450,6 +422,47 @@ impl StockOps {
         }
         Ok(report)
     }
+}
+
+/// The StockBaselineAdjusted event of an adjust that applied, and the total it replaced.
+fn adjusted(
+    row: &WalRow,
+    baseline: &Baseline,
+    request: &serde_json::Value,
+    result: &OpResult,
+) -> (NewOutbox, i64) {
+    let op = row.operation_id.as_str();
+    let old_total = request
+        .get("old_total")
+        .and_then(|v| v.as_i64())
+        .unwrap_or(0);
+    let new_total = request
+        .get("new_total")
+        .and_then(|v| v.as_i64())
+        .unwrap_or(result.after.total);
+    let version = request
+        .get("baseline_version")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(baseline.baseline_version);
+    // Adjust moves neither reserved nor sold, so what was available before follows from the
+    // total before (the previous adjust's or the init's).
+    let committed = result.after.reserved + result.after.sold;
+    let available_delta = result.after.available - (old_total - committed).max(0);
+    if result.deficit > 0 && !result.replayed {
+        metrics::counter!(names::BUCKET_DEFICIT).increment(1);
+        tracing::error!(bucket = %row.stock_bucket_id, operation_id = op, new_total, committed, deficit = result.deficit, "adjust below accepted orders: available is 0 and a deficit is recorded; accepted orders stand");
+    }
+    let event = outbox::baseline_adjusted(&Adjusted {
+        wal_id: row.id,
+        operation_id: op,
+        baseline,
+        baseline_version: version,
+        old_total,
+        new_total,
+        available_delta,
+        result,
+    });
+    (event, old_total)
 }
 
 /// The result payload of a WAL row: the script's outcome and the numbers it left, plus
