@@ -320,6 +320,13 @@ impl AsRef<StockOps> for ReservationService {
     }
 }
 
+/// The service's MySQL pool, for the gauges.
+impl AsRef<MySqlPool> for ReservationService {
+    fn as_ref(&self) -> &MySqlPool {
+        &self.pool
+    }
+}
+
 /// The `outcome` label of a failed operation.
 fn error_label(e: &ServiceError) -> &'static str {
     match e {
