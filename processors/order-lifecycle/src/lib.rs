@@ -461,8 +461,9 @@ impl OrderLifecycle {
 }
 
 /// Handled as a [`stocksvr_pipeline::consumer::RecordHandler`] would be (an order's events
-/// in partition order, `CONCURRENT_ORDERS` orders at once), after one inbox query and one
-/// parked-events query for the whole batch.
+/// in partition order, `CONCURRENT_ORDERS` orders at once), after the batch's records are
+/// decoded once and one inbox query, one parked-events query and one read of the batch's
+/// orders' reservations are made for the whole batch (see `batch`).
 impl Handler for OrderLifecycle {
     fn handle<'a>(
         &'a self,
