@@ -4,6 +4,7 @@
 //! recovery) compute their `next_retry_at` with it; in-process retries and waits use it
 //! through [`crate::retry`].
 
+use chrono::TimeDelta;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
@@ -29,6 +30,13 @@ pub fn jitter() -> f64 {
 /// [`delay`] with fresh jitter.
 pub fn jittered(retry_count: u32, initial: Duration, max: Duration) -> Duration {
     delay(retry_count, initial, max, jitter())
+}
+
+/// [`jittered`] over chrono durations, which is what a persisted retry adds to the time it
+/// writes into `next_retry_at`; a delay chrono cannot hold becomes `max`.
+pub fn jittered_delta(retry_count: u32, initial: TimeDelta, max: TimeDelta) -> TimeDelta {
+    let std = |d: TimeDelta| d.to_std().unwrap_or_default();
+    TimeDelta::from_std(jittered(retry_count, std(initial), std(max))).unwrap_or(max)
 }
 
 #[cfg(test)]
@@ -59,5 +67,13 @@ mod tests {
         }
         let shortest = delay(20, s, cap, 0.999_999);
         assert!(shortest >= Duration::from_secs(240) && shortest < cap);
+    }
+
+    #[test]
+    fn the_chrono_delay_follows_the_same_rule() {
+        let (s, cap) = (TimeDelta::seconds(1), TimeDelta::seconds(300));
+        let d = jittered_delta(3, s, cap);
+        assert!(d <= TimeDelta::seconds(8) && d >= TimeDelta::milliseconds(6400));
+        assert!(jittered_delta(u32::MAX, s, cap) <= cap);
     }
 }

@@ -418,8 +418,8 @@ name_codes! {
 }
 
 name_codes! {
-    /// `inventory_operation_wal.result_payload` `$.effect` of a repair or rebuild: what the
-    /// step did, read back by the reconciler and the operator views.
+    /// `inventory_operation_wal.result_payload` `$.effect` of an init, a repair or a rebuild:
+    /// what the step did, read back by the reconciler and the operator views.
     pub enum WalEffect in "inventory_operation_wal.result_payload.effect" {
         /// The repair script moved the numbers to the target at the expected version.
         Repaired => "REPAIRED",
@@ -428,6 +428,23 @@ name_codes! {
         BucketMissing => "BUCKET_MISSING",
         /// A lost bucket was recreated from MySQL.
         Rebuilt => "REBUILT",
+        /// An init created the bucket in Redis (the reconciler counts only these as built).
+        Initialized => "INITIALIZED",
+        /// An init found the bucket already there: nothing created, nothing booked.
+        Unchanged => "UNCHANGED",
+    }
+}
+
+name_codes! {
+    /// `inventory_reservation.reject_reason`: why a Try was REJECTED, also the
+    /// InventoryRejected event's `reason_code`.
+    pub enum RejectReason in "inventory_reservation.reject_reason" {
+        /// Redis had fewer units available than the Try asked for.
+        InsufficientStock => "INSUFFICIENT_STOCK",
+        /// The bucket's day was closed for new Trys before the Try ran.
+        BucketClosed => "BUCKET_CLOSED",
+        /// The order failed (OrderCreatedFailed) before its Try reached MySQL.
+        OrderFailed => "ORDER_FAILED",
     }
 }
 
@@ -465,6 +482,7 @@ mod tests {
         round_trips::<OpCode>();
         round_trips::<FencePhase>();
         round_trips::<WalEffect>();
+        round_trips::<RejectReason>();
     }
 
     #[test]

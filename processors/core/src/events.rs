@@ -17,14 +17,15 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 // Most payloads are keyed by one of their own fields; these spell that out once.
+// `Data.part => Kind` keys by `part`'s `order_id` (the reservation a lifecycle event is about).
 macro_rules! keyed_by_order {
-    ($($data:ident => $kind:ident),+ $(,)?) => {$(
+    ($($data:ident $(.$part:ident)* => $kind:ident),+ $(,)?) => {$(
         impl EventData for $data {
             fn kind(&self) -> EventKind {
                 EventKind::$kind
             }
             fn partition_key(&self) -> String {
-                self.order_id.to_string()
+                self$(.$part)*.order_id.to_string()
             }
         }
     )+};
@@ -59,7 +60,8 @@ pub mod topics {
     pub const INVENTORY_LIFECYCLE: &str = "inventory.lifecycle.v1";
 }
 
-/// Fields every event carries ahead of its payload (seed §11.2).
+/// Fields every event carries ahead of its payload (docs/design.md, events, outbox,
+/// inbox, projection).
 ///
 /// `event_type` and `partition_key` repeat what the schema name and the Kafka key already
 /// say; they are kept in the value so that dead letters, JSON dumps and re-publishing from

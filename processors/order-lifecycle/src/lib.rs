@@ -17,16 +17,19 @@
 //! or by the re-driver with backoff. Only an event that can never apply is dead-lettered; a
 //! conflicting one (Confirm after Cancel) is reported to the order domain and not retried.
 
+mod batch;
 #[cfg(test)]
 mod decode_fuzz;
 mod plan;
 
 pub use plan::{plan, Known, Op, OrderEvent};
 
+use batch::{usable_batch_rows, BatchState};
+use chrono::TimeDelta;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_core::events::{topics, EventKind};
 use stocksvr_core::reservation::ReservationStatus;
@@ -35,7 +38,7 @@ use stocksvr_pipeline::consumer::{
     self, Applied, Dependency, Failure, Handler, LoopConfig, Record,
 };
 use stocksvr_pipeline::periodic::{self, Cadence, Round};
-use stocksvr_reservation::{Coalescer, IntentOutcome, ReservationService, ServiceError};
+use stocksvr_reservation::{Coalescer, IntentOutcome, ReservationService, ServiceError, Target};
 use stocksvr_store::order_events::{self, DeferredStatus, NewDeferred};
 use stocksvr_store::reservations::Reservation;
 use stocksvr_store::wheel::TimeWheel;
@@ -69,9 +72,9 @@ pub fn group_name(kafka: &KafkaSettings) -> String {
 }
 
 /// First delay before a parked event is tried again by the re-driver; doubles per attempt.
-const FIRST_RETRY: Duration = Duration::from_secs(1);
+const FIRST_RETRY: TimeDelta = TimeDelta::seconds(1);
 /// Longest delay between two re-drives of a parked event.
-const MAX_RETRY: Duration = Duration::from_secs(300);
+const MAX_RETRY: TimeDelta = TimeDelta::seconds(300);
 
 pub struct OrderLifecycle {
     service: Arc<ReservationService>,
@@ -86,71 +89,6 @@ pub struct OrderLifecycle {
     /// recovery worker) a moment later, and a re-driver backed off to its longest sleep
     /// would leave the event parked for up to that long after nothing held it any more.
     parked: Notify,
-}
-
-/// What the handler reads once for a whole batch instead of once per event. Both sets only
-/// ever grow during the batch from what this handler itself writes (an order's events are
-/// all handled here, one after another), so they answer as the per-event queries would.
-struct BatchState {
-    /// Inbox keys of the batch's events handled before, and of those handled since.
-    handled: Mutex<HashSet<String>>,
-    /// The batch's orders with parked events, and those parked since.
-    parked: Mutex<HashSet<u64>>,
-    /// The reservations of the batch's orders as read with the batch, for each order's first
-    /// event (taken by it): one read for the batch instead of one per order. Its later events
-    /// read their rows again, as the first may have moved them.
-    rows: Mutex<HashMap<u64, Vec<Reservation>>>,
-}
-
-impl BatchState {
-    fn handled(&self, event_id: &str) -> bool {
-        lock(&self.handled).contains(&order_events::inbox_key(event_id))
-    }
-
-    fn note_handled(&self, event_id: &str) {
-        lock(&self.handled).insert(order_events::inbox_key(event_id));
-    }
-
-    fn has_parked(&self, order_id: u64) -> bool {
-        lock(&self.parked).contains(&order_id)
-    }
-
-    fn note_parked(&self, order_id: u64) {
-        lock(&self.parked).insert(order_id);
-    }
-
-    fn take_rows(&self, order_id: u64) -> Option<Vec<Reservation>> {
-        lock(&self.rows).remove(&order_id)
-    }
-}
-
-/// The rows an event is decided on from the batch's read (`read`, None when another event
-/// of the order took them), or None when they must be read again ([`batch_read_usable`]).
-fn usable_batch_rows<T>(
-    read: Option<Vec<T>>,
-    status: impl Fn(&T) -> Option<ReservationStatus>,
-) -> Option<Vec<T>> {
-    read.filter(|rows| batch_read_usable(rows.iter().map(status)))
-}
-
-/// Whether an order's rows as the batch read them (their statuses) may be decided on: not
-/// when there were none yet, nor while a Try was still PREPARING (its RESERVED may have
-/// landed since, and deciding on the old row would park the event for nothing).
-fn batch_read_usable(statuses: impl IntoIterator<Item = Option<ReservationStatus>>) -> bool {
-    let mut any = false;
-    for status in statuses {
-        if status == Some(ReservationStatus::Preparing) {
-            return false;
-        }
-        any = true;
-    }
-    any
-}
-
-/// The sets are only touched between awaits, so a poisoned lock (a panic in another order's
-/// task, which fails the batch anyway) still holds consistent data.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What applying one event came to.
@@ -223,52 +161,9 @@ impl OrderLifecycle {
         Ok(event)
     }
 
-    fn order_id(event: &OrderEvent) -> Result<u64, Failure> {
+    pub(crate) fn order_id(event: &OrderEvent) -> Result<u64, Failure> {
         stocksvr_core::ids::check_id(u64::try_from(event.order_id()).unwrap_or(0))
             .map_err(|e| Failure::Invalid(format!("order_id {}: {e}", event.order_id())))
-    }
-
-    /// Reads what the batch's records need from the inbox, the parked events and the
-    /// reservations, in one query each, at once.
-    async fn prepare(&self, batch: &[Record]) -> Result<BatchState, Failure> {
-        let mut event_ids = Vec::with_capacity(batch.len());
-        let mut orders = Vec::with_capacity(batch.len());
-        for record in batch {
-            // An undecodable record is judged (dead-lettered) when its turn comes.
-            if let Ok(event) = Self::decode(record) {
-                if let Ok(order_id) = Self::order_id(&event) {
-                    event_ids.push(event.event_id().to_string());
-                    orders.push(order_id);
-                }
-            }
-        }
-        orders.sort_unstable();
-        orders.dedup();
-        let pool = self.service.pool();
-        let ids: Vec<&str> = event_ids.iter().map(String::as_str).collect();
-        let (handled, parked, rows) = futures::try_join!(
-            async {
-                order_events::handled_many(pool, &ids, &self.group)
-                    .await
-                    .map_err(|e| Failure::from_sqlx(&e))
-            },
-            async {
-                order_events::orders_waiting(pool, &self.group, &orders)
-                    .await
-                    .map_err(|e| Failure::from_sqlx(&e))
-            },
-            async {
-                self.service
-                    .list_orders(&orders)
-                    .await
-                    .map_err(|e| e.failure())
-            },
-        )?;
-        Ok(BatchState {
-            handled: Mutex::new(handled),
-            parked: Mutex::new(parked),
-            rows: Mutex::new(rows),
-        })
     }
 
     /// Records `event_id` in the inbox, in a group with the other orders' events in flight.
@@ -292,8 +187,8 @@ impl OrderLifecycle {
     }
 
     #[tracing::instrument(skip_all, fields(topic = record.topic(), partition = record.partition(), offset = record.offset(), event = %record.event.full_name, event_id, order_id))]
-    async fn one(&self, record: &Record, batch: &BatchState) -> Result<Applied, Failure> {
-        let event = Self::decode(record)?;
+    async fn one(&self, record: &Record, batch: &BatchState<'_>) -> Result<Applied, Failure> {
+        let event = batch.take_event(record)?;
         let span = tracing::Span::current();
         span.record("event_id", event.event_id());
         span.record("order_id", event.order_id());
@@ -320,7 +215,7 @@ impl OrderLifecycle {
                         offset: record.offset(),
                         event: &event.to_json(),
                         waiting_for: &waiting_for,
-                        first_retry: chrono::TimeDelta::from_std(FIRST_RETRY).unwrap_or_default(),
+                        first_retry: FIRST_RETRY,
                     },
                 )
                 .await
@@ -399,28 +294,25 @@ impl OrderLifecycle {
             }
             // The reservations of one order are independent of each other: their steps run
             // at once, so they also share the step groups. Confirm and MarkCreated decide
-            // first on the rows just read (a lost CAS reads them again).
+            // first on the rows just read (a lost CAS reads them again); a Cancel or a Refund
+            // reads its row afresh.
             _ => {
                 futures::future::join_all(ops.into_iter().map(|(id, op)| {
-                    let row = read.remove(&id);
+                    let target = match (&op, read.remove(&id)) {
+                        (Op::Confirm | Op::MarkCreated, Some(row)) => Target::from(row),
+                        _ => Target::Id(id),
+                    };
                     async move {
-                        let result = match (&op, row) {
-                            (Op::Confirm, Some(row)) => self.service.confirm_read(row).await,
-                            (Op::Confirm, None) => self.service.confirm(id).await,
-                            (Op::MarkCreated, Some(row)) => {
-                                self.service.mark_created_read(row).await
-                            }
-                            (Op::MarkCreated, None) => self.service.mark_created(id).await,
-                            (Op::Cancel, _) => self.service.cancel(id).await,
-                            (
-                                Op::Refund {
-                                    refund_id,
-                                    quantity,
-                                },
-                                _,
-                            ) => {
+                        let result = match &op {
+                            Op::Confirm => self.service.confirm(target).await,
+                            Op::MarkCreated => self.service.mark_created(target).await,
+                            Op::Cancel => self.service.cancel(target).await,
+                            Op::Refund {
+                                refund_id,
+                                quantity,
+                            } => {
                                 self.service
-                                    .refund(id, refund_id.as_deref(), *quantity)
+                                    .refund(target, refund_id.as_deref(), *quantity)
                                     .await
                             }
                         };
@@ -528,15 +420,10 @@ impl OrderLifecycle {
                 }
                 Outcome::Wait(waiting_for) => {
                     let delay =
-                        stocksvr_core::backoff::jittered(d.attempts, FIRST_RETRY, MAX_RETRY);
-                    order_events::retry_later(
-                        pool,
-                        d.id,
-                        chrono::TimeDelta::from_std(delay).unwrap_or_default(),
-                        &waiting_for,
-                    )
-                    .await
-                    .map_err(|e| Failure::from_sqlx(&e))?;
+                        stocksvr_core::backoff::jittered_delta(d.attempts, FIRST_RETRY, MAX_RETRY);
+                    order_events::retry_later(pool, d.id, delay, &waiting_for)
+                        .await
+                        .map_err(|e| Failure::from_sqlx(&e))?;
                 }
             }
         }
@@ -574,15 +461,16 @@ impl OrderLifecycle {
 }
 
 /// Handled as a [`stocksvr_pipeline::consumer::RecordHandler`] would be (an order's events
-/// in partition order, `CONCURRENT_ORDERS` orders at once), after one inbox query and one
-/// parked-events query for the whole batch.
+/// in partition order, `CONCURRENT_ORDERS` orders at once), after the batch's records are
+/// decoded once and one inbox query, one parked-events query and one read of the batch's
+/// orders' reservations are made for the whole batch (see `batch`).
 impl Handler for OrderLifecycle {
     fn handle<'a>(
         &'a self,
         batch: &'a [Record],
     ) -> BoxFuture<'a, Result<Vec<Result<Applied, Failure>>, Failure>> {
         async move {
-            let state = self.prepare(batch).await?;
+            let state = BatchState::read(batch, &self.service, &self.group).await?;
             let state = &state;
             Ok(consumer::by_key(batch, CONCURRENT_ORDERS, |record| self.one(record, state)).await)
         }
@@ -642,56 +530,4 @@ pub async fn arm_created(wheel: &TimeWheel, reservation: &Reservation) {
     };
     metrics::counter!(names::SCHEDULE_ARMED, "source" => "order_created", "outcome" => outcome)
         .increment(1);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_order_decides_on_the_batch_read_only_with_rows_and_none_preparing() {
-        use ReservationStatus::*;
-        assert!(!batch_read_usable([]), "no row yet: read again");
-        assert!(batch_read_usable([Some(Reserved)]));
-        assert!(batch_read_usable([
-            Some(Reserved),
-            Some(CreatedReserved),
-            Some(Confirmed)
-        ]));
-        assert!(!batch_read_usable([Some(Reserved), Some(Preparing)]));
-        assert!(!batch_read_usable([Some(Preparing)]));
-    }
-
-    #[test]
-    fn an_event_reads_again_unless_the_batch_read_rows_none_preparing() {
-        use ReservationStatus::*;
-        let status = |s: &ReservationStatus| Some(*s);
-        assert_eq!(
-            usable_batch_rows(Some(vec![Reserved, Confirmed]), status),
-            Some(vec![Reserved, Confirmed])
-        );
-        assert_eq!(
-            usable_batch_rows(Some(vec![Reserved, Preparing]), status),
-            None
-        );
-        assert_eq!(usable_batch_rows(Some(Vec::new()), status), None);
-        assert_eq!(
-            usable_batch_rows(None, status),
-            None,
-            "taken by another event"
-        );
-    }
-
-    #[test]
-    fn only_the_first_event_of_an_order_takes_the_rows_the_batch_read() {
-        let state = BatchState {
-            handled: Mutex::new(HashSet::new()),
-            parked: Mutex::new(HashSet::new()),
-            rows: Mutex::new(HashMap::from([(7, Vec::new()), (8, Vec::new())])),
-        };
-        assert!(state.take_rows(7).is_some());
-        assert!(state.take_rows(7).is_none(), "a later event reads afresh");
-        assert!(state.take_rows(8).is_some(), "another order keeps its own");
-        assert!(state.take_rows(9).is_none());
-    }
 }

@@ -114,6 +114,35 @@ pub fn plan(
     event: &OrderEvent,
     reservations: &HashMap<u64, Known>,
 ) -> Result<Vec<(u64, Op)>, String> {
+    let listed = listed(event, reservations)?;
+    match event {
+        OrderEvent::Created(e) => created(e, &listed),
+        OrderEvent::CreatedFailed(_) => {
+            let mut all: Vec<u64> = reservations.keys().copied().collect();
+            all.sort_unstable();
+            Ok(all.into_iter().map(|id| (id, Op::Cancel)).collect())
+        }
+        OrderEvent::Canceled(_) => Ok(listed
+            .into_iter()
+            .map(|(id, _)| {
+                (
+                    id,
+                    Op::Refund {
+                        refund_id: None,
+                        quantity: None,
+                    },
+                )
+            })
+            .collect()),
+        OrderEvent::RefundRequested(e) => refund_requested(e),
+    }
+}
+
+/// The reservations the event names, each checked to belong to the order and its merchant.
+fn listed(
+    event: &OrderEvent,
+    reservations: &HashMap<u64, Known>,
+) -> Result<Vec<(u64, Known)>, String> {
     let (merchant_id, listed): (i64, Vec<i64>) = match event {
         OrderEvent::Created(e) => (e.data.merchant_id, e.data.inventory_reservation_ids.clone()),
         OrderEvent::CreatedFailed(e) => {
@@ -145,75 +174,65 @@ pub fn plan(
         }
         ids.push((id, *known));
     }
-    match event {
-        OrderEvent::Created(e) => {
-            if ids.is_empty() {
+    Ok(ids)
+}
+
+/// OrderCreated confirms an instant order's reservations and parks a scheduled one's; each
+/// must have been reserved as the order type the event says.
+fn created(
+    e: &Envelope<OrderCreatedData>,
+    listed: &[(u64, Known)],
+) -> Result<Vec<(u64, Op)>, String> {
+    if listed.is_empty() {
+        return Err(format!(
+            "OrderCreated for order {} names no reservation",
+            e.data.order_id
+        ));
+    }
+    listed
+        .iter()
+        .map(|(id, known)| {
+            if known.order_type != e.data.order_type {
                 return Err(format!(
-                    "OrderCreated for order {order_id} names no reservation"
+                    "reservation {id} was reserved as {} but OrderCreated says {}",
+                    known.order_type, e.data.order_type
                 ));
             }
-            ids.iter()
-                .map(|(id, known)| {
-                    if known.order_type != e.data.order_type {
-                        return Err(format!(
-                            "reservation {id} was reserved as {} but OrderCreated says {}",
-                            known.order_type, e.data.order_type
-                        ));
-                    }
-                    Ok((
-                        *id,
-                        match e.data.order_type {
-                            OrderType::Instant => Op::Confirm,
-                            OrderType::Scheduled => Op::MarkCreated,
-                        },
-                    ))
-                })
-                .collect()
-        }
-        OrderEvent::CreatedFailed(_) => {
-            let mut all: Vec<u64> = reservations.keys().copied().collect();
-            all.sort_unstable();
-            Ok(all.into_iter().map(|id| (id, Op::Cancel)).collect())
-        }
-        OrderEvent::Canceled(_) => Ok(ids
-            .into_iter()
-            .map(|(id, _)| {
-                (
-                    id,
-                    Op::Refund {
-                        refund_id: None,
-                        quantity: None,
-                    },
-                )
-            })
-            .collect()),
-        OrderEvent::RefundRequested(e) => {
-            if e.data.refund_id.is_empty() {
-                return Err("RefundRequested has an empty refund_id".into());
-            }
-            e.data
-                .items
-                .iter()
-                .map(|item| {
-                    let quantity = u32::try_from(item.quantity)
-                        .ok()
-                        .filter(|q| *q > 0)
-                        .ok_or_else(|| {
-                            format!("refund quantity {} must be positive", item.quantity)
-                        })?;
-                    Ok((
-                        item.inventory_reservation_id as u64,
-                        Op::Refund {
-                            // One refund id covers several items; each reservation is its own
-                            // refund, so the key is per (refund, reservation) by construction.
-                            refund_id: Some(e.data.refund_id.clone()),
-                            quantity: Some(quantity),
-                        },
-                    ))
-                })
-                .collect()
-        }
+            Ok((
+                *id,
+                match e.data.order_type {
+                    OrderType::Instant => Op::Confirm,
+                    OrderType::Scheduled => Op::MarkCreated,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// RefundRequested refunds each item's quantity under the request's refund id.
+fn refund_requested(e: &Envelope<RefundRequestedData>) -> Result<Vec<(u64, Op)>, String> {
+    if e.data.refund_id.is_empty() {
+        return Err("RefundRequested has an empty refund_id".into());
     }
+    e.data
+        .items
+        .iter()
+        .map(|item| {
+            let quantity = u32::try_from(item.quantity)
+                .ok()
+                .filter(|q| *q > 0)
+                .ok_or_else(|| format!("refund quantity {} must be positive", item.quantity))?;
+            Ok((
+                item.inventory_reservation_id as u64,
+                Op::Refund {
+                    // One refund id covers several items; each reservation is its own
+                    // refund, so the key is per (refund, reservation) by construction.
+                    refund_id: Some(e.data.refund_id.clone()),
+                    quantity: Some(quantity),
+                },
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]

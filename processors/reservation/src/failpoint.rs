@@ -1,5 +1,6 @@
-//! The crash points of the reservation service, one per failure window of seed §10.2, and
-//! how an injected crash surfaces. Inert outside test builds (see `stocksvr-failpoint`).
+//! The crash points of the reservation service, one per failure window (docs/design.md,
+//! failure windows), and how an injected crash surfaces. Inert outside test builds (see
+//! `stocksvr-failpoint`).
 //!
 //! Point names are `<step>.<place>`, step being `try`, `confirm`, `cancel` or `refund` (a
 //! partial refund is a `refund`):

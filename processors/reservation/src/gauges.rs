@@ -1,4 +1,4 @@
-//! Work that should not stay where it is, read from MySQL (seed §15): reservations per
+//! Work that should not stay where it is, read from MySQL (docs/metrics.md): reservations per
 //! intermediate status with the age of the oldest, and the operation WAL's unfinished rows
 //! with the age of the oldest, per action. Dead rows count too: they stay where they are until
 //! an operator retries them, and the age is what tells an on-call for how long.
@@ -10,8 +10,9 @@
 //! Ages use the clock the rows were written with (the services write `Utc::now()`), not the
 //! database's, so a MariaDB in another time zone cannot shift them.
 
-use crate::{ReservationService, ServiceError};
+use crate::ServiceError;
 use chrono::{NaiveDateTime, Utc};
+use sqlx::MySqlPool;
 use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_core::reservation::ReservationStatus;
@@ -167,10 +168,11 @@ pub async fn refresh_wal(pool: &sqlx::MySqlPool) -> Result<Vec<Backlog>, sqlx::E
     Ok(gauges)
 }
 
-/// Refreshes the reservation gauges every `every` until `stop`. A failed read keeps the
-/// last values (logged); nothing here is fatal.
-pub async fn run(
-    service: Arc<ReservationService>,
+/// Refreshes the reservation gauges every `every` until `stop`, read through the MySQL pool
+/// `source` holds (the reservation service's). A failed read keeps the last values (logged);
+/// nothing here is fatal.
+pub async fn run<S: AsRef<MySqlPool>>(
+    source: Arc<S>,
     every: Duration,
     stop: watch::Receiver<bool>,
 ) -> Result<(), ServiceError> {
@@ -180,7 +182,7 @@ pub async fn run(
         None,
         stop,
         || async {
-            if let Err(e) = refresh_intermediate(service.pool()).await {
+            if let Err(e) = refresh_intermediate((*source).as_ref()).await {
                 tracing::warn!(error = %e, "reading the intermediate reservations failed");
                 return Ok(Round::Failed);
             }

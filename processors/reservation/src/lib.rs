@@ -1,15 +1,19 @@
-//! The reservation service (seed §2, §6, §8, §9, §10): Try, Confirm, Cancel and Refund as
-//! library operations with one set of guarantees, used by the HTTP Try API, the order
+//! The reservation service (docs/design.md, flows and failure windows): Try, Confirm, Cancel and
+//! Refund as library operations with one set of guarantees, used by the HTTP Try API, the order
 //! processors and the recovery worker alike.
 //!
-//! Every operation follows the same shape: read the row, [`decide`](stocksvr_core::reservation::decide)
-//! what the intent means in its status, CAS into the intermediate status with the step's
-//! operation id, run the Lua step, and complete with one MySQL transaction (status CAS +
-//! outbox rows). A crash or an UNKNOWN Redis outcome anywhere leaves a persisted intermediate
-//! status that [`ReservationService::resume`] continues with the same operation id.
+//! Every operation follows the same shape: read the row,
+//! [`decide`](stocksvr_core::reservation::decide) what the intent means in its status, CAS into the
+//! intermediate status with the step's operation id, run the Lua step, and complete with one MySQL
+//! transaction (status CAS + outbox rows). A crash or an UNKNOWN Redis outcome anywhere leaves a
+//! persisted intermediate status that [`ReservationService::resume`] continues with the same
+//! operation id.
 
+pub mod cache;
 mod error;
 mod failpoint;
+#[cfg(test)]
+mod fixture;
 pub mod gauges;
 pub mod operations;
 mod outbox;
@@ -26,5 +30,6 @@ pub use operations::{OpsConfig, OpsError, StockOps};
 /// inbox, say).
 pub use service::group::Coalescer;
 pub use service::{
-    IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest, REJECTED_ORDER_FAILED,
+    IntentOutcome, ReservationService, ServiceConfig, Target, TryReply, TryRequest,
+    REJECTED_ORDER_FAILED,
 };

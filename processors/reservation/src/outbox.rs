@@ -7,8 +7,8 @@ use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
 use stocksvr_core::events::{
     Envelope, EventData, InventoryCanceledData, InventoryConfirmedData, InventoryOperationDeadData,
-    InventoryRefundedData, InventoryRejectedData, InventoryReservedData, OrderType, StockAction,
-    StockBaselineAdjustedData, StockBucketInitializedData, StockBucketRebuiltData,
+    InventoryRefundedData, InventoryRejectedData, InventoryReservedData, ReservationFields,
+    StockAction, StockBaselineAdjustedData, StockBucketInitializedData, StockBucketRebuiltData,
     StockBucketRepairedData, StockChangeData, StockNumbers,
 };
 use stocksvr_core::model::OpResult;
@@ -63,15 +63,22 @@ fn row<D: EventData + Serialize>(aggregate_id: u64, operation_id: &str, data: D)
     }
 }
 
-fn order_type(r: &Reservation) -> OrderType {
-    if r.order_type == 2 {
-        OrderType::Scheduled
-    } else {
-        OrderType::Instant
+/// The reservation fields every event about `r` carries, for `quantity` units.
+fn reservation_fields(r: &Reservation, quantity: u32) -> ReservationFields {
+    ReservationFields {
+        order_id: r.order_id as i64,
+        order_item_id: r.order_item_id as i64,
+        reservation_id: r.id as i64,
+        merchant_id: r.merchant_id as i64,
+        dish_id: r.dish_id as i64,
+        stock_bucket_id: r.stock_bucket_id.clone(),
+        stock_date: r.stock_date.to_string(),
+        quantity: quantity as i32,
     }
 }
 
-/// The Redis step's effect on the bucket, for the ledger (seed §4.4 delta table).
+/// The Redis step's effect on the bucket, for the ledger (docs/design.md, the fence:
+/// what each step moves).
 pub struct Deltas {
     pub available: i64,
     pub reserved: i64,
@@ -88,19 +95,31 @@ pub fn stock_change(
     result: &OpResult,
     refund_id: Option<&str>,
 ) -> NewOutbox {
+    // The projector's payload stays flat (it decodes every one of these on its hot path);
+    // its reservation fields still come from the one conversion.
+    let ReservationFields {
+        order_id,
+        order_item_id,
+        reservation_id,
+        merchant_id,
+        dish_id,
+        stock_bucket_id,
+        stock_date,
+        quantity,
+    } = reservation_fields(r, quantity);
     let data = StockChangeData {
-        order_id: r.order_id as i64,
-        merchant_id: r.merchant_id as i64,
-        dish_id: r.dish_id as i64,
-        stock_bucket_id: r.stock_bucket_id.clone(),
-        stock_date: r.stock_date.to_string(),
-        order_type: order_type(r),
+        order_id,
+        merchant_id,
+        dish_id,
+        stock_bucket_id,
+        stock_date,
+        order_type: r.order_type(),
         processing_time: r.processing_time.map(ts),
-        reservation_id: r.id as i64,
-        order_item_id: r.order_item_id as i64,
+        reservation_id,
+        order_item_id,
         operation_id: operation_id.to_string(),
         action,
-        quantity: quantity as i32,
+        quantity,
         available_delta: deltas.available,
         reserved_delta: deltas.reserved,
         sold_delta: deltas.sold,
@@ -118,15 +137,8 @@ pub fn reserved(r: &Reservation, operation_id: &str) -> NewOutbox {
         r.id,
         operation_id,
         InventoryReservedData {
-            order_id: r.order_id as i64,
-            order_item_id: r.order_item_id as i64,
-            reservation_id: r.id as i64,
-            merchant_id: r.merchant_id as i64,
-            dish_id: r.dish_id as i64,
-            stock_bucket_id: r.stock_bucket_id.clone(),
-            stock_date: r.stock_date.to_string(),
-            quantity: r.quantity as i32,
-            order_type: order_type(r),
+            reservation: reservation_fields(r, r.quantity),
+            order_type: r.order_type(),
             processing_time: r.processing_time.map(ts),
             expire_at: ts(r.expire_at),
             reason_code: None,
@@ -144,14 +156,7 @@ pub fn rejected(
         r.id,
         operation_id,
         InventoryRejectedData {
-            order_id: r.order_id as i64,
-            order_item_id: r.order_item_id as i64,
-            reservation_id: r.id as i64,
-            merchant_id: r.merchant_id as i64,
-            dish_id: r.dish_id as i64,
-            stock_bucket_id: r.stock_bucket_id.clone(),
-            stock_date: r.stock_date.to_string(),
-            quantity: r.quantity as i32,
+            reservation: reservation_fields(r, r.quantity),
             available,
             reason_code: reason.to_string(),
         },
@@ -163,15 +168,8 @@ pub fn confirmed(r: &Reservation, operation_id: &str) -> NewOutbox {
         r.id,
         operation_id,
         InventoryConfirmedData {
-            order_id: r.order_id as i64,
-            order_item_id: r.order_item_id as i64,
-            reservation_id: r.id as i64,
-            merchant_id: r.merchant_id as i64,
-            dish_id: r.dish_id as i64,
-            stock_bucket_id: r.stock_bucket_id.clone(),
-            stock_date: r.stock_date.to_string(),
-            quantity: r.held() as i32,
-            order_type: order_type(r),
+            reservation: reservation_fields(r, r.held()),
+            order_type: r.order_type(),
             reason_code: None,
         },
     )
@@ -182,14 +180,7 @@ pub fn canceled(r: &Reservation, operation_id: &str, empty_rollback: bool) -> Ne
         r.id,
         operation_id,
         InventoryCanceledData {
-            order_id: r.order_id as i64,
-            order_item_id: r.order_item_id as i64,
-            reservation_id: r.id as i64,
-            merchant_id: r.merchant_id as i64,
-            dish_id: r.dish_id as i64,
-            stock_bucket_id: r.stock_bucket_id.clone(),
-            stock_date: r.stock_date.to_string(),
-            quantity: r.quantity as i32,
+            reservation: reservation_fields(r, r.quantity),
             empty_rollback,
             reason_code: empty_rollback.then(|| "EMPTY_ROLLBACK".to_string()),
         },
@@ -207,14 +198,7 @@ pub fn refunded(
         r.id,
         operation_id,
         InventoryRefundedData {
-            order_id: r.order_id as i64,
-            order_item_id: r.order_item_id as i64,
-            reservation_id: r.id as i64,
-            merchant_id: r.merchant_id as i64,
-            dish_id: r.dish_id as i64,
-            stock_bucket_id: r.stock_bucket_id.clone(),
-            stock_date: r.stock_date.to_string(),
-            quantity: quantity as i32,
+            reservation: reservation_fields(r, quantity),
             refund_id: refund_id.map(str::to_string),
             before_confirm,
             reason_code: None,
@@ -402,7 +386,80 @@ pub fn wal_dead(w: &WalRow, action: &str, stuck_status: &str, error: &str) -> Ne
 
 #[cfg(test)]
 mod tests {
-    use super::event_id;
+    use super::*;
+    use crate::fixture::reservation;
+    use stocksvr_core::events::{EventKind, StockAfter};
+    use stocksvr_core::model::{FencePhase, OpCode};
+    use stocksvr_core::reservation::ReservationStatus;
+
+    /// The fields `schemas/<event>.avsc` declares for the event's `data` record.
+    fn schema_data_fields(event_type: &str) -> Vec<String> {
+        let manifest = std::env::var("CARGO_MANIFEST_DIR")
+            .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
+        let kind = EventKind::from_name(event_type).expect("a known event");
+        let path = format!("{manifest}/../../schemas/{}", kind.schema_file());
+        let text = std::fs::read_to_string(&path).expect("the schema");
+        let schema: serde_json::Value = serde_json::from_str(&text).expect("schema JSON");
+        let fields = |record: &serde_json::Value| -> Vec<serde_json::Value> {
+            record["fields"].as_array().cloned().unwrap_or_default()
+        };
+        let data = fields(&schema)
+            .into_iter()
+            .find(|f| f["name"] == "data")
+            .expect("a data field");
+        let mut names: Vec<String> = fields(&data["type"])
+            .iter()
+            .filter_map(|f| f["name"].as_str().map(str::to_string))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn every_reservation_event_writes_exactly_its_schemas_data_fields() {
+        let r = reservation(ReservationStatus::Reserved, "op_x");
+        let result = OpResult {
+            code: OpCode::Succeeded,
+            empty_rollback: false,
+            replayed: false,
+            created: false,
+            after: StockAfter {
+                total: 10,
+                available: 5,
+                reserved: 3,
+                sold: 2,
+            },
+            deficit: 0,
+            paid: 0,
+            version: 7,
+            fence: FencePhase::Reserved,
+        };
+        let deltas = || Deltas {
+            available: -3,
+            reserved: 3,
+            sold: 0,
+        };
+        let rows = [
+            stock_change(&r, StockAction::Try, "op_t", 3, deltas(), &result, None),
+            reserved(&r, "op_t"),
+            rejected(&r, "op_t", "INSUFFICIENT_STOCK", Some(2)),
+            confirmed(&r, "op_c"),
+            canceled(&r, "op_x", true),
+            refunded(&r, "op_r", 1, Some("r1"), false),
+        ];
+        for row in rows {
+            let data = row.payload["data"].as_object().expect("a data object");
+            let mut written: Vec<String> = data.keys().cloned().collect();
+            written.sort();
+            assert_eq!(
+                written,
+                schema_data_fields(&row.event_type),
+                "{}",
+                row.event_type
+            );
+            assert_eq!(data["reservation_id"], 100_123_001, "{}", row.event_type);
+        }
+    }
 
     #[test]
     fn event_ids_fit_the_column_and_stay_distinct() {

@@ -1,10 +1,10 @@
-//! The reservation recovery worker (seed §10): finds reservations left in an intermediate
-//! status (PREPARING, CONFIRMING, CANCELING, REFUNDING) by a crash, a timeout or an UNKNOWN
-//! Redis outcome, and resumes each with its stored operation id. The Lua op record turns an
-//! already applied step into a replay of its first result, so resuming never applies twice.
-//! Failed attempts back off exponentially; past the configured bound the row is marked dead,
-//! alerted (InventoryOperationDead, a metric, a log line) and left where it is for an operator:
-//! never moved backwards. Several workers may run: claims use FOR UPDATE SKIP LOCKED.
+//! The reservation recovery worker (docs/design.md, failure windows): finds reservations left in an
+//! intermediate status (PREPARING, CONFIRMING, CANCELING, REFUNDING) by a crash, a timeout or an
+//! UNKNOWN Redis outcome, and resumes each with its stored operation id. The Lua op record turns an
+//! already applied step into a replay of its first result, so resuming never applies twice. Failed
+//! attempts back off exponentially; past the configured bound the row is marked dead, alerted
+//! (InventoryOperationDead, a metric, a log line) and left where it is for an operator: never moved
+//! backwards. Several workers may run: claims use FOR UPDATE SKIP LOCKED.
 
 use crate::outbox;
 use crate::{ReservationService, ServiceError};

@@ -26,7 +26,7 @@ pub struct ReservationSettings {
     /// Days Redis keeps each operation's first result (the idempotency window).
     pub op_ttl_days: u64,
     /// How old (ms, 0 to 2000) the Try path's list of lost buckets may be; OPEN bucket rows
-    /// and time zones are kept 30 s (`service::cache::STATIC_TTL`); 0 reads the bucket's
+    /// and time zones are kept 30 s (`cache::STATIC_TTL`); 0 reads the bucket's
     /// row and the merchant's time zone for every Try.
     pub try_cache_ms: u64,
     /// Largest group written together by group commit: concurrent Trys inserted with one
@@ -161,8 +161,7 @@ impl ReservationSettings {
             recovery_delay: TimeDelta::milliseconds(recovery.retry_delay_ms.max(1) as i64),
             recovery_max_delay: TimeDelta::seconds(recovery.max_retry_delay_secs.max(1) as i64),
             recovery_max_attempts: recovery.max_attempts.max(1),
-            try_cache_ttl: Duration::from_millis(self.try_cache_ms)
-                .min(crate::service::cache::MAX_TTL),
+            try_cache_ttl: Duration::from_millis(self.try_cache_ms).min(crate::cache::MAX_TTL),
             try_group_max: self.try_group_max.clamp(1, 1000),
             try_groups_in_flight: self.try_groups_in_flight.max(1),
             try_lua_group: self.try_lua_group,

@@ -1,4 +1,4 @@
-//! Stale-reservation watcher (seed §4.3 `expire_at`): a RESERVED reservation past its
+//! Stale-reservation watcher (docs/design.md, stale reservations): a RESERVED reservation past its
 //! `expire_at` means the order domain never sent OrderCreated or OrderCreatedFailed. The
 //! watcher raises a metric, a log line per round and one event per reservation for the order
 //! domain to act on. It never cancels by itself: only OrderCreatedFailed may cancel, and

@@ -50,12 +50,7 @@ impl ReservationView {
             reject_reason: row.reject_reason.clone(),
             stock_bucket_id: row.stock_bucket_id.clone(),
             stock_date: row.stock_date.to_string(),
-            order_type: if row.order_type == 2 {
-                "SCHEDULED"
-            } else {
-                "INSTANT"
-            }
-            .to_string(),
+            order_type: row.order_type().to_string(),
             processing_time: row.processing_time.map(ts),
             expire_at: ts(row.expire_at),
             created_at: ts(row.created_at),

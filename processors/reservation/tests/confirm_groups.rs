@@ -82,7 +82,7 @@ async fn many_concurrent_confirms_in_groups_confirm_each_reservation_once() {
             let read = before[&id].clone();
             tasks.push(tokio::spawn(async move {
                 let outcome = if copy == 0 {
-                    service.confirm_read(read).await
+                    service.confirm(read).await
                 } else {
                     service.confirm(id).await
                 };

@@ -1,4 +1,4 @@
-//! A crash at every failure window of seed §10.2, for every step it applies to, ends in the
+//! A crash at every failure window (docs/design.md, failure windows), for every step it applies to, ends in the
 //! right terminal status with no double effect once the recovery path runs.
 //!
 //! A crash is a failpoint (`stocksvr-failpoint`, live in test builds only) that abandons the

@@ -1,6 +1,6 @@
 //! The reservation service against real MariaDB and Redis (the local stack): the invariants
-//! of seed §17 under concurrency, duplication, races and the crash window between Redis
-//! and MySQL. Each test uses its own database and its own merchant (so its own Redis keys).
+//! (docs/design.md, why this cannot oversell or undersell) under concurrency, duplication,
+//! races and the crash window between Redis and MySQL. Each test uses its own database and its own merchant (so its own Redis keys).
 
 mod common;
 

@@ -32,7 +32,8 @@ pub struct OrderCreatedFailedData {
 }
 
 /// `io.stocksvr.order.OrderCanceledData`. Despite the name this is a full Refund of a
-/// created order, never a Cancel (seed §2.3).
+/// created order, never a Cancel (docs/design.md,
+/// reservation state machine).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OrderCanceledData {
     pub order_id: i64,

@@ -194,17 +194,30 @@ keyed_by_bucket! {
     StockBucketRebuiltData => StockBucketRebuilt,
 }
 
-/// `io.stocksvr.inventory.InventoryReservedData`: Try succeeded.
+/// The reservation an inventory lifecycle event is about, the fields all five of them begin
+/// with. Flattened into each event's payload: on the wire they stay fields of the event's
+/// `data` record, as its schema declares them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InventoryReservedData {
+pub struct ReservationFields {
     pub order_id: i64,
     pub order_item_id: i64,
     pub reservation_id: i64,
     pub merchant_id: i64,
     pub dish_id: i64,
+    /// Bound at Try and never recomputed, so cross-day compensation hits the original day.
     pub stock_bucket_id: String,
+    /// `YYYY-MM-DD` in the merchant's time zone.
     pub stock_date: String,
+    /// The units the event is about: those the Try asked for, those a Confirm sells (what is
+    /// still held), those a refund returned (fewer than held for a partial refund).
     pub quantity: i32,
+}
+
+/// `io.stocksvr.inventory.InventoryReservedData`: Try succeeded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryReservedData {
+    #[serde(flatten)]
+    pub reservation: ReservationFields,
     pub order_type: OrderType,
     #[serde(default)]
     pub processing_time: Option<String>,
@@ -218,14 +231,8 @@ pub struct InventoryReservedData {
 /// `io.stocksvr.inventory.InventoryRejectedData`: Try refused, nothing held.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InventoryRejectedData {
-    pub order_id: i64,
-    pub order_item_id: i64,
-    pub reservation_id: i64,
-    pub merchant_id: i64,
-    pub dish_id: i64,
-    pub stock_bucket_id: String,
-    pub stock_date: String,
-    pub quantity: i32,
+    #[serde(flatten)]
+    pub reservation: ReservationFields,
     /// What Redis had left, so the order UI can offer a smaller quantity; `None` when the
     /// refusal was not about quantity (fenced, unknown bucket, disabled dish).
     #[serde(default)]
@@ -237,14 +244,8 @@ pub struct InventoryRejectedData {
 /// `io.stocksvr.inventory.InventoryConfirmedData`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InventoryConfirmedData {
-    pub order_id: i64,
-    pub order_item_id: i64,
-    pub reservation_id: i64,
-    pub merchant_id: i64,
-    pub dish_id: i64,
-    pub stock_bucket_id: String,
-    pub stock_date: String,
-    pub quantity: i32,
+    #[serde(flatten)]
+    pub reservation: ReservationFields,
     pub order_type: OrderType,
     #[serde(default)]
     pub reason_code: Option<String>,
@@ -253,14 +254,8 @@ pub struct InventoryConfirmedData {
 /// `io.stocksvr.inventory.InventoryCanceledData`: released after `OrderCreatedFailed`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InventoryCanceledData {
-    pub order_id: i64,
-    pub order_item_id: i64,
-    pub reservation_id: i64,
-    pub merchant_id: i64,
-    pub dish_id: i64,
-    pub stock_bucket_id: String,
-    pub stock_date: String,
-    pub quantity: i32,
+    #[serde(flatten)]
+    pub reservation: ReservationFields,
     /// Try never reached Redis: nothing returned, only the fence written.
     #[serde(default)]
     pub empty_rollback: bool,
@@ -272,15 +267,8 @@ pub struct InventoryCanceledData {
 /// `RefundRequested`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InventoryRefundedData {
-    pub order_id: i64,
-    pub order_item_id: i64,
-    pub reservation_id: i64,
-    pub merchant_id: i64,
-    pub dish_id: i64,
-    pub stock_bucket_id: String,
-    pub stock_date: String,
-    /// Units this refund returned, fewer than held for a partial refund.
-    pub quantity: i32,
+    #[serde(flatten)]
+    pub reservation: ReservationFields,
     /// `None` for `OrderCanceled`, which has no refund id of its own.
     #[serde(default)]
     pub refund_id: Option<String>,
@@ -291,12 +279,14 @@ pub struct InventoryRefundedData {
     pub reason_code: Option<String>,
 }
 
+// Keyed by the order of the reservation they are about, so the order domain reads an
+// order's events in order.
 keyed_by_order! {
-    InventoryReservedData => InventoryReserved,
-    InventoryRejectedData => InventoryRejected,
-    InventoryConfirmedData => InventoryConfirmed,
-    InventoryCanceledData => InventoryCanceled,
-    InventoryRefundedData => InventoryRefunded,
+    InventoryReservedData.reservation => InventoryReserved,
+    InventoryRejectedData.reservation => InventoryRejected,
+    InventoryConfirmedData.reservation => InventoryConfirmed,
+    InventoryCanceledData.reservation => InventoryCanceled,
+    InventoryRefundedData.reservation => InventoryRefunded,
 }
 
 /// `io.stocksvr.inventory.InventoryOperationDeadData`: recovery gave up and a human must look.

@@ -133,8 +133,8 @@ fn every_event_has_an_example() {
 fn every_example_conforms_to_its_avro_schema() {
     for (path, kind, value) in examples() {
         let schema = schema_of(kind);
-        let mut names = BTreeMap::new();
-        conforms(&schema, &value, "", &mut names, "$")
+        Conformance::default()
+            .check(&schema, &value, "", "$")
             .unwrap_or_else(|e| panic!("{} vs {}: {e}", path.display(), kind.schema_file()));
     }
 }
@@ -537,117 +537,114 @@ fn collect_named(schema: &Value, ns: &str, out: &mut Vec<(String, Value)>) {
     }
 }
 
-fn conforms(
-    schema: &Value,
-    value: &Value,
-    ns: &str,
-    names: &mut BTreeMap<String, Value>,
-    at: &str,
-) -> Result<(), String> {
-    match schema {
-        Value::String(t) => match t.as_str() {
-            "null" => value
-                .is_null()
-                .then_some(())
-                .ok_or(format!("{at}: expected null")),
-            "boolean" => value
-                .is_boolean()
-                .then_some(())
-                .ok_or(format!("{at}: expected boolean")),
-            "string" => value
-                .is_string()
-                .then_some(())
-                .ok_or(format!("{at}: expected string")),
-            "int" => value
-                .as_i64()
-                .filter(|n| i32::try_from(*n).is_ok())
-                .map(|_| ())
-                .ok_or(format!("{at}: expected int")),
-            "long" => value
-                .as_i64()
-                .map(|_| ())
-                .ok_or(format!("{at}: expected long")),
+/// Checks example values against a schema, knowing the records and enums it named so far.
+#[derive(Default, Clone)]
+struct Conformance {
+    names: BTreeMap<String, Value>,
+}
+
+impl Conformance {
+    fn check(&mut self, schema: &Value, value: &Value, ns: &str, at: &str) -> Result<(), String> {
+        match schema {
+            Value::String(t) => self.named(t, value, ns, at),
+            Value::Array(branches) => {
+                if branches
+                    .iter()
+                    .any(|b| self.clone().check(b, value, ns, at).is_ok())
+                {
+                    Ok(())
+                } else {
+                    Err(format!("{at}: {value} matches no branch of {schema}"))
+                }
+            }
+            Value::Object(obj) => match obj["type"].as_str().unwrap_or_default() {
+                "record" => self.record(schema, value, ns, at),
+                "enum" => {
+                    let ns = obj.get("namespace").and_then(Value::as_str).unwrap_or(ns);
+                    self.names
+                        .insert(qualify(obj["name"].as_str().unwrap(), ns), schema.clone());
+                    let symbol = value
+                        .as_str()
+                        .ok_or(format!("{at}: expected enum symbol"))?;
+                    obj["symbols"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|s| s == symbol)
+                        .then_some(())
+                        .ok_or(format!("{at}: {symbol} is not a symbol of {}", obj["name"]))
+                }
+                "array" => {
+                    let items = value.as_array().ok_or(format!("{at}: expected array"))?;
+                    for (i, item) in items.iter().enumerate() {
+                        self.check(&obj["items"], item, ns, &format!("{at}[{i}]"))?;
+                    }
+                    Ok(())
+                }
+                other => Err(format!(
+                    "{at}: schema construct {other:?} not supported by this check"
+                )),
+            },
+            _ => Err(format!("{at}: bad schema {schema}")),
+        }
+    }
+
+    /// A primitive type, or a record or enum named earlier in the schema.
+    fn named(&mut self, type_name: &str, value: &Value, ns: &str, at: &str) -> Result<(), String> {
+        let fits = match type_name {
+            "null" => value.is_null(),
+            "boolean" => value.is_boolean(),
+            "string" => value.is_string(),
+            "int" => value.as_i64().is_some_and(|n| i32::try_from(n).is_ok()),
+            "long" => value.as_i64().is_some(),
             named => {
                 let full = qualify(named, ns);
-                let def = names
+                let def = self
+                    .names
                     .get(&full)
                     .cloned()
                     .ok_or(format!("{at}: unknown type {full}"))?;
-                conforms(&def, value, ns, names, at)
+                return self.check(&def, value, ns, at);
             }
-        },
-        Value::Array(branches) => {
-            if branches
-                .iter()
-                .any(|b| conforms(b, value, ns, &mut names.clone(), at).is_ok())
-            {
-                Ok(())
-            } else {
-                Err(format!("{at}: {value} matches no branch of {schema}"))
-            }
+        };
+        fits.then_some(())
+            .ok_or(format!("{at}: expected {type_name}"))
+    }
+
+    /// A record: every declared field present (examples spell out every field), none other,
+    /// each conforming to its type.
+    fn record(&mut self, schema: &Value, value: &Value, ns: &str, at: &str) -> Result<(), String> {
+        let ns = schema
+            .get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or(ns)
+            .to_owned();
+        let full = qualify(schema["name"].as_str().unwrap(), &ns);
+        self.names.insert(full.clone(), schema.clone());
+        let inner_ns = full
+            .rsplit_once('.')
+            .map(|(n, _)| n.to_owned())
+            .unwrap_or_default();
+        let map = value
+            .as_object()
+            .ok_or(format!("{at}: expected object for {full}"))?;
+        let fields = schema["fields"].as_array().unwrap();
+        let declared: BTreeSet<&str> = fields.iter().map(|f| f["name"].as_str().unwrap()).collect();
+        let present: BTreeSet<&str> = map.keys().map(String::as_str).collect();
+        if declared != present {
+            return Err(format!(
+                "{at}: {full} fields {declared:?} but example has {present:?} (examples spell out every field)"
+            ));
         }
-        Value::Object(obj) => match obj["type"].as_str().unwrap_or_default() {
-            "record" => {
-                let ns = obj
-                    .get("namespace")
-                    .and_then(Value::as_str)
-                    .unwrap_or(ns)
-                    .to_owned();
-                let full = qualify(obj["name"].as_str().unwrap(), &ns);
-                names.insert(full.clone(), schema.clone());
-                let inner_ns = full
-                    .rsplit_once('.')
-                    .map(|(n, _)| n.to_owned())
-                    .unwrap_or_default();
-                let map = value
-                    .as_object()
-                    .ok_or(format!("{at}: expected object for {full}"))?;
-                let fields = obj["fields"].as_array().unwrap();
-                let declared: BTreeSet<&str> =
-                    fields.iter().map(|f| f["name"].as_str().unwrap()).collect();
-                let present: BTreeSet<&str> = map.keys().map(String::as_str).collect();
-                if declared != present {
-                    return Err(format!(
-                        "{at}: {full} fields {declared:?} but example has {present:?} (examples spell out every field)"
-                    ));
-                }
-                for field in fields {
-                    let name = field["name"].as_str().unwrap();
-                    conforms(
-                        &field["type"],
-                        &map[name],
-                        &inner_ns,
-                        names,
-                        &format!("{at}.{name}"),
-                    )?;
-                }
-                Ok(())
-            }
-            "enum" => {
-                let ns = obj.get("namespace").and_then(Value::as_str).unwrap_or(ns);
-                names.insert(qualify(obj["name"].as_str().unwrap(), ns), schema.clone());
-                let symbol = value
-                    .as_str()
-                    .ok_or(format!("{at}: expected enum symbol"))?;
-                obj["symbols"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|s| s == symbol)
-                    .then_some(())
-                    .ok_or(format!("{at}: {symbol} is not a symbol of {}", obj["name"]))
-            }
-            "array" => {
-                let items = value.as_array().ok_or(format!("{at}: expected array"))?;
-                for (i, item) in items.iter().enumerate() {
-                    conforms(&obj["items"], item, ns, names, &format!("{at}[{i}]"))?;
-                }
-                Ok(())
-            }
-            other => Err(format!(
-                "{at}: schema construct {other:?} not supported by this check"
-            )),
-        },
-        _ => Err(format!("{at}: bad schema {schema}")),
+        for field in fields {
+            let name = field["name"].as_str().unwrap();
+            self.check(
+                &field["type"],
+                &map[name],
+                &inner_ns,
+                &format!("{at}.{name}"),
+            )?;
+        }
+        Ok(())
     }
 }

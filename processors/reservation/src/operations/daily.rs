@@ -1,5 +1,6 @@
-//! The daily bucket job (seed §12.1): today's missing buckets and, ahead of the local
-//! midnight, tomorrow's, each carried forward from the dish's latest baseline.
+//! The daily bucket job (docs/design.md, daily buckets and their lifecycle): today's missing
+//! buckets and, ahead of the local midnight, tomorrow's, each carried forward from the dish's
+//! latest baseline.
 
 use super::*;
 use stocksvr_pipeline::periodic::{self, Cadence, Round};
@@ -15,7 +16,7 @@ pub struct PrepareReport {
 }
 
 impl StockOps {
-    /// The daily job (seed §12.1): for every time zone baselines exist in, makes sure today's
+    /// The daily job: for every time zone baselines exist in, makes sure today's
     /// buckets exist (catch-up after downtime) and, within `lead` of the local midnight,
     /// tomorrow's, carrying each dish's latest total forward. Each goes baseline + WAL →
     /// Lua → outbox like any init.
@@ -147,9 +148,10 @@ impl Default for DailyConfig {
     }
 }
 
-/// Runs the daily job until `stop`.
-pub async fn run_daily(
-    service: Arc<crate::ReservationService>,
+/// Runs the daily job until `stop`, on the stock operations `ops` holds (the reservation
+/// service holds the process's).
+pub async fn run_daily<O: AsRef<StockOps>>(
+    ops: Arc<O>,
     config: DailyConfig,
     stop: watch::Receiver<bool>,
 ) -> Result<(), OpsError> {
@@ -160,8 +162,8 @@ pub async fn run_daily(
     );
     let cadence = Cadence::fixed(config.interval);
     periodic::run("daily bucket job", cadence, None, stop, || async {
-        if let Err(e) = service
-            .ops()
+        if let Err(e) = (*ops)
+            .as_ref()
             .prepare_days(Utc::now(), config.lead, config.lookback_days)
             .await
         {

@@ -3,8 +3,14 @@
 
 use super::view::parse_json;
 use super::*;
+use stocksvr_core::codes::WalEffect;
+use stocksvr_core::retry::{self, RetryPolicy};
 use stocksvr_pipeline::periodic::{self, Cadence, Round};
+use stocksvr_store::outbox::NewOutbox;
 use stocksvr_telemetry::names;
+
+/// How often a caller re-reads a row another worker executes while it waits for the result.
+const PEER_POLL: Duration = Duration::from_millis(20);
 
 /// An injected crash looks to the caller like a connection that went away mid-request.
 fn crash_point(point: &'static str) -> Result<(), OpsError> {
@@ -37,9 +43,7 @@ impl StockOps {
     /// Executes the row if it is unfinished and free (or ours); otherwise waits a bounded time
     /// for whoever holds it, then reports where it stands.
     pub(super) async fn drive(&self, operation_id: &str, owner: &str) -> Result<WalView, OpsError> {
-        let row = wal::find_by_op(&self.pool, operation_id)
-            .await?
-            .ok_or_else(|| OpsError::UnknownOperation(operation_id.to_string()))?;
+        let row = self.find_row(operation_id).await?;
         if matches!(
             row.status(),
             Some(WalStatus::Succeeded) | Some(WalStatus::Dead)
@@ -47,26 +51,37 @@ impl StockOps {
             return Ok(WalView::from_row(&row));
         }
         if wal::try_lease(&self.pool, row.id, owner, self.config.lease).await? {
-            let row = wal::find_by_op(&self.pool, operation_id)
-                .await?
-                .ok_or_else(|| OpsError::UnknownOperation(operation_id.to_string()))?;
+            let row = self.find_row(operation_id).await?;
             return self.execute(row, owner).await;
         }
         // Someone else executes it: the result is theirs to write; wait for it.
-        let deadline = tokio::time::Instant::now() + self.config.peer_wait;
-        loop {
-            let row = wal::find_by_op(&self.pool, operation_id)
-                .await?
-                .ok_or_else(|| OpsError::UnknownOperation(operation_id.to_string()))?;
-            let finished = matches!(
-                row.status(),
-                Some(WalStatus::Succeeded) | Some(WalStatus::Dead) | Some(WalStatus::Retry)
-            );
-            if finished || tokio::time::Instant::now() >= deadline {
-                return Ok(WalView::from_row(&row));
+        let every = RetryPolicy::fixed(PEER_POLL);
+        let finished = retry::wait_until(self.config.peer_wait, every, || async {
+            match self.find_row(operation_id).await {
+                Ok(row)
+                    if !matches!(
+                        row.status(),
+                        Some(WalStatus::Succeeded) | Some(WalStatus::Dead) | Some(WalStatus::Retry)
+                    ) =>
+                {
+                    None
+                }
+                read => Some(read),
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await;
+        let row = match finished {
+            Some(read) => read?,
+            // Still executing at the deadline: where it stands now.
+            None => self.find_row(operation_id).await?,
+        };
+        Ok(WalView::from_row(&row))
+    }
+
+    pub(super) async fn find_row(&self, operation_id: &str) -> Result<WalRow, OpsError> {
+        wal::find_by_op(&self.pool, operation_id)
+            .await?
+            .ok_or_else(|| OpsError::UnknownOperation(operation_id.to_string()))
     }
 
     /// Runs the Lua step of a leased row and records the outcome (guarded by the lease).
@@ -107,9 +122,7 @@ impl StockOps {
                     .await?;
             }
         }
-        let row = wal::find_by_op(&self.pool, &row.operation_id)
-            .await?
-            .ok_or_else(|| OpsError::UnknownOperation(row.operation_id.clone()))?;
+        let row = self.find_row(&row.operation_id).await?;
         Ok(WalView::from_row(&row))
     }
 
@@ -121,7 +134,7 @@ impl StockOps {
         reason: &str,
         dead: bool,
     ) -> Result<(), OpsError> {
-        let delay = crate::service::chrono_backoff(
+        let delay = stocksvr_core::backoff::jittered_delta(
             row.retry_count,
             self.config.retry_delay,
             self.config.max_retry_delay,
@@ -176,8 +189,12 @@ impl StockOps {
             )));
         };
         let keys = BucketKey::new(baseline.merchant_id, baseline.dish_id, baseline.stock_date);
-        let op = row.operation_id.as_str();
         let request = parse_json(&row.request_payload);
+        match action {
+            WalAction::Repair => return self.step_repair(row, &baseline, &keys, &request).await,
+            WalAction::Rebuild => return self.step_rebuild(row, owner, &baseline, &keys).await,
+            _ => {}
+        }
         // Adjusts of a bucket apply in version order: each event's old total is then the
         // total Redis had, and the ledger's deltas add up to what Redis holds.
         if action == WalAction::Adjust {
@@ -187,11 +204,38 @@ impl StockOps {
                 return Ok(Step::Wait(format!("the older adjust {older} goes first")));
             }
         }
-        let result = match action {
+        let result = match self
+            .call_action(row, action, &keys, &baseline, &request)
+            .await
+            .and_then(script_outcome)
+        {
+            Ok(r) => r,
+            Err(step) => return Ok(step),
+        };
+        if result.code == OpCode::BucketMissing && action != WalAction::InitBucket {
+            if let Some(step) = self.wait_for_bucket(row, action, &keys).await? {
+                return Ok(step);
+            }
+        }
+        Ok(self.conclude(row, action, &baseline, &request, &result))
+    }
+
+    /// The script call of an INIT_BUCKET, ADJUST, CLOSE or ARCHIVE row; `Err` when the row
+    /// cannot be run at all.
+    async fn call_action(
+        &self,
+        row: &WalRow,
+        action: WalAction,
+        keys: &BucketKey,
+        baseline: &Baseline,
+        request: &serde_json::Value,
+    ) -> Result<Result<OpResult, ExecError>, Step> {
+        let op = row.operation_id.as_str();
+        Ok(match action {
             WalAction::InitBucket => {
                 self.call(op, || {
                     self.lua
-                        .init_bucket(&keys, op, baseline.total_stock, baseline.baseline_version)
+                        .init_bucket(keys, op, baseline.total_stock, baseline.baseline_version)
                 })
                 .await
             }
@@ -200,16 +244,16 @@ impl StockOps {
                     request.get("new_total").and_then(|v| v.as_i64()),
                     request.get("baseline_version").and_then(|v| v.as_u64()),
                 ) else {
-                    return Ok(Step::Dead(
+                    return Err(Step::Dead(
                         "adjust request lacks new_total or baseline_version".into(),
                     ));
                 };
-                self.call(op, || self.lua.adjust(&keys, op, new_total, None, version))
+                self.call(op, || self.lua.adjust(keys, op, new_total, None, version))
                     .await
             }
             WalAction::Close => {
                 self.call(op, || {
-                    self.lua.set_state(&keys, op, BucketState::Closed, None)
+                    self.lua.set_state(keys, op, BucketState::Closed, None)
                 })
                 .await
             }
@@ -221,56 +265,60 @@ impl StockOps {
                 let ttl = Some(self.config.archive_ttl);
                 self.call(&attempt, || {
                     self.lua
-                        .set_state(&keys, &attempt, BucketState::Archived, ttl)
+                        .set_state(keys, &attempt, BucketState::Archived, ttl)
                 })
                 .await
             }
-            WalAction::Repair => return self.step_repair(row, &baseline, &keys, &request).await,
-            WalAction::Rebuild => return self.step_rebuild(row, owner, &baseline, &keys).await,
-        };
-        let result = match script_outcome(result) {
-            Ok(r) => r,
-            Err(step) => return Ok(step),
-        };
-        // No bucket in Redis while its init has not finished: the init builds it from the
-        // current baseline; a close, archive or adjust applied now would be lost under it.
-        if result.code == OpCode::BucketMissing && action != WalAction::InitBucket {
-            if let Some(init) =
-                wal::unfinished_before(&self.pool, row, Some(WalAction::InitBucket)).await?
-            {
-                return Ok(Step::Wait(format!("the bucket's init {init} goes first")));
+            WalAction::Repair | WalAction::Rebuild => {
+                return Err(Step::Dead(format!(
+                    "{} runs through its own step",
+                    action.name()
+                )))
             }
+        })
+    }
+
+    /// A close, archive or adjust that found no bucket in Redis: whether it must wait, and
+    /// for what (None: it applies as it is, see [`Self::conclude`]).
+    async fn wait_for_bucket(
+        &self,
+        row: &WalRow,
+        action: WalAction,
+        keys: &BucketKey,
+    ) -> Result<Option<Step>, OpsError> {
+        // While its init has not finished, the init builds the bucket from the current
+        // baseline; a close, archive or adjust applied now would be lost under it.
+        if let Some(init) =
+            wal::unfinished_before(&self.pool, row, Some(WalAction::InitBucket)).await?
+        {
+            return Ok(Some(Step::Wait(format!(
+                "the bucket's init {init} goes first"
+            ))));
+        }
+        if action != WalAction::Adjust {
+            return Ok(None);
         }
         // An adjust of a bucket built before and missing now: Redis lost it. Applied to the
         // baseline alone ("not built yet"), the new total would reach the rebuilt bucket with
         // no ledger row, or miss it if the rebuild read the baseline first (a 30-minute chaos
         // run found the ledger 14 units off that way). It waits for the rebuild instead,
         // which starts from a baseline and ledger that hold still.
-        if result.code == OpCode::BucketMissing && action == WalAction::Adjust {
-            match self.missing(&row.stock_bucket_id, &keys).await {
-                Ok(Missing::NeverBuilt) => {}
-                Ok(Missing::BuiltMeanwhile) => {
-                    return Ok(Step::Wait(
-                        "the bucket was built while the adjust ran".into(),
-                    ))
+        Ok(match self.missing(&row.stock_bucket_id, keys).await {
+            Ok(Missing::NeverBuilt) => None,
+            Ok(Missing::BuiltMeanwhile) => Some(Step::Wait(
+                "the bucket was built while the adjust ran".into(),
+            )),
+            Ok(Missing::Lost { init }) => {
+                if stocksvr_store::baselines::mark_lost(&self.pool, &row.stock_bucket_id).await? {
+                    tracing::error!(bucket = %row.stock_bucket_id, init = %init, operation_id = %row.operation_id, "bucket initialised before is missing from Redis: marked lost; rebuild it (stocksvr bucket rebuild)");
                 }
-                Ok(Missing::Lost { init }) => {
-                    if stocksvr_store::baselines::mark_lost(&self.pool, &row.stock_bucket_id)
-                        .await?
-                    {
-                        tracing::error!(bucket = %row.stock_bucket_id, init = %init, operation_id = %row.operation_id, "bucket initialised before is missing from Redis: marked lost; rebuild it (stocksvr bucket rebuild)");
-                    }
-                    return Ok(Step::Wait(
-                        "the bucket is lost in Redis; the adjust applies after its rebuild".into(),
-                    ));
-                }
-                Err(OpsError::Redis(e)) => {
-                    return Ok(Step::Retry(format!("reading the bucket back: {e}")))
-                }
-                Err(e) => return Err(e),
+                Some(Step::Wait(
+                    "the bucket is lost in Redis; the adjust applies after its rebuild".into(),
+                ))
             }
-        }
-        Ok(self.conclude(row, action, &baseline, &request, &result))
+            Err(OpsError::Redis(e)) => Some(Step::Retry(format!("reading the bucket back: {e}"))),
+            Err(e) => return Err(e),
+        })
     }
 
     /// Turns a script result into the WAL completion (outbox rows, baseline changes) or a
@@ -301,43 +349,14 @@ impl StockOps {
                     Vec::new()
                 };
                 let effect = if result.created {
-                    "INITIALIZED"
+                    WalEffect::Initialized
                 } else {
-                    "UNCHANGED"
+                    WalEffect::Unchanged
                 };
-                done(outbox, None, json!({ "effect": effect }))
+                done(outbox, None, json!({ "effect": effect.name() }))
             }
             (WalAction::Adjust, OpCode::Succeeded) => {
-                let old_total = request
-                    .get("old_total")
-                    .and_then(|v| v.as_i64())
-                    .unwrap_or(0);
-                let new_total = request
-                    .get("new_total")
-                    .and_then(|v| v.as_i64())
-                    .unwrap_or(result.after.total);
-                let version = request
-                    .get("baseline_version")
-                    .and_then(|v| v.as_u64())
-                    .unwrap_or(baseline.baseline_version);
-                // Adjust moves neither reserved nor sold, so what was available before follows
-                // from the total before (the previous adjust's or the init's).
-                let committed = result.after.reserved + result.after.sold;
-                let available_delta = result.after.available - (old_total - committed).max(0);
-                if result.deficit > 0 && !result.replayed {
-                    metrics::counter!(names::BUCKET_DEFICIT).increment(1);
-                    tracing::error!(bucket = %row.stock_bucket_id, operation_id = op, new_total, committed, deficit = result.deficit, "adjust below accepted orders: available is 0 and a deficit is recorded; accepted orders stand");
-                }
-                let event = outbox::baseline_adjusted(&Adjusted {
-                    wal_id: row.id,
-                    operation_id: op,
-                    baseline,
-                    baseline_version: version,
-                    old_total,
-                    new_total,
-                    available_delta,
-                    result,
-                });
+                let (event, old_total) = adjusted(row, baseline, request, result);
                 done(vec![event], None, json!({ "old_total": old_total }))
             }
             // Not in Redis and no init pending: the baseline carries the new total, and the
@@ -405,6 +424,47 @@ impl StockOps {
     }
 }
 
+/// The StockBaselineAdjusted event of an adjust that applied, and the total it replaced.
+fn adjusted(
+    row: &WalRow,
+    baseline: &Baseline,
+    request: &serde_json::Value,
+    result: &OpResult,
+) -> (NewOutbox, i64) {
+    let op = row.operation_id.as_str();
+    let old_total = request
+        .get("old_total")
+        .and_then(|v| v.as_i64())
+        .unwrap_or(0);
+    let new_total = request
+        .get("new_total")
+        .and_then(|v| v.as_i64())
+        .unwrap_or(result.after.total);
+    let version = request
+        .get("baseline_version")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(baseline.baseline_version);
+    // Adjust moves neither reserved nor sold, so what was available before follows from the
+    // total before (the previous adjust's or the init's).
+    let committed = result.after.reserved + result.after.sold;
+    let available_delta = result.after.available - (old_total - committed).max(0);
+    if result.deficit > 0 && !result.replayed {
+        metrics::counter!(names::BUCKET_DEFICIT).increment(1);
+        tracing::error!(bucket = %row.stock_bucket_id, operation_id = op, new_total, committed, deficit = result.deficit, "adjust below accepted orders: available is 0 and a deficit is recorded; accepted orders stand");
+    }
+    let event = outbox::baseline_adjusted(&Adjusted {
+        wal_id: row.id,
+        operation_id: op,
+        baseline,
+        baseline_version: version,
+        old_total,
+        new_total,
+        available_delta,
+        result,
+    });
+    (event, old_total)
+}
+
 /// The result payload of a WAL row: the script's outcome and the numbers it left, plus
 /// what the action adds (`extra`, an object).
 pub(super) fn summary(result: &OpResult, extra: serde_json::Value) -> serde_json::Value {
@@ -439,16 +499,17 @@ pub(super) fn script_outcome(result: Result<OpResult, ExecError>) -> Result<OpRe
     }
 }
 
-/// Runs WAL rounds until `stop`.
-pub async fn run_worker(
-    ops: Arc<crate::ReservationService>,
+/// Runs WAL rounds until `stop`, on the stock operations `ops` holds (the reservation
+/// service holds the process's).
+pub async fn run_worker<O: AsRef<StockOps>>(
+    ops: Arc<O>,
     batch: u32,
     idle_poll: Duration,
     stop: watch::Receiver<bool>,
 ) -> Result<(), OpsError> {
     let cadence = Cadence::adaptive(idle_poll, idle_poll * 10);
     periodic::run("operation WAL worker", cadence, None, stop, || async {
-        Ok(match ops.ops().work_once(batch).await {
+        Ok(match (*ops).as_ref().work_once(batch).await {
             Ok(r) if r.succeeded + r.failed + r.dead >= batch as usize => Round::Full,
             Ok(r) if r.succeeded + r.failed + r.dead > 0 => Round::Partial,
             Ok(_) => Round::Empty,

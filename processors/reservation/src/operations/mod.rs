@@ -1,8 +1,8 @@
-//! Stock operations without a reservation (seed §4.5, §12): bucket init (daily job and lazy
-//! init), merchant adjustments and the bucket lifecycle OPEN → CLOSED → ARCHIVED. Each goes
-//! WAL → Lua → WAL SUCCEEDED + outbox, so the projector books snapshot and ledger and a crash
-//! at any point leaves a WAL row that [`StockOps::work_once`] resumes with the same operation
-//! id.
+//! Stock operations without a reservation (docs/design.md, the section of that name): bucket init
+//! (daily job and lazy init), merchant adjustments and the bucket lifecycle OPEN → CLOSED →
+//! ARCHIVED. Each goes WAL → Lua → WAL SUCCEEDED + outbox, so the projector books snapshot and
+//! ledger and a crash at any point leaves a WAL row that [`StockOps::work_once`] resumes with the
+//! same operation id.
 //!
 //! Operation ids are deterministic per effect: `op_init_<m>_<d>_<yyyymmdd>_v<baseline>`
 //! (one init per baseline version, so concurrent lazy inits and the daily job converge on one
@@ -11,6 +11,7 @@
 //! `execute` runs one WAL row (lease, Lua, completion or failure) and the worker; `daily` is
 //! the next-day job; `view` is what operators see.
 
+use crate::cache::BaselineCache;
 use crate::outbox::{self, Adjusted};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, TimeDelta, Utc};
 use serde::Serialize;
@@ -170,8 +171,7 @@ pub struct StockOps {
     init_flights: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<bool>>>>,
     /// The Try path's copy of baseline rows: an operation that finishes here drops its
     /// bucket's entry, so this process's next Try sees a close or reopen at once.
-    baselines:
-        Option<Arc<crate::service::cache::TtlCache<String, stocksvr_store::baselines::Baseline>>>,
+    baselines: Option<Arc<BaselineCache>>,
 }
 
 fn instance_name() -> String {
@@ -199,10 +199,7 @@ impl StockOps {
         }
     }
 
-    pub(crate) fn with_baseline_cache(
-        mut self,
-        cache: Arc<crate::service::cache::TtlCache<String, stocksvr_store::baselines::Baseline>>,
-    ) -> Self {
+    pub(crate) fn with_baseline_cache(mut self, cache: Arc<BaselineCache>) -> Self {
         self.baselines = Some(cache);
         self
     }
@@ -279,13 +276,14 @@ impl StockOps {
         self.drive(&op, &owner).await
     }
 
-    /// Lazy initialisation (seed §12.1): a Try found no bucket in Redis. Same WAL row and Lua
-    /// path as the daily job; concurrent first Trys share one row and one execution.
+    /// Lazy initialisation (docs/design.md, daily buckets and their lifecycle): a Try found no
+    /// bucket in Redis. Same WAL row and Lua path as the daily job; concurrent first Trys share one
+    /// row and one execution.
     ///
     /// Only a bucket that never existed is created here. If an init of it succeeded before,
     /// Redis lost the bucket (a flush, a failover without persistence): creating it again
     /// would sell what is already reserved or sold, so the Try fails closed and an operator
-    /// rebuilds it from baseline and ledger (seed §13.3).
+    /// rebuilds it from baseline and ledger (docs/design.md, reconcile, repair, rebuild).
     pub async fn ensure_bucket(&self, b: &Baseline) -> Result<(), OpsError> {
         let flight = {
             let mut flights = self
@@ -363,26 +361,26 @@ impl StockOps {
             }
         }
         let view = self.init_bucket(b).await?;
-        match view.status {
-            s if s == WalStatus::Succeeded.name() => Ok(()),
-            s if s == WalStatus::Dead.name() => Err(OpsError::Dead {
+        match WalStatus::from_name(view.status) {
+            Some(WalStatus::Succeeded) => Ok(()),
+            Some(WalStatus::Dead) => Err(OpsError::Dead {
                 operation_id: view.operation_id,
                 reason: view.last_error.unwrap_or_default(),
             }),
-            s => Err(OpsError::Pending {
+            status => Err(OpsError::Pending {
                 operation_id: view.operation_id,
-                status: if s == WalStatus::Retry.name() {
-                    "RETRY"
-                } else {
-                    "EXECUTING"
-                },
+                status: status
+                    .filter(|s| *s == WalStatus::Retry)
+                    .unwrap_or(WalStatus::Executing)
+                    .name(),
                 reason: view.last_error.unwrap_or_default(),
             }),
         }
     }
 
-    /// A merchant's new total (seed §12.3): `available = max(0, total - reserved - sold)`; an
-    /// adjust below what was already accepted records a deficit and never cancels orders.
+    /// A merchant's new total (docs/design.md, adjustments and deficit):
+    /// `available = max(0, total - reserved - sold)`; an adjust below what was already accepted
+    /// records a deficit and never cancels orders.
     pub async fn adjust(&self, bucket: &str, new_total: i64) -> Result<WalView, OpsError> {
         check_total(new_total)?;
         check_ids(bucket)?;
@@ -442,10 +440,7 @@ impl StockOps {
     }
 
     pub async fn find(&self, operation_id: &str) -> Result<WalView, OpsError> {
-        let row = wal::find_by_op(&self.pool, operation_id)
-            .await?
-            .ok_or_else(|| OpsError::UnknownOperation(operation_id.to_string()))?;
-        Ok(WalView::from_row(&row))
+        Ok(WalView::from_row(&self.find_row(operation_id).await?))
     }
 
     pub async fn list(

@@ -554,12 +554,12 @@ fn restoration(
 }
 
 /// Every instance's Try path judges a bucket's lost mark on a list (or a row) read up to
-/// [`crate::service::cache::MAX_TTL`] ago: one read just before the mark would still let a
+/// [`crate::cache::MAX_TTL`] ago: one read just before the mark would still let a
 /// Try through. Before the rebuild puts the bucket back into Redis (where the script would
 /// take that Try), the mark has been visible for longer than any cached copy can live; one
 /// second more covers clock differences between instances.
 async fn wait_out_cached_baselines(bucket_id: &str, lost_at: chrono::NaiveDateTime) {
-    let settle = crate::service::cache::MAX_TTL + Duration::from_secs(1);
+    let settle = crate::cache::MAX_TTL + Duration::from_secs(1);
     let since = (chrono::Utc::now().naive_utc() - lost_at)
         .to_std()
         .unwrap_or_default();

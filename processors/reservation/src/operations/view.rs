@@ -1,6 +1,7 @@
 //! Stock operations and buckets as operators see them (admin API and CLI).
 
 use super::*;
+use stocksvr_core::codes::StockStatus;
 
 /// A WAL row as operators and the admin API see it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -102,15 +103,6 @@ pub struct SnapshotView {
     pub updated_at: String,
 }
 
-fn bucket_state_name(code: i8) -> &'static str {
-    match code {
-        10 => "OPEN",
-        20 => "CLOSED",
-        30 => "ARCHIVED",
-        _ => "UNKNOWN",
-    }
-}
-
 impl StockOps {
     /// Baseline, Redis and snapshot of one bucket side by side.
     pub async fn show_bucket(&self, bucket_id: &str) -> Result<BucketReport, OpsError> {
@@ -134,11 +126,11 @@ impl StockOps {
                 merchant_id: b.merchant_id,
                 dish_id: b.dish_id,
                 stock_date: b.stock_date.to_string(),
-                timezone: b.timezone,
                 total_stock: b.total_stock,
                 baseline_version: b.baseline_version,
-                stock_enabled: b.stock_status == 1,
-                bucket_status: bucket_state_name(b.bucket_status),
+                stock_enabled: StockStatus::from_code(b.stock_status) == Some(StockStatus::Enabled),
+                bucket_status: b.state().map_or("UNKNOWN", BucketState::name),
+                timezone: b.timezone,
             }),
             redis: redis.map(|r| RedisView {
                 state: r.state.name(),

@@ -4,6 +4,7 @@
 //! derive from the operation id, so a step can never enqueue two different events.
 
 use crate::outbox::{self, Deltas};
+use stocksvr_core::codes::RejectReason;
 use stocksvr_core::events::StockAction;
 use stocksvr_core::model::{OpCode, OpResult};
 use stocksvr_core::reservation::ReservationStatus;
@@ -11,16 +12,16 @@ use stocksvr_store::outbox::NewOutbox;
 use stocksvr_store::reservations::{Completion, Reservation};
 
 /// A Try that will never hold stock: REJECTED with `reason`, and the InventoryRejected event.
-pub fn rejection(row: &Reservation, reason: &str, available: Option<i64>) -> Completion {
+pub fn rejection(row: &Reservation, reason: RejectReason, available: Option<i64>) -> Completion {
     Completion {
         to: ReservationStatus::Rejected,
         expected_redis_version: None,
         refunded_add: 0,
-        reject_reason: Some(reason.to_string()),
+        reject_reason: Some(reason.name().to_string()),
         outbox: vec![outbox::rejected(
             row,
             &row.current_operation_id,
-            reason,
+            reason.name(),
             available,
         )],
     }
@@ -84,12 +85,11 @@ pub fn completion(
     refund_id: Option<&str>,
 ) -> Result<Completion, String> {
     let op = row.current_operation_id.as_str();
-    let q = |n: u32| i64::from(n);
     let (outbox, refunded_add) = match (from, to) {
         (ReservationStatus::Preparing, ReservationStatus::Rejected) => {
             return Ok(rejection(
                 row,
-                "INSUFFICIENT_STOCK",
+                RejectReason::InsufficientStock,
                 Some(result.after.available),
             ));
         }
@@ -97,76 +97,10 @@ pub fn completion(
             vec![try_stock_change(row, op, result), outbox::reserved(row, op)],
             0,
         ),
-        (ReservationStatus::Confirming, _) => {
-            let held = row.held();
-            let d = Deltas {
-                available: 0,
-                reserved: -q(held),
-                sold: q(held),
-            };
-            (
-                vec![
-                    outbox::stock_change(row, StockAction::Confirm, op, held, d, result, None),
-                    outbox::confirmed(row, op),
-                ],
-                0,
-            )
-        }
-        (ReservationStatus::Canceling, _) => {
-            // An empty rollback only fenced the Try: no stock comes back.
-            let released = if result.empty_rollback {
-                0
-            } else {
-                q(row.held())
-            };
-            // Units that paid down a deficit (an adjust below what was accepted) did not
-            // become available: the ledger books what Redis really did.
-            let d = Deltas {
-                available: released - result.paid,
-                reserved: -released,
-                sold: 0,
-            };
-            (
-                vec![
-                    outbox::stock_change(
-                        row,
-                        StockAction::Cancel,
-                        op,
-                        row.quantity,
-                        d,
-                        result,
-                        None,
-                    ),
-                    outbox::canceled(row, op, result.empty_rollback),
-                ],
-                0,
-            )
-        }
+        (ReservationStatus::Confirming, _) => (confirmed(row, op, result), 0),
+        (ReservationStatus::Canceling, _) => (canceled(row, op, result), 0),
         (ReservationStatus::Refunding, _) => {
-            let qty = row.pending_quantity;
-            // Refunded from sold (after Confirm) or from reserved (a scheduled order before
-            // its confirm): the ledger must say which pool the units left.
-            let from_sold = row.resume_status() == Some(ReservationStatus::Confirmed);
-            let d = if from_sold {
-                Deltas {
-                    available: q(qty) - result.paid,
-                    reserved: 0,
-                    sold: -q(qty),
-                }
-            } else {
-                Deltas {
-                    available: q(qty) - result.paid,
-                    reserved: -q(qty),
-                    sold: 0,
-                }
-            };
-            (
-                vec![
-                    outbox::stock_change(row, StockAction::Refund, op, qty, d, result, refund_id),
-                    outbox::refunded(row, op, qty, refund_id, !from_sold),
-                ],
-                qty,
-            )
+            (refunded(row, op, result, refund_id), row.pending_quantity)
         }
         _ => {
             return Err(format!(
@@ -185,48 +119,78 @@ pub fn completion(
     })
 }
 
+/// A Confirm's events: what the reservation still holds moves from reserved to sold.
+fn confirmed(row: &Reservation, op: &str, result: &OpResult) -> Vec<NewOutbox> {
+    let held = row.held();
+    let d = Deltas {
+        available: 0,
+        reserved: -i64::from(held),
+        sold: i64::from(held),
+    };
+    vec![
+        outbox::stock_change(row, StockAction::Confirm, op, held, d, result, None),
+        outbox::confirmed(row, op),
+    ]
+}
+
+/// A Cancel's events: what the reservation held goes back, unless the Cancel was an empty
+/// rollback that only fenced the Try.
+fn canceled(row: &Reservation, op: &str, result: &OpResult) -> Vec<NewOutbox> {
+    let released = if result.empty_rollback {
+        0
+    } else {
+        i64::from(row.held())
+    };
+    // Units that paid down a deficit (an adjust below what was accepted) did not become
+    // available: the ledger books what Redis really did.
+    let d = Deltas {
+        available: released - result.paid,
+        reserved: -released,
+        sold: 0,
+    };
+    vec![
+        outbox::stock_change(row, StockAction::Cancel, op, row.quantity, d, result, None),
+        outbox::canceled(row, op, result.empty_rollback),
+    ]
+}
+
+/// A Refund's events for the row's pending quantity, returned from sold (after Confirm) or
+/// from reserved (a scheduled order before its confirm): the ledger must say which pool the
+/// units left.
+fn refunded(
+    row: &Reservation,
+    op: &str,
+    result: &OpResult,
+    refund_id: Option<&str>,
+) -> Vec<NewOutbox> {
+    let qty = i64::from(row.pending_quantity);
+    let from_sold = row.resume_status() == Some(ReservationStatus::Confirmed);
+    let (reserved, sold) = if from_sold { (0, -qty) } else { (-qty, 0) };
+    let d = Deltas {
+        available: qty - result.paid,
+        reserved,
+        sold,
+    };
+    vec![
+        outbox::stock_change(
+            row,
+            StockAction::Refund,
+            op,
+            row.pending_quantity,
+            d,
+            result,
+            refund_id,
+        ),
+        outbox::refunded(row, op, row.pending_quantity, refund_id, !from_sold),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::NaiveDate;
+    use crate::fixture::reservation as row;
     use stocksvr_core::events::StockAfter;
     use stocksvr_core::model::{FencePhase, OpCode};
-
-    fn row(status: ReservationStatus, op: &str) -> Reservation {
-        let t = NaiveDate::from_ymd_opt(2026, 7, 26)
-            .and_then(|d| d.and_hms_opt(12, 0, 0))
-            .expect("valid time");
-        Reservation {
-            id: 100_123_001,
-            order_id: 9,
-            order_item_id: 91,
-            merchant_id: 10_001,
-            dish_id: 90_001,
-            stock_bucket_id: "bucket_10001_90001_20260726".into(),
-            stock_date: t.date(),
-            quantity: 3,
-            refunded_quantity: 0,
-            pending_quantity: 2,
-            order_type: 1,
-            processing_time: None,
-            expire_at: t,
-            status: status.code() as i8,
-            resume_status: Some(ReservationStatus::Confirmed.code() as i8),
-            reject_reason: None,
-            current_operation_id: op.into(),
-            retry_count: 0,
-            next_retry_at: t,
-            last_error: None,
-            sync_status: 10,
-            expected_redis_version: None,
-            synced_redis_version: 0,
-            version: 1,
-            created_at: t,
-            updated_at: t,
-            stale_alerted_at: None,
-            dead: 0,
-        }
-    }
 
     fn result(code: OpCode, available: i64, empty_rollback: bool) -> OpResult {
         OpResult {

@@ -1,6 +1,8 @@
-//! Confirm, MarkCreated, Cancel and Refund (seed §8, §9): read the row, decide what the
-//! intent means in its status, CAS into the intermediate status with the step's operation
-//! id, run the step. A lost CAS means another actor moved the row: decide again.
+//! Confirm, MarkCreated, Cancel and Refund (docs/design.md, Confirm, Cancel, Refund): read
+//! the row, decide what the intent means in its status, CAS into the intermediate status with
+//! the step's operation id, run the step. A lost CAS means another actor moved the row:
+//! decide again. One entry point per intent; each takes a [`Target`], the reservation's id or
+//! a row its caller has just read.
 
 use super::{error_label, IntentOutcome, ReservationService};
 use crate::error::ServiceError;
@@ -10,37 +12,72 @@ use stocksvr_core::reservation::{self as rules, Decision, Intent, ReservationSta
 use stocksvr_store::reservations::{self as repo, Begin, Completion, Reservation, Step};
 use stocksvr_telemetry::names;
 
+/// A refund's id (None for a full refund) and quantity (None: everything still held).
+type Refund<'a> = (Option<&'a str>, Option<u32>);
+
+/// The step an intent starts: from the status it was decided on into `to`.
+struct Started<'a> {
+    from: ReservationStatus,
+    to: ReservationStatus,
+    operation_id: &'a str,
+    /// The refund row's key ("" for a full refund).
+    refund_key: &'a str,
+    /// A refund's quantity; None refunds everything still held.
+    quantity: Option<u32>,
+}
+
 /// CAS races are bounded: each lost race means another actor moved the row, and a handful
 /// of moves exhausts every path through the state machine.
 const MAX_CAS_ROUNDS: usize = 8;
 
+/// The reservation an intent applies to: its id (the service reads the row), or a row the
+/// caller has just read (the reservations of a batch's orders, read at once), on which the
+/// first decision is taken instead of reading it again. A stale row only costs a lost CAS,
+/// after which the row is read and the intent decided again.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    Id(u64),
+    Read(Box<Reservation>),
+}
+
+impl Target {
+    pub fn id(&self) -> u64 {
+        match self {
+            Target::Id(id) => *id,
+            Target::Read(row) => row.id,
+        }
+    }
+}
+
+impl From<u64> for Target {
+    fn from(id: u64) -> Self {
+        Target::Id(id)
+    }
+}
+
+impl From<Reservation> for Target {
+    fn from(row: Reservation) -> Self {
+        Target::Read(Box::new(row))
+    }
+}
+
 impl ReservationService {
     /// Instant `OrderCreated` and a due scheduled order.
-    pub async fn confirm(&self, id: u64) -> Result<IntentOutcome, ServiceError> {
-        self.apply(id, Intent::Confirm, None, None).await
-    }
-
-    /// [`Self::confirm`] of a row the caller has just read (the order's reservations, say):
-    /// the first decision is taken on it instead of reading it again. A stale row only costs
-    /// a lost CAS, after which the row is read and the intent decided again.
-    pub async fn confirm_read(&self, row: Reservation) -> Result<IntentOutcome, ServiceError> {
-        self.apply(row.id, Intent::Confirm, None, Some(row)).await
+    pub async fn confirm(&self, target: impl Into<Target>) -> Result<IntentOutcome, ServiceError> {
+        self.apply(target.into(), Intent::Confirm, None).await
     }
 
     /// Scheduled `OrderCreated`: RESERVED -> CREATED_RESERVED; no Redis step.
-    pub async fn mark_created(&self, id: u64) -> Result<IntentOutcome, ServiceError> {
-        self.apply(id, Intent::MarkCreated, None, None).await
-    }
-
-    /// [`Self::mark_created`] of a row the caller has just read (see [`Self::confirm_read`]).
-    pub async fn mark_created_read(&self, row: Reservation) -> Result<IntentOutcome, ServiceError> {
-        self.apply(row.id, Intent::MarkCreated, None, Some(row))
-            .await
+    pub async fn mark_created(
+        &self,
+        target: impl Into<Target>,
+    ) -> Result<IntentOutcome, ServiceError> {
+        self.apply(target.into(), Intent::MarkCreated, None).await
     }
 
     /// `OrderCreatedFailed` only.
-    pub async fn cancel(&self, id: u64) -> Result<IntentOutcome, ServiceError> {
-        self.apply(id, Intent::Cancel, None, None).await
+    pub async fn cancel(&self, target: impl Into<Target>) -> Result<IntentOutcome, ServiceError> {
+        self.apply(target.into(), Intent::Cancel, None).await
     }
 
     /// `OrderCreatedFailed`: the order failed. In one transaction the order fence is written
@@ -108,33 +145,28 @@ impl ReservationService {
     /// (`refund_id` and a quantity that may be partial but never exceeds what is held).
     pub async fn refund(
         &self,
-        id: u64,
+        target: impl Into<Target>,
         refund_id: Option<&str>,
         quantity: Option<u32>,
     ) -> Result<IntentOutcome, ServiceError> {
-        self.apply(
-            id,
-            if refund_id.is_some() {
-                Intent::PartialRefund
-            } else {
-                Intent::Refund
-            },
-            Some((refund_id, quantity)),
-            None,
-        )
-        .await
+        let intent = if refund_id.is_some() {
+            Intent::PartialRefund
+        } else {
+            Intent::Refund
+        };
+        self.apply(target.into(), intent, Some((refund_id, quantity)))
+            .await
     }
 
-    #[tracing::instrument(skip(self, refund, read), fields(reservation_id = id, ?intent), err)]
+    #[tracing::instrument(skip(self, target, refund), fields(reservation_id = target.id(), ?intent), err)]
     async fn apply(
         &self,
-        id: u64,
+        target: Target,
         intent: Intent,
-        refund: Option<(Option<&str>, Option<u32>)>,
-        read: Option<Reservation>,
+        refund: Option<Refund<'_>>,
     ) -> Result<IntentOutcome, ServiceError> {
         let started = Instant::now();
-        let result = self.apply_inner(id, intent, refund, read).await;
+        let result = self.apply_inner(target, intent, refund).await;
         let outcome = match &result {
             Ok(IntentOutcome::Done { already: true, .. }) => "already_done",
             Ok(IntentOutcome::Done { .. }) => "done",
@@ -152,11 +184,11 @@ impl ReservationService {
 
     async fn apply_inner(
         &self,
-        id: u64,
+        target: Target,
         intent: Intent,
-        refund: Option<(Option<&str>, Option<u32>)>,
-        mut read: Option<Reservation>,
+        refund: Option<Refund<'_>>,
     ) -> Result<IntentOutcome, ServiceError> {
+        let id = target.id();
         let refund_id = refund.and_then(|(r, _)| r);
         let requested_op = match intent {
             Intent::Confirm => rules::confirm_operation_id(id),
@@ -167,11 +199,15 @@ impl ReservationService {
         // A full refund (OrderCanceled) has no refund id of its own; refund ids from the
         // order service are never empty, so "" cannot collide with one.
         let refund_key = refund_id.unwrap_or("");
+        let mut read = match target {
+            Target::Read(row) => Some(*row),
+            Target::Id(_) => None,
+        };
         for _ in 0..MAX_CAS_ROUNDS {
             // The caller's row for the first decision only: after a lost CAS it is stale.
             let row = match read.take() {
-                Some(row) if row.id == id => row,
-                _ => self.load(id).await?,
+                Some(row) => row,
+                None => self.load(id).await?,
             };
             let status = row.status()?;
             // A refund request that already committed returns its first result, whatever
@@ -187,91 +223,27 @@ impl ReservationService {
                 &requested_op,
                 committed,
             );
+            let done = |row, already| IntentOutcome::Done {
+                reservation: Box::new(row),
+                already,
+            };
             match decision {
-                Decision::AlreadyDone => {
-                    return Ok(IntentOutcome::Done {
-                        reservation: Box::new(row),
-                        already: true,
-                    })
-                }
+                Decision::AlreadyDone => return Ok(done(row, true)),
                 Decision::NotYet { status } => return Ok(IntentOutcome::NotYet { status }),
                 Decision::Conflict { status, reason } => {
                     return Ok(IntentOutcome::Conflict { status, reason })
                 }
-                Decision::InProgress { .. } => {
-                    let row = self.run_step(row).await?;
-                    return Ok(IntentOutcome::Done {
-                        reservation: Box::new(row),
-                        already: false,
-                    });
-                }
+                Decision::InProgress { .. } => return Ok(done(self.run_step(row).await?, false)),
                 Decision::Start { to } => {
-                    let started = match to {
-                        ReservationStatus::CreatedReserved => {
-                            let completion = Completion {
-                                to,
-                                expected_redis_version: None,
-                                refunded_add: 0,
-                                reject_reason: None,
-                                outbox: Vec::new(),
-                            };
-                            if let Some(row) = self.complete_grouped(row, &completion).await? {
-                                return Ok(IntentOutcome::Done {
-                                    reservation: Box::new(row),
-                                    already: false,
-                                });
-                            }
-                            // Lost the CAS: another actor moved the row; decide again.
-                            continue;
-                        }
-                        ReservationStatus::Refunding => {
-                            let held = row.held();
-                            let quantity = refund.and_then(|(_, q)| q).unwrap_or(held);
-                            if quantity == 0 || quantity > held {
-                                return Err(ServiceError::OverRefund {
-                                    reservation_id: id,
-                                    asked: quantity,
-                                    held,
-                                });
-                            }
-                            let step = Step {
-                                to,
-                                operation_id: &requested_op,
-                                pending_quantity: quantity,
-                                resume_status: Some(status),
-                            };
-                            if stocksvr_store::refunds::begin_refund(
-                                &self.pool, &row, status, refund_key, &step,
-                            )
-                            .await?
-                            {
-                                Some(self.load(id).await?)
-                            } else {
-                                None
-                            }
-                        }
-                        _ => {
-                            let pending_quantity = if to == ReservationStatus::Canceling {
-                                row.quantity
-                            } else {
-                                row.held()
-                            };
-                            self.begin_grouped(Begin {
-                                row,
-                                to,
-                                operation_id: requested_op.clone(),
-                                pending_quantity,
-                                resume_status: None,
-                            })
-                            .await?
-                        }
+                    let step = Started {
+                        from: status,
+                        to,
+                        operation_id: &requested_op,
+                        refund_key,
+                        quantity: refund.and_then(|(_, q)| q),
                     };
-                    if let Some(row) = started {
-                        let row = self.run_step(row).await?;
-                        return Ok(IntentOutcome::Done {
-                            reservation: Box::new(row),
-                            already: false,
-                        });
+                    if let Some(row) = self.start(row, step).await? {
+                        return Ok(done(row, false));
                     }
                     // Lost the CAS: another actor moved the row; decide again on what it is now.
                 }
@@ -281,6 +253,79 @@ impl ReservationService {
             reservation_id: id,
             reason: format!("still contended after {MAX_CAS_ROUNDS} CAS rounds"),
         })
+    }
+
+    /// Moves `row` into `step.to` with one CAS and runs the step that follows (MarkCreated
+    /// has none: its CAS is its completion). None when the CAS was lost: another actor moved
+    /// the row first.
+    async fn start(
+        &self,
+        row: Reservation,
+        step: Started<'_>,
+    ) -> Result<Option<Reservation>, ServiceError> {
+        let started = match step.to {
+            ReservationStatus::CreatedReserved => {
+                let completion = Completion {
+                    to: step.to,
+                    expected_redis_version: None,
+                    refunded_add: 0,
+                    reject_reason: None,
+                    outbox: Vec::new(),
+                };
+                return self.complete_grouped(row, &completion).await;
+            }
+            ReservationStatus::Refunding => self.begin_refund(row, &step).await?,
+            to => {
+                let pending_quantity = if to == ReservationStatus::Canceling {
+                    row.quantity
+                } else {
+                    row.held()
+                };
+                self.begin_grouped(Begin {
+                    row,
+                    to,
+                    operation_id: step.operation_id.to_string(),
+                    pending_quantity,
+                    resume_status: None,
+                })
+                .await?
+            }
+        };
+        match started {
+            Some(row) => Ok(Some(self.run_step(row).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The CAS into REFUNDING, with the refund row that keeps the request's first answer;
+    /// a quantity beyond what the reservation still holds is refused before anything moves.
+    async fn begin_refund(
+        &self,
+        row: Reservation,
+        step: &Started<'_>,
+    ) -> Result<Option<Reservation>, ServiceError> {
+        let held = row.held();
+        let quantity = step.quantity.unwrap_or(held);
+        if quantity == 0 || quantity > held {
+            return Err(ServiceError::OverRefund {
+                reservation_id: row.id,
+                asked: quantity,
+                held,
+            });
+        }
+        let cas = Step {
+            to: step.to,
+            operation_id: step.operation_id,
+            pending_quantity: quantity,
+            resume_status: Some(step.from),
+        };
+        if stocksvr_store::refunds::begin_refund(&self.pool, &row, step.from, step.refund_key, &cas)
+            .await?
+        {
+            Ok(Some(self.load(row.id).await?))
+        } else {
+            Ok(None)
+        }
     }
 
     /// Tells the order domain that `trigger_event_id` asked for something the reservation's

@@ -1,23 +1,26 @@
 //! The reservation service: one type, its configuration and what its operations answer.
 //! The operations live beside it, one concern a file:
 //!
-//! - [`try_path`]: Try (seed §6), idempotent on (order_item_id, dish_id);
-//! - [`intents`]: Confirm, MarkCreated, Cancel and Refund (seed §8, §9), each a CAS into an
+//! - [`try_path`]: Try (docs/design.md, Try), idempotent on (order_item_id, dish_id);
+//! - [`intents`]: Confirm, MarkCreated, Cancel and Refund (docs/design.md), each a CAS into an
 //!   intermediate status followed by its step, and conflict reports;
 //! - [`step`]: running (or resuming) the Redis step of an intermediate status and committing
 //!   its completion: also what the recovery worker calls;
 //! - [`completion`]: the pure decision of what a finished step commits (the next status and
 //!   the outbox rows), unit-tested like the projector's `decide`.
 
-pub(crate) mod cache;
 mod completion;
 pub(crate) mod group;
 mod intents;
+mod missing;
 mod step;
 mod try_path;
+mod turns;
 
+pub use intents::Target;
 pub use try_path::REJECTED_ORDER_FAILED;
 
+use crate::cache::{self, BaselineCache, LostBuckets, TtlCache};
 use crate::error::ServiceError;
 use crate::operations::{OpsConfig, StockOps};
 use crate::view::StuckView;
@@ -137,11 +140,11 @@ pub struct ReservationService {
     outbox_written: Option<Arc<tokio::sync::Notify>>,
     /// Bucket init, adjust and lifecycle through the operation WAL (also the lazy init).
     ops: StockOps,
-    timezones: cache::TtlCache<u64, Tz>,
-    baselines: Arc<cache::TtlCache<String, stocksvr_store::baselines::Baseline>>,
-    lost: cache::LostBuckets,
+    timezones: TtlCache<u64, Tz>,
+    baselines: Arc<BaselineCache>,
+    lost: LostBuckets,
     /// One Try per (order_item_id, dish_id) at a time in this process.
-    turns: cache::Turns<(u64, u64)>,
+    turns: turns::Turns<(u64, u64)>,
     /// Group commit (the Try path, step begins and completions); None outside a Tokio
     /// runtime or with groups of one.
     groups: Option<group::StepGroups>,
@@ -161,7 +164,7 @@ impl ReservationService {
         } else {
             cache::STATIC_TTL
         };
-        let baselines = Arc::new(cache::TtlCache::new(kept));
+        let baselines = Arc::new(TtlCache::new(kept));
         let ops = StockOps::new(pool.clone(), lua.clone(), OpsConfig::default())
             .with_baseline_cache(baselines.clone());
         let groups = (config.try_group_max > 1 && tokio::runtime::Handle::try_current().is_ok())
@@ -174,10 +177,10 @@ impl ReservationService {
                 )
             });
         Self {
-            timezones: cache::TtlCache::new(kept),
+            timezones: TtlCache::new(kept),
             baselines,
-            lost: cache::LostBuckets::new(config.try_cache_ttl),
-            turns: cache::Turns::new(),
+            lost: LostBuckets::new(config.try_cache_ttl),
+            turns: turns::Turns::new(),
             groups,
             pool,
             lua,
@@ -263,7 +266,7 @@ impl ReservationService {
 
     /// Exponential backoff for the next recovery attempt of a row that failed `retry_count` times.
     fn retry_delay(&self, retry_count: u32) -> TimeDelta {
-        chrono_backoff(
+        stocksvr_core::backoff::jittered_delta(
             retry_count,
             self.config.recovery_delay,
             self.config.recovery_max_delay,
@@ -310,6 +313,20 @@ impl ReservationService {
     }
 }
 
+/// The service's stock operations, for the WAL worker and the daily job.
+impl AsRef<StockOps> for ReservationService {
+    fn as_ref(&self) -> &StockOps {
+        &self.ops
+    }
+}
+
+/// The service's MySQL pool, for the gauges.
+impl AsRef<MySqlPool> for ReservationService {
+    fn as_ref(&self) -> &MySqlPool {
+        &self.pool
+    }
+}
+
 /// The `outcome` label of a failed operation.
 fn error_label(e: &ServiceError) -> &'static str {
     match e {
@@ -323,15 +340,4 @@ fn error_label(e: &ServiceError) -> &'static str {
         ServiceError::Inconsistent { .. } => "inconsistent",
         ServiceError::BucketLost { .. } => "bucket_lost",
     }
-}
-
-/// [`stocksvr_core::backoff::jittered`] over chrono durations (what MySQL rows store).
-pub(crate) fn chrono_backoff(retry_count: u32, initial: TimeDelta, max: TimeDelta) -> TimeDelta {
-    let std = |d: TimeDelta| d.to_std().unwrap_or_default();
-    TimeDelta::from_std(stocksvr_core::backoff::jittered(
-        retry_count,
-        std(initial),
-        std(max),
-    ))
-    .unwrap_or(max)
 }

@@ -1,5 +1,5 @@
-//! Try (seed §6): idempotent on (order_item_id, dish_id). A repeat returns the first outcome
-//! (finishing a Try left PREPARING); a CANCELED reservation is never revived.
+//! Try (docs/design.md, Try): idempotent on (order_item_id, dish_id). A repeat returns the first
+//! outcome (finishing a Try left PREPARING); a CANCELED reservation is never revived.
 
 use super::step::Prepared;
 use super::{error_label, ReservationService, TryReply, TryRequest};
@@ -9,21 +9,28 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use chrono_tz::Tz;
 use std::time::Instant;
 use stocksvr_core::bucket::{self, BucketKey, BucketState};
+use stocksvr_core::codes::{RejectReason, StockStatus};
 use stocksvr_core::events::OrderType;
 use stocksvr_core::reservation::{self as rules, ReservationStatus};
+use stocksvr_store::baselines::Baseline;
 use stocksvr_store::reservations::{
     self as repo, Completion, InsertOutcome, NewReservation, Reservation,
 };
 use stocksvr_telemetry::names;
 
 /// Whether a baseline row lets Trys in (its lost mark aside): only such a row is kept for
-/// [`super::cache::STATIC_TTL`].
-fn takes_trys(b: &stocksvr_store::baselines::Baseline) -> bool {
-    b.stock_status == 1 && u8::try_from(b.bucket_status).ok() == Some(BucketState::Open.code())
+/// [`crate::cache::STATIC_TTL`].
+fn takes_trys(b: &Baseline) -> bool {
+    stock_enabled(b) && b.state() == Some(BucketState::Open)
+}
+
+/// Whether the dish's stock is on for the bucket (a disabled dish takes no Try).
+fn stock_enabled(b: &Baseline) -> bool {
+    StockStatus::from_code(b.stock_status) == Some(StockStatus::Enabled)
 }
 
 /// `reject_reason` of a Try whose order failed before it reached MySQL.
-pub const REJECTED_ORDER_FAILED: &str = "ORDER_FAILED";
+pub const REJECTED_ORDER_FAILED: &str = RejectReason::OrderFailed.name();
 
 impl ReservationService {
     /// The merchant's zone, or the default when none is configured or it is unreadable.
@@ -94,7 +101,7 @@ impl ReservationService {
         Ok(())
     }
 
-    /// Try (seed §6): idempotent on (order_item_id, dish_id). A repeat returns the first
+    /// Try: idempotent on (order_item_id, dish_id). A repeat returns the first
     /// outcome (finishing a Try left PREPARING); a CANCELED reservation is never revived.
     #[tracing::instrument(skip_all, fields(order_id = req.order_id, order_item_id = req.order_item_id, dish_id = req.dish_id), err)]
     pub async fn try_reserve(&self, req: &TryRequest) -> Result<TryReply, ServiceError> {
@@ -171,8 +178,8 @@ impl ReservationService {
     }
 
     /// Whether the bucket takes new Trys, judged on its baseline row (an OPEN one kept for
-    /// [`super::cache::STATIC_TTL`], any other for `try_cache_ttl`: Redis refuses a closed or absent
-    /// bucket itself) and on the list of lost buckets (read at most `try_cache_ttl` ago).
+    /// [`crate::cache::STATIC_TTL`], any other for `try_cache_ttl`: Redis refuses a closed or
+    /// absent bucket itself) and on the list of lost buckets (read at most `try_cache_ttl` ago).
     async fn open_for_trys(&self, bucket_id: &str) -> Result<(), ServiceError> {
         let key = bucket_id.to_string();
         let cached = self
@@ -183,13 +190,13 @@ impl ReservationService {
             Some(b) => (b, false),
             None => (self.read_baseline(&key).await?, true),
         };
-        if baseline.stock_status != 1 {
+        if !stock_enabled(&baseline) {
             return Err(ServiceError::BucketUnavailable {
                 bucket: key,
                 reason: "the dish's stock is disabled",
             });
         }
-        if u8::try_from(baseline.bucket_status).ok() != Some(BucketState::Open.code()) {
+        if baseline.state() != Some(BucketState::Open) {
             return Err(ServiceError::BucketUnavailable {
                 bucket: key,
                 reason: "the bucket is closed for new reservations",
@@ -212,10 +219,7 @@ impl ReservationService {
         Ok(())
     }
 
-    async fn read_baseline(
-        &self,
-        key: &str,
-    ) -> Result<stocksvr_store::baselines::Baseline, ServiceError> {
+    async fn read_baseline(&self, key: &str) -> Result<Baseline, ServiceError> {
         let b = stocksvr_store::baselines::find_baseline(&self.pool, key)
             .await?
             .ok_or_else(|| ServiceError::BucketNotFound(key.to_string()))?;

@@ -1,6 +1,8 @@
 //! What the Try path reads on every request but rarely changes (a merchant's time zone, a
-//! bucket's baseline row), the list of buckets Redis lost, and the per-item turn that makes
-//! a repeat of an in-flight Try wait for the first instead of racing it.
+//! bucket's baseline row) and the list of buckets Redis lost, kept in memory for a bounded
+//! time. The service reads through these caches; the stock operations drop a bucket's entry
+//! when they change its baseline, and a rebuild waits out [`MAX_TTL`]: both sides depend on
+//! this module, neither on the other.
 //!
 //! A stale entry is safe for as long as it can live:
 //! - an OPEN baseline row and a time zone are kept for [`STATIC_TTL`]: Redis refuses a
@@ -19,6 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use stocksvr_store::baselines::Baseline;
 
 /// Longest time to live the configuration accepts for the lost list (and for rows that do
 /// not take Trys); the rebuild waits this long after the lost mark, whatever an instance is
@@ -36,6 +39,7 @@ const MAX_ENTRIES: usize = 100_000;
 /// refused anyway) and each Try reads its own row, as with the cache off.
 const MAX_LOST_LISTED: u32 = 1_000;
 
+/// Entries that live for a fixed time after they were put.
 pub struct TtlCache<K, V> {
     ttl: Duration,
     entries: Mutex<HashMap<K, (Instant, V)>>,
@@ -86,6 +90,10 @@ impl<K: Eq + Hash, V: Clone> TtlCache<K, V> {
         entries.remove(key);
     }
 }
+
+/// Baseline rows by bucket id: read by the Try path, dropped by the stock operations that
+/// change them (close, reopen, rebuild).
+pub type BaselineCache = TtlCache<String, Baseline>;
 
 /// The buckets marked lost (`lost_at`), all read at once and kept for at most `max_age`.
 /// Read again when a Try finds the list older than half of that (that Try alone waits for
@@ -175,60 +183,6 @@ impl LostList {
     }
 }
 
-/// One turn per key at a time: the second request for a key waits until the first is done.
-pub struct Turns<K> {
-    held: Mutex<HashMap<K, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-pub struct Turn<'a, K: Eq + Hash + Clone> {
-    turns: &'a Turns<K>,
-    key: K,
-    guard: tokio::sync::OwnedMutexGuard<()>,
-}
-
-impl<K: Eq + Hash + Clone> Turns<K> {
-    pub fn new() -> Self {
-        Self {
-            held: Mutex::new(HashMap::new()),
-        }
-    }
-
-    pub async fn take(&self, key: K) -> Turn<'_, K> {
-        let lock = {
-            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            held.entry(key.clone()).or_default().clone()
-        };
-        let guard = lock.lock_owned().await;
-        Turn {
-            turns: self,
-            key,
-            guard,
-        }
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-}
-
-impl<K: Eq + Hash + Clone> Default for Turns<K> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<K: Eq + Hash + Clone> Drop for Turn<'_, K> {
-    fn drop(&mut self) {
-        let mut held = self.turns.held.lock().unwrap_or_else(|p| p.into_inner());
-        // Only the map and this turn hold the lock: nobody else waits, so the key can go.
-        // (A waiter clones it under this same map lock, so the count cannot grow meanwhile.)
-        if Arc::strong_count(tokio::sync::OwnedMutexGuard::mutex(&self.guard)) == 2 {
-            held.remove(&self.key);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,22 +211,5 @@ mod tests {
         assert_eq!(listed.has("b1"), Some(true));
         assert_eq!(listed.has("b2"), Some(false));
         assert_eq!(LostList::TooMany.has("b1"), None);
-    }
-
-    #[tokio::test]
-    async fn a_second_turn_waits_for_the_first_and_the_key_goes_when_both_are_done() {
-        let turns = Arc::new(Turns::new());
-        let first = turns.take(7).await;
-        let waiter = tokio::spawn({
-            let turns = turns.clone();
-            async move {
-                let _turn = turns.take(7).await;
-            }
-        });
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished(), "the second turn waits");
-        drop(first);
-        waiter.await.expect("join");
-        assert_eq!(turns.len(), 0);
     }
 }
