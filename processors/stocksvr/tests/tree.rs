@@ -268,10 +268,12 @@ fn references(module: &str, code: &str, modules: &BTreeSet<String>) -> BTreeSet<
     }
     refs.into_iter()
         .filter(|r| {
-            r != module
-                && !r.starts_with(&format!("{module}::"))
-                && !module.starts_with(&format!("{r}::"))
-                && !(module.is_empty() || r.is_empty())
+            let related = r == module
+                || r.starts_with(&format!("{module}::"))
+                || module.starts_with(&format!("{r}::"))
+                || module.is_empty()
+                || r.is_empty();
+            !related
         })
         .collect()
 }
