@@ -418,9 +418,13 @@ name_codes! {
 }
 
 name_codes! {
-    /// `inventory_operation_wal.result_payload` `$.effect` of a repair or rebuild: what the
-    /// step did, read back by the reconciler and the operator views.
+    /// `inventory_operation_wal.result_payload` `$.effect` of an init, repair or rebuild: what
+    /// the step did, read back by the reconciler and the operator views.
     pub enum WalEffect in "inventory_operation_wal.result_payload.effect" {
+        /// An init created the bucket in Redis: its event books it.
+        Initialized => "INITIALIZED",
+        /// An init found the bucket already in Redis: nothing written, nothing to book.
+        Unchanged => "UNCHANGED",
         /// The repair script moved the numbers to the target at the expected version.
         Repaired => "REPAIRED",
         /// Something ran since the numbers were computed: nothing written.

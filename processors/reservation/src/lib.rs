@@ -13,7 +13,6 @@ mod failpoint;
 pub mod gauges;
 pub mod operations;
 mod outbox;
-pub mod reconcile;
 pub mod recovery;
 mod service;
 pub mod settings;

@@ -234,11 +234,11 @@ pub async fn run(
         if !roles.reconciler {
             return Ok(());
         }
-        let reconciler = Arc::new(stocksvr_reservation::reconcile::Reconciler::new(
+        let reconciler = Arc::new(stocksvr_reconciler::Reconciler::new(
             service.clone(),
             settings.reconcile.reconcile_config(),
         ));
-        stocksvr_reservation::reconcile::run(reconciler, stop.clone())
+        stocksvr_reconciler::run(reconciler, stop.clone())
             .await
             .context("reconciler")
     };
