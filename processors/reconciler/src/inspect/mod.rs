@@ -265,3 +265,33 @@ pub(crate) fn log_difference(i: &Inspection, kind: DifferenceKind) {
         "reconcile difference"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_in_flight_is_listed_by_kind_and_a_bucket_just_built_counts_as_an_operation() {
+        let counts = InFlightCounts {
+            reservations: 2,
+            stock_operations: 0,
+            dead_operations: 1,
+            outbox: 0,
+            projection: 3,
+        };
+        assert_eq!(
+            in_flight(counts, false),
+            [
+                InFlight::Reservations(2),
+                InFlight::DeadOperations(1),
+                InFlight::Projection(3)
+            ]
+        );
+        assert_eq!(
+            in_flight(InFlightCounts::default(), true),
+            [InFlight::StockOperations(1)],
+            "built between the reads of Redis and MySQL: held back, not lost"
+        );
+        assert!(in_flight(InFlightCounts::default(), false).is_empty());
+    }
+}

@@ -298,4 +298,63 @@ mod tests {
         assert!(!same_bucket("bucket_1_2_20260101", "bucket_1_2_20260102"));
         assert!(!same_bucket("bucket_1_2_2026010", "bucket_1_2_20260101"));
     }
+
+    fn cut(bucket: &str, id: u64) -> Option<Cut> {
+        Some((bucket.to_string(), None, id))
+    }
+
+    // A full page reads every bucket it reached but its last to the end; the last goes on
+    // alone from where the page stopped, until a short page ends it.
+    #[test]
+    fn a_full_page_leaves_its_last_bucket_to_read_on_from_its_last_row() {
+        let (a, b, c) = (
+            "bucket_1_1_20260101",
+            "bucket_1_2_20260101",
+            "bucket_1_3_20260101",
+        );
+        let mut pending = Pending {
+            buckets: vec![a, b, c],
+            cut: None,
+        };
+        let seen: HashSet<String> = [a, b].map(str::to_string).into();
+        pending.after_page(true, &seen, cut(b, 40)).expect("page");
+        assert_eq!(
+            pending.buckets,
+            [c],
+            "a and b are read to their end or go on alone"
+        );
+        assert_eq!(pending.cut, cut(b, 40));
+        pending
+            .after_page(true, &HashSet::from([b.to_string()]), cut(b, 90))
+            .expect("page");
+        assert_eq!(pending.cut, cut(b, 90), "b still fills pages");
+        pending
+            .after_page(false, &HashSet::new(), None)
+            .expect("page");
+        assert_eq!(
+            (pending.cut.clone(), pending.buckets.clone()),
+            (None, vec![c])
+        );
+        pending
+            .after_page(false, &HashSet::new(), None)
+            .expect("page");
+        assert!(
+            pending.done(),
+            "a short page over the rest reads them to their end"
+        );
+    }
+
+    // Rows naming no bucket asked for would make the next page start over: an error, not a
+    // loop.
+    #[test]
+    fn a_full_page_of_buckets_not_asked_for_is_an_error() {
+        let mut pending = Pending {
+            buckets: vec!["bucket_1_1_20260101"],
+            cut: None,
+        };
+        let seen = HashSet::from(["bucket_9_9_20260101".to_string()]);
+        assert!(pending
+            .after_page(true, &seen, cut("bucket_9_9_20260101", 1))
+            .is_err());
+    }
 }
