@@ -1,9 +1,14 @@
-# Sourced, not run: one way for every Python tool of the project to get its pinned, git-ignored
-# environment (tests/interop, tests/chaos, tests/api, tests/observability, tests/bench).
+# shellcheck shell=bash
+# Sourced, not run: how the project builds a pinned, git-ignored Python environment. Its one
+# caller is tests/venv.sh (the environment of every harness: bench, chaos, observability,
+# interop, the OpenAPI fuzz test, and the harnesses' unit tests and lint).
 #
 #   source scripts/lib/pyenv.sh
 #   pyenv_ready NAME VENV REQUIREMENTS MIN_MINOR IMPORTS [CLI=MODULE ...] || exit 1
 #   echo "$VENV/bin/python"
+#
+# Callers at the same moment (cargo runs test binaries in parallel, each asking for the
+# environment) wait for each other on a lock beside VENV: one builds, the others find it ready.
 #
 # Packages are installed only when REQUIREMENTS changed since the last successful install (a
 # stamp holds its hash), so repeated runs cost nothing and need no network. Wheels are kept in
@@ -33,6 +38,13 @@ pyenv_ready() {
     fi
 
     mkdir -p "$(dirname "$venv")" "$wheels"
+    # The lock is held by this subshell's descriptor 9 until pyenv_ready returns.
+    exec 9>"$venv.lock"
+    flock 9
+    if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        exec 9>&-
+        return 0
+    fi
     if [[ ! -x "$venv/bin/python" ]]; then
         _pyenv_log "creating $venv with $("$python" -V 2>&1)"
         if ! "$python" -m venv "$venv" >&2 2>&1; then
@@ -42,6 +54,7 @@ pyenv_ready() {
                 _pyenv_log "neither venv nor pip works for $python (on Debian: apt-get install python3-venv)"; return 1; }
             mkdir -p "$venv/bin" "$venv/site"
             real="$(command -v "$python")"
+            # shellcheck disable=SC2016  # $PYTHONPATH and $@ belong to the wrapper, not to us
             printf '#!/bin/sh\nPYTHONPATH="%s/site${PYTHONPATH:+:$PYTHONPATH}" exec "%s" "$@"\n' \
                 "$venv" "$real" >"$venv/bin/python"
             chmod +x "$venv/bin/python"
@@ -68,5 +81,6 @@ pyenv_ready() {
     fi
     "$venv/bin/python" -c "$imports" || { _pyenv_log "install finished but the packages do not import"; return 1; }
     echo "$want" >"$stamp"
+    exec 9>&-
     _pyenv_log "ready: $("$venv/bin/python" -V 2>&1), $(grep -c '^[a-zA-Z]' "$req") pinned packages"
 }

@@ -11,11 +11,9 @@ import time
 
 import redis
 
-import pipeline
 import report
+from stocksvr_harness import REPO, kafka
 from system import BenchError, Db, PrivateStack, Role, Sampler, metric_sum, run, tail
-
-REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 # Per mode: how long or how much of each part. --quick: seconds each, a smoke run of minutes.
 PARAMS = {
@@ -83,8 +81,7 @@ class Bench:
         self.raw = {}
         self.sampler = Sampler()
         self.watch = None
-        self.stack = PrivateStack(REPO, a.private_stack_dir, a.port_base, a.stack_cache,
-                                  os.path.join(self.logs, "stack.log"))
+        self.stack = PrivateStack(REPO, a.private_stack_dir, a.port_base, a.stack_cache, self.logs)
         self.admin = None
         self.db = None
         self.redis = None
@@ -153,8 +150,8 @@ class Bench:
                      f"running ({self.a.private_stack_dir})")
             return
         with contextlib.suppress(Exception):
-            gone = pipeline.delete_topics(self.a.brokers, self.ns + ".")
-            pipeline.delete_groups(self.a.brokers, self.ns + ".")
+            gone = kafka.delete_topics(self.a.brokers, self.ns + ".")
+            kafka.delete_groups(self.a.brokers, self.ns + ".")
             self.log(f"deleted {len(gone)} topics of {self.ns}")
         with contextlib.suppress(Exception):
             for name in (self.dbname, self.sidedb):
@@ -350,5 +347,15 @@ def dump_json(path, obj):
         json.dump(obj, f, indent=1, default=str)
 
 
-__all__ = ["Bench", "BenchError", "MetricsWatch", "Db", "REPO", "BIG", "HOT_DISH", "ORDER_DISH",
-           "COLD_BASE", "dump_json"]
+__all__ = [
+    "BIG",
+    "COLD_BASE",
+    "HOT_DISH",
+    "ORDER_DISH",
+    "REPO",
+    "Bench",
+    "BenchError",
+    "Db",
+    "MetricsWatch",
+    "dump_json",
+]

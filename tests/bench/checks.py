@@ -4,27 +4,25 @@ for every bench bucket (reserved = sum of the held quantity of RESERVED/CREATED_
 sold = that of CONFIRMED rows, available + reserved + sold = total); the snapshot the projector
 books follows Redis."""
 
-import time
-
-# inventory_reservation.status (migrations/20261129000001_inventory_core.sql)
-PREPARING, RESERVED, CREATED_RESERVED, CONFIRMING, CONFIRMED = 10, 20, 25, 30, 40
-CANCELING, REFUNDING = 50, 80
-HELD_RESERVED = (RESERVED, CREATED_RESERVED)
-INTERMEDIATE = (PREPARING, CONFIRMING, CANCELING, REFUNDING)
+from stocksvr_harness.codes import CONFIRMED, CREATED_RESERVED, INTERMEDIATE, RESERVED, sql_list
+from stocksvr_harness.wait import WaitTimeout, wait_until
 
 
 def wait_settled(db, merchant, timeout):
     """Waits until no reservation of the merchant is in an intermediate status (a request
     that timed out on the client may still be finishing, or wait for the recovery worker)."""
-    deadline = time.time() + timeout
-    n = None
-    while time.time() < deadline:
-        n = db.one("SELECT COUNT(*) FROM inventory_reservation WHERE merchant_id = %s AND status IN "
-                   f"({','.join(map(str, INTERMEDIATE))})", (merchant,))
-        if n == 0:
-            return 0
-        time.sleep(1)
-    return n
+    seen = {"n": None}
+
+    def settled():
+        seen["n"] = db.one("SELECT COUNT(*) FROM inventory_reservation WHERE merchant_id = %s AND status IN "
+                           f"{sql_list(INTERMEDIATE)}", (merchant,))
+        return seen["n"] == 0
+
+    try:
+        wait_until(settled, timeout, "no reservation of the merchant in an intermediate status", interval=1.0)
+    except WaitTimeout:
+        pass  # the caller reports how many are left
+    return seen["n"]
 
 
 def acknowledged(runs):

@@ -84,7 +84,7 @@ def redis_benchmark(port, sha, tag, clients, requests, log):
     data = [r for r in rows if r and r[0].startswith("EVALSHA")]
     if not data:
         raise BenchError(f"redis-benchmark printed no result (an error reply aborts it); log {log}")
-    r = dict(zip(rows[0], data[-1]))
+    r = dict(zip(rows[0], data[-1], strict=False))
     return Result(gen_cpu_pct=cpu, rate=float(r["rps"]), p50_ms=float(r["p50_latency_ms"]),
                   p99_ms=float(r["p99_latency_ms"]), requests=requests, clients=clients)
 
@@ -201,7 +201,7 @@ def kafka_consumer_perf(kafka_home, log4j, brokers, topic, records, group, log):
         raise BenchError(f"ConsumerPerformance printed no summary; log {log}")
     keys = [k.strip() for k in lines[idx[-1]].split(",")]
     vals = [v.strip() for v in lines[idx[-1] + 1].split(",")]
-    r = dict(zip(keys, vals))
+    r = dict(zip(keys, vals, strict=False))
     return Result(gen_cpu_pct=cpu, rate=float(r["fetch.nMsg.sec"]), overall_rate=float(r["nMsg.sec"]),
                   records=int(float(r["data.consumed.in.nMsg"])), mb=float(r["data.consumed.in.MB"]),
                   rebalance_ms=float(r.get("rebalance.time.ms", 0)))

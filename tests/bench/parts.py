@@ -12,6 +12,8 @@ import loads
 import pipeline
 import trysql
 from bench import BIG, COLD_BASE, HOT_DISH, ORDER_DISH, REPO, MetricsWatch
+from stocksvr_harness import codes, kafka
+from stocksvr_harness.wait import WaitTimeout, wait_until
 from system import BenchError, http
 
 _prefix = iter(range(10, 100))  # the 2-digit id prefix of each wrk run (tests/bench/lua/wrk_try.lua)
@@ -83,7 +85,7 @@ def part_capture(b):
             lambda text: b.admin.q("SELECT %s", (text,)), lambda: trysql.general_log(b.admin, log_path, False))
     finally:
         trysql.general_log(b.admin, log_path, False)
-    for oid, iid, _ in captured + warm:
+    for _oid, iid, _ in captured + warm:
         b.extra_items.add(iid)
     path = os.path.join(b.out, "try-sql.txt")
     with open(path, "w") as f:
@@ -130,14 +132,15 @@ def part_bare(b):
     b.raw["bare_update"] = res
     for threads in (16, 64):
         b.log(f"the SQL a Try runs, replayed: sysbench, {threads} threads, {b.P['sql_secs']} s")
-        before = side.one("SELECT COUNT(*) FROM inventory_reservation WHERE status = 20")
+        before = side.one(f"SELECT COUNT(*) FROM inventory_reservation WHERE status = {codes.RESERVED}")
         with b.phase(f"try-sql-{threads}") as rec:
             res = loads.sysbench("sysbench_replay.lua", dbargs, threads, b.P["sql_secs"], sb_log,
                                  extra=[f"--template={b.template}", f"--prefix={threads % 7 + 1}"])
             rec["gen_cpu_pct"] = res["gen_cpu_pct"]
-        landed = side.one("SELECT COUNT(*) FROM inventory_reservation WHERE status = 20") - before
-        b.fig.add(f"try_sql_{threads}", f"the SQL a Try runs ({b.template_len} statements, replayed), {threads} threads",
-                  res["rate"], p50_ms=res["p50_ms"], p99_ms=res["p99_ms"], concurrency=threads,
+        landed = side.one(f"SELECT COUNT(*) FROM inventory_reservation WHERE status = {codes.RESERVED}") - before
+        b.fig.add(f"try_sql_{threads}",
+                  f"the SQL a Try runs ({b.template_len} statements, replayed), {threads} threads", res["rate"],
+                  p50_ms=res["p50_ms"], p99_ms=res["p99_ms"], concurrency=threads,
                   note=f"{landed:,} rows RESERVED for {res['events']:,} replays")
         b.raw[f"try_sql_{threads}"] = res
     side.close()
@@ -264,7 +267,8 @@ def part_http(b, init=False):
     b.fig.add("try_http_hot", "Try through HTTP, hot dish, 64 conn (stocksvr all)", hot["rate"],
               p50_ms=hot["p50_ms"], p99_ms=hot["p99_ms"], concurrency=64, note=hot["note"])
     b.fig.add("stmts_per_try", "MariaDB statements per Try (hot, 64 conn, stocksvr all)",
-              hot["stmts_per_try"], "stmt/Try", note=f"Questions delta / 2xx Trys; {hot['lua_per_try']:.2f} Lua calls/Try")
+              hot["stmts_per_try"], "stmt/Try",
+              note=f"Questions delta / 2xx Trys; {hot['lua_per_try']:.2f} Lua calls/Try")
     b.fig.add("backlog_during_try", "outbox backlog during the hot Try load (max)", hot.get("backlog_max"),
               "rows", note=f"oldest pending row at most {hot.get('oldest_max')} s (stocksvr_outbox_* gauges)")
     b.fig.add("projection_delay_try", "projection delay p99 during the hot Try load",
@@ -347,7 +351,7 @@ def part_ab(b, against, against_env, rounds):
                   note=f"{what}{' with ' + settings if settings else ''}; rounds "
                        + " / ".join(f"{r['rate']:,.0f}" for r in runs) + " per s, p99 "
                        + " / ".join(f"{r['p99_ms']:.1f}" for r in runs) + " ms")
-    paired = [bb["rate"] / aa["rate"] for aa, bb in zip(got["A"], got["B"]) if aa["rate"]]
+    paired = [bb["rate"] / aa["rate"] for aa, bb in zip(got["A"], got["B"], strict=False) if aa["rate"]]
     b.fig.ratio_value("ratio_ab", "B / A, hot Try (median of the rounds' ratios)", median(paired),
                       "rounds " + " / ".join(f"{x:.2f}" for x in paired))
 
@@ -372,15 +376,21 @@ def wait_quiet(b, timeout=300, orders=False):
     t0 = time.time()
     topic = f"{b.ns}.inventory.stock-change.v1"
     group = f"{b.group_prefix}.projector"
-    pending = lag = None
-    while time.time() - t0 < timeout:
+    seen = {}
+
+    def quiet_now():
         if b.all is not None:
             b.revive(b.all, "while the bench waited for the outbox and the projector")
-        pending = b.db.one(f"SELECT COUNT(*) {pipeline.UNSENT_FROM}")
-        lag = pipeline.group_lag(b.a.brokers, group, topic) if pending == 0 else None
+        seen["pending"] = pending = b.db.one(f"SELECT COUNT(*) {codes.OUTBOX_UNSENT_FROM}")
+        lag = kafka.group_lag(b.a.brokers, group, topic) if pending == 0 else None
         if orders and lag == 0:
-            lag = pipeline.group_lag(b.a.brokers, f"{b.group_prefix}.order-lifecycle", f"{b.ns}.order.lifecycle.v1")
-        if pending == 0 and lag == 0:
-            return time.time() - t0
-        time.sleep(1)
-    raise BenchError(f"outbox/projector not quiet after {timeout}s (pending {pending}, lag {lag})")
+            lag = kafka.group_lag(b.a.brokers, f"{b.group_prefix}.order-lifecycle", f"{b.ns}.order.lifecycle.v1")
+        seen["lag"] = lag
+        return pending == 0 and lag == 0
+
+    try:
+        wait_until(quiet_now, timeout, "the outbox to empty and the projector to catch up", interval=1.0)
+    except WaitTimeout as e:
+        raise BenchError(f"outbox/projector not quiet after {timeout}s (pending {seen.get('pending')}, "
+                         f"lag {seen.get('lag')})") from e
+    return time.time() - t0

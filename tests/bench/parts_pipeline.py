@@ -15,12 +15,14 @@ import loads
 import pipeline
 from bench import COLD_BASE, REPO, MetricsWatch, settings_env
 from parts import wait_quiet, wrk_load
+from stocksvr_harness import codes, kafka
+from stocksvr_harness.wait import WaitTimeout, wait_until
 from system import CLK_TCK, BenchError, StatusSampler, http, metric_sum, read_proc
 
 
 def _count_pending(b, topic=None):
     """Outbox rows not sent yet (of one topic: its logical name, as the rows keep it)."""
-    sql = f"SELECT COUNT(*) {pipeline.UNSENT_FROM}"
+    sql = f"SELECT COUNT(*) {codes.OUTBOX_UNSENT_FROM}"
     args = []
     if topic:
         sql += " AND o.topic = %s"
@@ -128,14 +130,19 @@ def part_pipeline(b):
         t_start = time.time()
         r = b.role("all", 88, STOCKSVR__KAFKA__GROUP_PREFIX=b.group_prefix)
         b.all = r
-        deadline = time.time() + 1800
-        while True:
-            lag = pipeline.group_lag(b.a.brokers, f"{b.group_prefix}.projector", stock_topic)
-            if lag == 0:
-                break
-            if time.time() > deadline or r.proc.poll() is not None:
-                raise BenchError(f"the fresh group did not catch up (lag {lag}; log {r.log})")
-            time.sleep(0.5)
+        seen = {}
+
+        def caught_up():
+            if r.proc.poll() is not None:
+                raise BenchError(f"the fresh group did not catch up: stocksvr all exited (lag {seen.get('lag')}; "
+                                 f"log {r.log})")
+            seen["lag"] = kafka.group_lag(b.a.brokers, f"{b.group_prefix}.projector", stock_topic)
+            return seen["lag"] == 0
+
+        try:
+            wait_until(caught_up, 1800, "the fresh group to catch up")
+        except WaitTimeout as e:
+            raise BenchError(f"the fresh group did not catch up (lag {seen.get('lag')}; log {r.log})") from e
     took = rec["t1"] - t_start
     rss = b.sampler.window(rec["t0"], rec["t1"])["procs"].get("stocksvr all", {})
     b.fig.add("catch_up", f"stocksvr all, fresh group catching up on {records:,} events", records / took,
@@ -152,14 +159,14 @@ def part_orders(b):
     rate, secs, check_secs = b.P["order_rate"], b.P["order_secs"], b.P["check_order_secs"]
     n, n_check = rate * secs, rate * check_secs
     n_warm = rate * b.P["warm_secs"]
-    rows = b.db.q("SELECT id, order_id FROM inventory_reservation WHERE merchant_id = %s AND status = 20 "
-                  "AND dish_id >= %s ORDER BY id LIMIT %s", (b.merchant, COLD_BASE, n_warm + n + n_check))
+    rows = b.db.q("SELECT id, order_id FROM inventory_reservation WHERE merchant_id = %s AND status = %s "
+                  "AND dish_id >= %s ORDER BY id LIMIT %s",
+                  (b.merchant, codes.RESERVED, COLD_BASE, n_warm + n + n_check))
     if len(rows) < n_warm + n:
         raise BenchError(f"only {len(rows)} RESERVED cold-dish reservations for {n_warm} + {n} orders")
     orders = [(int(o), int(i)) for i, o in rows]
     warm, orders, during = orders[:n_warm], orders[n_warm:n_warm + n], orders[n_warm + n:]
-    producer = pipeline.OrderProducer(b.a.brokers, b.a.registry, os.path.join(REPO, "schemas"),
-                                      f"{b.ns}.order.lifecycle.v1")
+    producer = pipeline.OrderProducer(b.a.brokers, b.a.registry, f"{b.ns}.order.lifecycle.v1")
     producer.warm_up(b.merchant)
     # The flow itself is warmed up too, as the Try loads are: on a Kafka started minutes
     # before, the first seconds of orders ran with Kafka at 66-81% of a core against 33-41%
@@ -178,7 +185,7 @@ def part_orders(b):
                        f"and op records read in {full[1]:.0f} s")
     b.log(f"warm-up: OrderCreated at {rate}/s for {b.P['warm_secs']} s ({n_warm:,} orders, not measured)")
     w_sent, _ = producer.run(warm, b.merchant, rate)
-    w_lat, _, w_confirmed, _, _ = pipeline.confirm_latencies(b.db, w_sent, {o: i for o, i in warm}, 120)
+    w_lat, _, w_confirmed, _, _ = pipeline.confirm_latencies(b.db, w_sent, dict(warm), 120)
     b.warm_orders = (w_confirmed, len(warm), pipeline.pct(w_lat, 99))
     settled = settle(b)
     b.log(f"OrderCreated at {rate}/s for {secs} s ({n:,} orders) from the Python Confluent producer")
@@ -200,7 +207,7 @@ def part_orders(b):
     m0, m1 = got["m"]
     hq, hn = pipeline.histogram_quantile(m0, m1, "stocksvr_projection_delay_seconds", 0.99)
     over = pipeline.histogram_share_over(m0, m1, "stocksvr_projection_delay_seconds", 0.1)
-    backlog, oldest = b.watch.max_between(rec["t0"], rec["t1"])
+    backlog, _oldest = b.watch.max_between(rec["t0"], rec["t1"])
     b.fig.add("projection_delay", f"projection delay under {rate} orders/s", _ms(pipeline.pct(proj, 99)), "ms",
               p50_ms=_ms(pipeline.pct(proj, 50)), p99_ms=_ms(pipeline.pct(proj, 99)),
               note=f"CONFIRMED -> its ledger row; histogram p99 {_ms(hq) or 0:.0f} ms over {hn:.0f} events"
@@ -240,7 +247,7 @@ def _orders_round(b, producer, orders, name):
         # is confirmed in the background (part_idle waits for it) and the latencies are
         # those of the orders confirmed in time (the slowest are missing).
         lat, proj, confirmed, confirm_rate, timed = pipeline.confirm_latencies(
-            b.db, sent, {o: i for o, i in orders}, wait)
+            b.db, sent, dict(orders), wait)
     status.stop()
     m1 = b.all.metrics()
     slow = pipeline.slow_seconds(timed, 0.1)
@@ -336,8 +343,11 @@ def _orders_beside_full_check(b, producer, orders):
     # The check sums each chunk of buckets in MySQL before it reads their guards: the
     # orders start once the guards are being read.
     t0 = time.time()
-    while metric_sum(b.all.metrics(), name) == g0 and checker.is_alive() and time.time() - t0 < 60:
-        time.sleep(0.2)
+    try:
+        wait_until(lambda: metric_sum(b.all.metrics(), name) != g0 or not checker.is_alive(), 60,
+                   "the full check to read its first guards", interval=0.2)
+    except WaitTimeout:
+        pass  # noted below
     if not checker.is_alive() or metric_sum(b.all.metrics(), name) == g0:
         checker.join(5)
         b.notes.append(f"no orders beside a full check: the check read no guards within "
@@ -375,13 +385,19 @@ def settle(b, busy_pct=25.0, timeout=60.0):
     commits), so the orders measure a steady rate, not that part's tail. Returns the seconds
     waited (at least the one-second sample; 1 to 5 s in the runs of 2026-12-03)."""
     t0 = time.time()
-    while time.time() - t0 < timeout:
-        time.sleep(1.0)
+
+    def calm():
         now = time.time()
         procs = b.sampler.window(now - 1.0, now)["procs"]
-        busy = max((procs.get(n, {}).get("cpu_pct") or 0) for n in ("kafka", "mariadbd"))
-        if busy < busy_pct:
-            break
+        return max((procs.get(n, {}).get("cpu_pct") or 0) for n in ("kafka", "mariadbd")) < busy_pct
+
+    # Each look is the sampler's last second, so the first comes a second after the start
+    # (an earlier one would see the part before).
+    time.sleep(1.0)
+    try:
+        wait_until(calm, timeout - 1.0, f"Kafka and MariaDB below {busy_pct:.0f}% CPU", interval=1.0)
+    except WaitTimeout:
+        pass  # the orders then run beside the tail: the phase line shows its CPU
     return time.time() - t0
 
 
@@ -408,7 +424,8 @@ def _second_line(s):
         return cpu + " | no MariaDB sample"
     return (f"{cpu} | MariaDB {m['Questions']:,.0f} stmt/s, {m['Com_commit']:,.0f} commits/s, "
             f"{m['Innodb_os_log_fsyncs']:,.0f} log fsyncs/s, {m['Innodb_data_fsyncs']:,.0f} data fsyncs/s, "
-            f"{m['Innodb_buffer_pool_pages_flushed']:,.0f} pages flushed/s, dirty {m['Innodb_buffer_pool_pages_dirty']:,}, "
+            f"{m['Innodb_buffer_pool_pages_flushed']:,.0f} pages flushed/s, "
+            f"dirty {m['Innodb_buffer_pool_pages_dirty']:,}, "
             f"checkpoint age {m['Innodb_checkpoint_age'] / 1e6:,.0f} MB, history {m['Innodb_history_list_length']:,}, "
             f"row lock waits {m['Innodb_row_lock_waits']:,.0f}/s ({m['Innodb_row_lock_time']:,.0f} ms/s), "
             f"threads running {m['Threads_running']}" + _redis_part(m))
@@ -496,14 +513,22 @@ def _wait_full_check(b, still=10, timeout=300):
     seconds) over the wait, or None when it read none."""
     name = "stocksvr_reconcile_guards_read_total"
     pid = b.all.pid
-    g0 = g = metric_sum(b.all.metrics(), name)
-    t0 = last = time.time()
+    g0 = metric_sum(b.all.metrics(), name)
+    t0 = time.time()
+    seen = {"g": g0, "last": t0}
     c0 = read_proc(pid)
-    while time.time() - last < still and time.time() - t0 < timeout:
-        time.sleep(1)
+
+    def still_long_enough():
         now = metric_sum(b.all.metrics(), name)
-        if now != g:
-            g, last = now, time.time()
+        if now != seen["g"]:
+            seen["g"], seen["last"] = now, time.time()
+        return time.time() - seen["last"] >= still
+
+    try:
+        wait_until(still_long_enough, timeout, f"the guard counter to stay still for {still} s", interval=1.0)
+    except WaitTimeout:
+        pass  # a check that never ends is measured up to the timeout
+    g = seen["g"]
     c1, t1 = read_proc(pid), time.time()
     if g == g0 or c0 is None or c1 is None:
         return None
@@ -511,8 +536,9 @@ def _wait_full_check(b, still=10, timeout=300):
     return g - g0, t1 - t0, (c1[0] - c0[0]) / CLK_TCK
 
 
-# The reservations whose fence and op record a full check reads (stocksvr_store::reconcile).
-GUARDED = "SELECT COUNT(*) FROM inventory_reservation WHERE status IN (20, 25, 40) AND quantity > refunded_quantity"
+# The reservations whose fence and op record a full check reads (stocksvr_reconciler::queries::guards).
+GUARDED = ("SELECT COUNT(*) FROM inventory_reservation WHERE status IN "
+           f"{codes.sql_list((*codes.HOLDING, codes.CONFIRMED))} AND quantity > refunded_quantity")
 
 
 def _cli_full_check(b):
@@ -563,11 +589,16 @@ def _scrape_cost(b, n=50):
 
 def part_durability(b):
     b.log("durability check")
-    deadline = time.time() + 120
-    while True:
-        ok, lines, projected = checks.check(b.db, b.redis, b.merchant, b.runs, b.extra_items)
-        if projected or not ok or time.time() > deadline:
-            break
-        time.sleep(2)
+    result = {}
+
+    def projected_or_failed():
+        result["ok"], result["lines"], projected = checks.check(b.db, b.redis, b.merchant, b.runs, b.extra_items)
+        return projected or not result["ok"]
+
+    try:
+        wait_until(projected_or_failed, 120, "the projection to catch up with Redis", interval=2.0)
+    except WaitTimeout:
+        pass  # the check's lines say the projection is behind
+    ok, lines = result["ok"], result["lines"]
     b.durable = ok
     b.durability = (["PASS"] if ok else ["FAIL"]) + lines

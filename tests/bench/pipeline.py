@@ -3,55 +3,47 @@ Kafka's own producer and consumer tools on records of the same count and size, a
 OrderCreated -> CONFIRMED at a steady rate from an independent producer."""
 
 import calendar
-import os
+import math
 import time
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-from confluent_kafka.schema_registry import SchemaRegistryClient, topic_record_subject_name_strategy
-from confluent_kafka.schema_registry.avro import AvroSerializer
-from confluent_kafka.serialization import MessageField, SerializationContext
+from confluent_kafka import Consumer, TopicPartition
 
+from stocksvr_harness import avro, codes
+from stocksvr_harness.wait import WaitTimeout, wait_until
 from system import BenchError, metric_sum
-
-# inventory_outbox rows not sent yet (processors/outbox-relay/src/store.rs, UNSENT): the
-# relay's scan leaves a published row PENDING (10) and moves the high-water mark in
-# inventory_outbox_relay over it; the retry path marks SENT (30).
-UNSENT_FROM = ("FROM inventory_outbox o JOIN inventory_outbox_relay c ON c.id = 1 "
-               "WHERE ((o.id > c.hwm AND o.status = 10) OR o.status IN (20, 40))")
-PENDING = 10
 
 
 def wait_counter(role, name, target, timeout, poll=0.1):
     """Polls a counter of role's /metrics until it reaches target. Returns (t_first, v_first,
     t_last, v_last): the first poll that saw it move off its start and the poll that reached
     the target, so the rate leaves out the process start and the group join."""
-    deadline = time.time() + timeout
-    start = None
-    first = None
-    last = None
-    while time.time() < deadline:
+    seen = {"start": None, "first": None, "last": None}
+
+    def reached():
         try:
             v = metric_sum(role.metrics(), name)
         except OSError:
             v = None
         now = time.time()
         if v is not None:
-            if start is None:
-                start = v
-            if first is None and v > start:
-                first = (now, v)
-            last = (now, v)
+            if seen["start"] is None:
+                seen["start"] = v
+            if seen["first"] is None and v > seen["start"]:
+                seen["first"] = (now, v)
+            seen["last"] = (now, v)
             if v >= target:
-                break
+                return True
         if role.proc.poll() is not None:
             raise BenchError(f"stocksvr {role.sub} exited with {role.proc.returncode} (log {role.log})")
-        time.sleep(poll)
-    if last is None or last[1] < target:
+        return False
+
+    try:
+        wait_until(reached, timeout, f"{name} of stocksvr {role.sub} to reach {target}", interval=poll)
+    except WaitTimeout as e:
+        last = seen["last"]
         raise BenchError(f"{name} of stocksvr {role.sub} at {last and last[1]} after {timeout}s, "
-                         f"expected {target}")
-    if first is None:
-        first = last
+                         f"expected {target}") from e
+    first, last = seen["first"] or seen["last"], seen["last"]
     return first[0], first[1], last[0], last[1]
 
 
@@ -82,65 +74,29 @@ def topic_sizes(brokers, topic, sample, group):
         c.close()
 
 
-def create_topic(brokers, name, partitions):
-    admin = AdminClient({"bootstrap.servers": brokers})
-    for f in admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=30).values():
-        f.result(60)
-
-
-def delete_topics(brokers, prefix):
-    """Deletes every topic whose name starts with prefix (the bench's namespace)."""
-    admin = AdminClient({"bootstrap.servers": brokers})
-    names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
-    if names:
-        for f in admin.delete_topics(names, operation_timeout=30).values():
-            try:
-                f.result(60)
-            except Exception:  # a topic already gone is fine
-                pass
-    return names
-
-
-def delete_groups(brokers, prefix):
-    admin = AdminClient({"bootstrap.servers": brokers})
-    groups = [g.group_id for g in admin.list_consumer_groups().result(30).valid
-              if g.group_id.startswith(prefix)]
-    if groups:
-        for f in admin.delete_consumer_groups(groups, request_timeout=30).values():
-            try:
-                f.result(60)
-            except Exception:
-                pass
-    return groups
-
-
 def _epoch(naive_utc):
     return calendar.timegm(naive_utc.timetuple()) + naive_utc.microsecond / 1e6
 
 
 def pct(values, p):
+    """The nearest-rank percentile: the smallest value with at least p% of them at or below
+    it. (It was round(p/100*n + 0.5), meant as a ceiling; round() goes to the even number on
+    .5, so an odd rank such as p99 of 100 values took the rank above: the maximum.)"""
     if not values:
         return None
     v = sorted(values)
-    return v[min(len(v) - 1, max(0, int(round(p / 100.0 * len(v) + 0.5)) - 1))]
+    return v[min(len(v) - 1, max(0, math.ceil(p * len(v) / 100.0 - 1e-9) - 1))]
 
 
 class OrderProducer:
     """The order service: OrderCreated through the stock Confluent client and its Avro
-    serializer (TopicRecordNameStrategy, as tests/interop/produce.py), linger.ms 0 so the
-    producer's own batching does not sit in the latency."""
+    serializer (stocksvr_harness.avro), linger.ms 0 so the producer's own batching does not
+    sit in the latency."""
 
-    def __init__(self, brokers, registry, schemas_dir, topic):
+    def __init__(self, brokers, registry, topic):
         self.topic = topic
-        self.producer = Producer({"bootstrap.servers": brokers, "enable.idempotence": True,
-                                  "acks": "all", "linger.ms": 0, "client.id": "bench-order-service"})
-        with open(os.path.join(schemas_dir, "OrderCreated.avsc"), encoding="utf-8") as f:
-            schema = f.read()
-        self.serializer = AvroSerializer(SchemaRegistryClient({"url": registry}), schema, conf={
-            "auto.register.schemas": True,
-            "subject.name.strategy": topic_record_subject_name_strategy,
-        })
-        self.ctx = SerializationContext(topic, MessageField.VALUE)
+        self.producer = avro.order_producer(brokers, "bench-order-service", linger_ms=0)
+        self.serializers = avro.Serializers(registry, events=("OrderCreated",))
         self.failed = 0
         # When the broker acknowledged each order (acks=all), by order id: an order slow to
         # confirm is then split into the part until Kafka had it and the part after (the
@@ -155,18 +111,12 @@ class OrderProducer:
             self.acked[int(msg.key())] = time.time()
 
     def _value(self, order_id, rid, merchant, now):
-        return self.serializer({
-            "event_id": f"bench-oc-{order_id}",
-            "event_type": "OrderCreated",
-            "schema_version": 1,
-            "occurred_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
-            + f".{int(now * 1000) % 1000:03d}+00:00",
-            "producer": "bench-order-service",
-            "trace_id": None,
-            "partition_key": str(order_id),
-            "data": {"order_id": order_id, "merchant_id": merchant, "order_type": "INSTANT",
-                     "processing_time": None, "inventory_reservation_ids": [rid]},
-        }, self.ctx)
+        data = {"order_id": order_id, "merchant_id": merchant, "order_type": "INSTANT", "processing_time": None,
+                "inventory_reservation_ids": [rid]}
+        occurred = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}+00:00"
+        return self.serializers.value("OrderCreated", avro.envelope(
+            "OrderCreated", f"bench-oc-{order_id}", order_id, data, "bench-order-service", occurred_at=occurred),
+            self.topic)
 
     def warm_up(self, merchant):
         """What a running order service has done long before: connected to the brokers, read
@@ -207,24 +157,30 @@ def confirm_latencies(db, sent, rids, timeout):
     confirmed count, confirms per second from the first produce to the last confirm, and
     (produce time, latency) of every confirmed order, to find when the slow ones came)."""
     ids = list(rids.values())
-    deadline = time.time() + timeout
-    confirmed = 0
-    while time.time() < deadline:
+    seen = {"confirmed": 0}
+
+    def all_confirmed():
         confirmed = 0
         for i in range(0, len(ids), 5000):
             chunk = ids[i:i + 5000]
             confirmed += db.one(
-                f"SELECT COUNT(*) FROM inventory_reservation WHERE status = 40 AND id IN ({','.join(map(str, chunk))})")
-        if confirmed == len(ids):
-            break
-        time.sleep(0.5)
+                f"SELECT COUNT(*) FROM inventory_reservation WHERE status = {codes.CONFIRMED} "
+                f"AND id IN ({','.join(map(str, chunk))})")
+        seen["confirmed"] = confirmed
+        return confirmed == len(ids)
+
+    try:
+        wait_until(all_confirmed, timeout, f"{len(ids):,} reservations to be CONFIRMED")
+    except WaitTimeout:
+        pass  # the figures say how many were
+    confirmed = seen["confirmed"]
     lat, proj, last, timed = [], [], None, []
     for i in range(0, len(ids), 5000):
         chunk = ids[i:i + 5000]
         rows = db.q(
             "SELECT r.order_id, r.updated_at, l.created_at FROM inventory_reservation r"
             " LEFT JOIN inventory_ledger l ON l.operation_id = CONCAT('op_confirm_', r.id)"
-            f" WHERE r.status = 40 AND r.id IN ({','.join(map(str, chunk))})")
+            f" WHERE r.status = {codes.CONFIRMED} AND r.id IN ({','.join(map(str, chunk))})")
         for order_id, updated, booked in rows:
             lat.append(_epoch(updated) - sent[int(order_id)])
             timed.append((sent[int(order_id)], lat[-1]))
@@ -313,20 +269,3 @@ def histogram_mean(before, after, name, match=None):
     if n <= 0:
         return 0, None
     return n, (total(after, name + "_sum") - total(before, name + "_sum")) / n
-
-
-def group_lag(brokers, group, topic):
-    """Records of topic the consumer group has not committed yet (None: unknown)."""
-    c = Consumer({"bootstrap.servers": brokers, "group.id": group, "enable.auto.commit": False})
-    try:
-        md = c.list_topics(topic, timeout=10).topics[topic]
-        parts = [TopicPartition(topic, p) for p in md.partitions]
-        lag = 0
-        for tp in c.committed(parts, timeout=10):
-            _lo, hi = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
-            lag += hi - (tp.offset if tp.offset >= 0 else 0)
-        return lag
-    except Exception:
-        return None
-    finally:
-        c.close()

@@ -22,12 +22,14 @@ import sys
 import time
 import traceback
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 import parts
 import parts_pipeline
 import parts_retries
 import report
 import storage
 from bench import REPO, Bench, dump_json, settings_env
+from stocksvr_harness import HarnessError
 from system import BenchError
 
 
@@ -74,7 +76,8 @@ def main():
     # the second one's servers fail to bind and its cleanup stops the first one's MariaDB
     # mid-run, and both runs' figures are worthless. One run at a time, refused plainly.
     os.makedirs(os.path.dirname(os.path.abspath(a.private_stack_dir)), exist_ok=True)
-    lock = open(os.path.abspath(a.private_stack_dir) + ".lock", "a")
+    # Held open (and locked) for the whole run: the process exit releases it.
+    lock = open(os.path.abspath(a.private_stack_dir) + ".lock", "a")  # noqa: SIM115
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -117,7 +120,7 @@ def main():
             parts_pipeline.part_idle(b)
             parts_pipeline.part_durability(b)
             storage.part_storage(b)
-    except (BenchError, subprocess.SubprocessError, OSError) as e:
+    except (HarnessError, subprocess.SubprocessError, OSError) as e:  # BenchError is one
         error = e
         traceback.print_exc()
     except KeyboardInterrupt as e:
@@ -162,7 +165,7 @@ def write(b, error):
     phase_lines = [b.phase_line(p) for p in b.phases if p["name"] not in ("warm-up",)]
     durability = b.durability or ["not run"]
     if error is not None:
-        durability = durability + [f"RUN FAILED: {type(error).__name__}: {error}".splitlines()[0]]
+        durability = [*durability, f"RUN FAILED: {type(error).__name__}: {error}".splitlines()[0]]
     notes = [f"note: {n}" for n in b.notes]
     text = report.table(fig, header, phase_lines + notes, durability,
                         f"took {int(took // 60)} min {int(took % 60)} s, {b.label}; results in {b.out}")

@@ -7,43 +7,27 @@ stack is ever stopped, signalled or written to except the bench's own Kafka topi
 
 import os
 import re
-import signal
-import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pymysql
 
+from stocksvr_harness import HarnessError, procs
+from stocksvr_harness import http as http_mod
+from stocksvr_harness.stack import Stack
+from stocksvr_harness.wait import WaitTimeout
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+tail = procs.tail
 
 
-class BenchError(RuntimeError):
+class BenchError(HarnessError):
     """A step of the bench could not run; the message says which and where its log is."""
-
-
-def tail(path, n=30):
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 8000))
-            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
 
 
 def run(cmd, log, env=None, timeout=600, check=True, cwd=None):
     """Runs cmd with its output appended to log; returns (returncode, output)."""
-    with open(log, "a") as f:
-        f.write(f"\n$ {' '.join(cmd)}\n")
-    p = subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
-    with open(log, "a") as f:
-        f.write(p.stdout)
-    if check and p.returncode != 0:
-        raise BenchError(f"{' '.join(cmd[:3])} ... exited {p.returncode}; log {log}:\n{tail(log)}")
-    return p.returncode, p.stdout
+    return procs.run(cmd, log, env=env, timeout=timeout, check=check, cwd=cwd, error=BenchError)
 
 
 class PrivateStack:
@@ -53,30 +37,23 @@ class PrivateStack:
 
     SERVICES = "mariadb redis"
 
-    def __init__(self, repo, stack_dir, base, cache, log):
-        self.repo = repo
-        self.log = log
-        self.base = base
-        self.env = dict(os.environ, STACK_DIR=stack_dir, STACK_PORT_BASE=str(base),
-                        STACK_SERVICES=self.SERVICES)
-        if cache:
-            self.env["STACK_CACHE"] = cache
-        self.mysql_port = base + 7
-        self.redis_port = base + 80
-        self.password = self.env.get("STACK_DB_PASSWORD", "stocksvr")
-
-    def _stack(self, *args, timeout=600):
-        return run([os.path.join(self.repo, "scripts", "stack"), *args], self.log, env=self.env,
-                   timeout=timeout)
+    def __init__(self, repo, stack_dir, base, cache, logs):
+        self.stack = Stack(stack_dir, base, logs, cache=cache or None, repo=repo, STACK_SERVICES=self.SERVICES)
+        self.mysql_port = self.stack.port("mariadb")
+        self.redis_port = self.stack.port("redis")
+        self.password = self.stack.env.get("STACK_DB_PASSWORD", "stocksvr")
 
     def up(self):
-        self._stack("up")
+        self.stack.up()
 
     def down(self):
-        self._stack("down", *self.SERVICES.split())
+        self.stack.down(*self.SERVICES.split(), check=True)
 
     def pid(self, name):
-        return int(self._stack("pid", name)[1].strip().splitlines()[-1])
+        pid = self.stack.pid(name)
+        if pid is None:
+            raise BenchError(f"scripts/stack pid {name}: not running (log {self.stack.logs}/stack.log)")
+        return pid
 
     def mysql_url(self, database):
         return f"mysql://stocksvr:{self.password}@127.0.0.1:{self.mysql_port}/{database}"
@@ -124,13 +101,7 @@ class Db:
 
 def http(method, url, body=None, headers=None, timeout=30):
     """(status, body text) of one request; connection errors raise."""
-    data = body.encode() if isinstance(body, str) else body
-    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode("utf-8", "replace")
+    return http_mod.call(method, url, body, headers, timeout)
 
 
 def parse_metrics(text):
@@ -166,52 +137,38 @@ class Role:
 
     def __init__(self, binary, sub, env, listen, log, cwd):
         self.binary, self.sub, self.env, self.listen, self.log, self.cwd = binary, sub, env, listen, log, cwd
-        self.proc = None
+        self.child = procs.Child([binary, sub], log, env=dict(env, STOCKSVR__HTTP__LISTEN=listen), cwd=cwd)
+
+    @property
+    def proc(self):
+        return self.child.proc
 
     @property
     def pid(self):
-        return self.proc.pid
+        return self.child.pid
 
     def start(self):
-        env = dict(self.env, STOCKSVR__HTTP__LISTEN=self.listen)
-        with open(self.log, "a") as f:
-            f.write(f"\n==== {time.strftime('%H:%M:%S')} stocksvr {self.sub}\n")
-        out = open(self.log, "a")
-        self.proc = subprocess.Popen([self.binary, self.sub], env=env, cwd=self.cwd, stdout=out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        out.close()
+        self.child.start()
         return self
 
     def url(self, path):
         return f"http://{self.listen}{path}"
 
     def wait_ready(self, timeout=180):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise BenchError(f"stocksvr {self.sub} exited with {self.proc.returncode}; "
-                                 f"log {self.log}:\n{tail(self.log)}")
-            try:
-                if http("GET", self.url("/readyz"), timeout=5)[0] == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise BenchError(f"stocksvr {self.sub} not ready after {timeout}s; log {self.log}:\n{tail(self.log)}")
+        try:
+            http_mod.wait_http(self.url("/readyz"), timeout, f"stocksvr {self.sub}", child=self.child, interval=0.2)
+        except (WaitTimeout, procs.Exited) as e:
+            raise BenchError(f"{e}; log {self.log}:\n{tail(self.log)}") from e
+        return self
 
     def metrics(self):
         return parse_metrics(http("GET", self.url("/metrics"), timeout=10)[1])
 
     def stop(self, timeout=30):
         """SIGTERM (it drains and commits), SIGKILL after timeout. Returns the exit code."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(30)
+        if self.proc is None:
+            return None
+        return self.child.stop(timeout)[0]
 
 
 def read_proc(pid):
@@ -303,10 +260,10 @@ class Sampler(threading.Thread):
                 "rss_last_mb": rss_last / 1024.0,
             }
         a, b = win[0][2], win[-1][2]
-        d = [y - x for x, y in zip(a, b)]
+        d = [y - x for x, y in zip(a, b, strict=True)]
         total = sum(d) or 1
         keys = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"]
-        out["machine"] = {k: 100.0 * v / total for k, v in zip(keys, d)}
+        out["machine"] = {k: 100.0 * v / total for k, v in zip(keys, d, strict=True)}
         return out
 
     def rss_series(self, name):

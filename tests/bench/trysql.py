@@ -57,7 +57,7 @@ def try_statements(entries, marks):
     pollers' statements come in between)."""
     stmts = [(i, c, s) for i, (c, cmd, s) in enumerate(entries) if cmd in ("Query", "Execute")]
     mine = set()
-    for i, conn, s in stmts:
+    for i, _conn, s in stmts:
         if any(re.search(r"(?<![0-9A-Za-z_])" + re.escape(m) + r"(?![0-9])", s) for m in marks):
             mine.add(i)
     # Transaction control on the same connection next to a statement of this Try.

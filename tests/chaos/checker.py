@@ -41,6 +41,7 @@ import collections
 import re
 
 from state import HOLDING, LEDGER_ACTION, STATUS, TERMINAL, WAL_ACTION
+from stocksvr_harness import codes
 
 TAG_RE = re.compile(r"^inv:\{(\d+):(\d+):(\d{4})-(\d{2})-(\d{2})\}:(stock|reservation|op)(?::(.+))?$")
 
@@ -176,7 +177,7 @@ class Checker:
         buckets = set(self.baseline) | set(self.stock) | set(self.snap)
         closes = collections.Counter()
         for w in self.wal:
-            if WAL_ACTION.get(w["action"]) in ("CLOSE", "ARCHIVE") and w["status"] == 30:
+            if WAL_ACTION.get(w["action"]) in ("CLOSE", "ARCHIVE") and w["status"] == codes.WAL_SUCCEEDED:
                 closes[w["stock_bucket_id"]] += 1
         for b in sorted(buckets):
             rs = self.stock.get(b)
@@ -312,7 +313,10 @@ class Checker:
                     self.add("api_error", {"op": resp["op"], "order_id": body.get("order_id"),
                                            "order_item_id": it.get("order_item_id")},
                              f"item error inside a 200 order answer at {resp['wall']}: {err}{fate}")
-            views = [body.get("reservation")] if kind == "try" else [i.get("reservation") for i in body.get("items", [])]
+            if kind == "try":
+                views = [body.get("reservation")]
+            else:
+                views = [i.get("reservation") for i in body.get("items", [])]
             for v in views:
                 if v:
                     answered.setdefault(int(v["reservation_id"]), (v["status"], resp["op"], v))
@@ -326,7 +330,7 @@ class Checker:
                     self.add("durability", ids, "Try answered RESERVED but no reservation row exists")
                     continue
                 now = STATUS.get(row["status"])
-                tries = [r for r in self.ledger_by_res.get(rid, []) if r["action"] == 2]
+                tries = [r for r in self.ledger_by_res.get(rid, []) if r["action"] == codes.LEDGER_TRY]
                 if now in ("PREPARING", "REJECTED", None):
                     self.add("durability", ids, f"Try answered RESERVED but the row is {now}")
                 elif not tries and not (now == "CANCELED" and self.is_empty_rollback(rid)):
@@ -361,7 +365,7 @@ class Checker:
             # ledger rows of this reservation against its final status
             led = self.ledger_by_res.get(rid, [])
             cnt = collections.Counter(LEDGER_ACTION.get(r["action"]) for r in led)
-            refund_sum = sum(int(r["quantity"]) for r in led if r["action"] == 6)
+            refund_sum = sum(int(r["quantity"]) for r in led if r["action"] == codes.LEDGER_REFUND)
             reserved_sum = sum(int(r["reserved_delta"]) for r in led)
             sold_sum = sum(int(r["sold_delta"]) for r in led)
             exp_reserved = q - refunded if st in HOLDING else 0
@@ -370,7 +374,7 @@ class Checker:
             for a in ("TRY", "CONFIRM", "CANCEL"):
                 if cnt[a] > 1:
                     problems.append(f"{cnt[a]} {a} rows")
-            if st in HOLDING + ("CONFIRMED", "REFUNDED") and cnt["TRY"] != 1:
+            if st in (*HOLDING, "CONFIRMED", "REFUNDED") and cnt["TRY"] != 1:
                 problems.append(f"{cnt['TRY']} TRY rows for a {st} reservation")
             if st == "REJECTED" and (cnt["TRY"] or cnt["CONFIRM"] or cnt["CANCEL"]):
                 problems.append(f"REJECTED but ledger has {dict(cnt)}")
@@ -378,7 +382,7 @@ class Checker:
                 problems.append(f"CANCELED with {cnt['TRY']} TRY and {cnt['CANCEL']} CANCEL rows")
             if refund_sum != refunded:
                 problems.append(f"refund rows sum to {refund_sum}, refunded_quantity {refunded}")
-            if st in HOLDING + ("CONFIRMED", "CANCELED", "REFUNDED", "REJECTED") and \
+            if st in (*HOLDING, "CONFIRMED", "CANCELED", "REFUNDED", "REJECTED") and \
                     (reserved_sum != exp_reserved or sold_sum != exp_sold):
                 problems.append(f"ledger deltas reserved {reserved_sum} sold {sold_sum}, status {st} holds "
                                 f"reserved {exp_reserved} sold {exp_sold}")
@@ -400,7 +404,7 @@ class Checker:
         for op in dup:
             self.add("applied_once", {"operation_id": op}, f"{len(self.ledger_by_op[op])} ledger rows")
         for rf in self.refunds:
-            if rf["status"] == 20 and len(self.ledger_by_op.get(rf["operation_id"], [])) != 1:
+            if rf["status"] == codes.REFUND_DONE and len(self.ledger_by_op.get(rf["operation_id"], [])) != 1:
                 self.add("applied_once", {"reservation_id": int(rf["reservation_id"]), "refund_key": rf["refund_key"],
                                           "operation_id": rf["operation_id"]},
                          f"refund DONE booked {len(self.ledger_by_op.get(rf['operation_id'], []))} times")

@@ -27,6 +27,8 @@ from confluent_kafka.admin import AdminClient
 
 import state as state_mod
 import system as system_mod
+from stocksvr_harness import codes
+from stocksvr_harness.wait import WaitTimeout, wait_until
 
 KINDS = ["kill-kafka-leader", "kill-instance"]
 
@@ -177,14 +179,21 @@ def kill_kafka_leader(faults, fid, kind):
         s.stack_up(server)  # the broker comes back whatever the probes did
     restarted = time.monotonic() - t0
     # Catch-up: every partition back to its full ISR (the restarted broker fetched what it missed).
-    deadline = time.monotonic() + 180
-    urp = retried(run.state, view.under_replicated)
-    while urp and time.monotonic() < deadline:
-        time.sleep(0.5)
-        urp = retried(run.state, view.under_replicated)
+    seen = {"urp": []}
+
+    def caught_up():
+        seen["urp"] = retried(run.state, view.under_replicated)
+        return not seen["urp"]
+
+    try:
+        wait_until(caught_up, 180, "every partition back to its full ISR")
+    except WaitTimeout:
+        pass  # an anomaly below, with the partitions left
+    urp = seen["urp"]
     catch_up = time.monotonic() - t0
     rec = dict(fault=fid, what="kill-kafka-leader", node=node, server=server, pid=pid, records_led=load,
-               down_s=round(t0 - t_kill, 1), under_replicated_while_down=urp_down, restart_s=round(restarted, 1), catch_up_s=round(catch_up, 1),
+               down_s=round(t0 - t_kill, 1), under_replicated_while_down=urp_down, restart_s=round(restarted, 1),
+               catch_up_s=round(catch_up, 1),
                under_replicated_left=len(urp), outbox_sent_while_down=during[0] - before[0],
                offsets_committed_while_down=during[1] - before[1])
     s.history.record("cluster_fault", **rec)
@@ -215,9 +224,11 @@ def kill_instance(faults, fid, kind):
     faults.start_record(fid, kind, role, members_before={g: v["members"] for g, v in groups_before.items()})
     pid = s.kill_role(role)
     t0 = time.monotonic()
-    deadline = t0 + 150
-    pending = {}
-    while time.monotonic() < deadline and not faults.stop_event.is_set():
+    seen = {"pending": {}}
+
+    def taken_over():
+        if faults.stop_event.is_set():
+            return True  # the run is ending: what is still pending is left unjudged below
         pending = {}
         try:
             groups = view.groups()
@@ -230,7 +241,8 @@ def kill_instance(faults, fid, kind):
                 pending["unassigned"] = missing
         except Exception as e:  # a group mid-rebalance may fail to describe: try again
             pending["describe_error"] = f"{type(e).__name__}: {e}"
-        wal = run.state.query("SELECT COUNT(*) n FROM inventory_operation_wal WHERE status IN (10,20,40) "
+        wal = run.state.query("SELECT COUNT(*) n FROM inventory_operation_wal WHERE status IN "
+                              f"{codes.sql_list(codes.WAL_UNFINISHED)} "
                               "AND lease_owner LIKE %s", (f"%:{pid}:%",))[0]["n"]
         if wal:
             pending["wal_leased_by_dead"] = wal
@@ -240,9 +252,14 @@ def kill_instance(faults, fid, kind):
                               (f"%-{pid}-%",))[0]["n"]
         if led:
             pending["relay_led_by_dead"] = led
-        if not pending:
-            break
-        time.sleep(1.0)
+        seen["pending"] = pending
+        return not pending
+
+    try:
+        wait_until(taken_over, 150, f"the work of {role} (pid {pid}) to move to the other instances", interval=1.0)
+    except WaitTimeout:
+        pass  # an anomaly below, with what was still pending
+    pending = seen["pending"]
     secs = time.monotonic() - t0
     groups_after = retried(run.state, view.groups) if not pending else {}
     shards = run.state.query("SELECT lease_owner, COUNT(*) n FROM inventory_reconcile_shard GROUP BY lease_owner")
@@ -253,7 +270,8 @@ def kill_instance(faults, fid, kind):
     s.history.record("cluster_fault", **{k: (sorted(v) if isinstance(v, set) else v) for k, v in rec.items()})
     run.cluster_results.append(rec)
     if pending and not faults.stop_event.is_set():
-        run.anomaly("rebalance", {"role": role, "pid": pid}, f"work not taken over {secs:.0f}s after kill -9: {pending}")
+        run.anomaly("rebalance", {"role": role, "pid": pid},
+                    f"work not taken over {secs:.0f}s after kill -9: {pending}")
     s.start_role(role)
     return role, {}, f"killed pid {pid}; rebalanced in {secs:.1f}s; restarted"
 

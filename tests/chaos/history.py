@@ -35,7 +35,8 @@ def wall_now() -> str:
 class History:
     def __init__(self, path):
         self.path = path
-        self._f = open(path, "a", encoding="utf-8", buffering=1)
+        # Open for the whole run (close() ends it); line-buffered so a crash loses no record.
+        self._f = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         self._lock = threading.Lock()
         self._seq = 0
         self._op = 0

@@ -10,6 +10,7 @@ Left out of the comparison because they record when something was processed, not
 """
 
 from state import GROUP_TOPICS, dumps, row
+from stocksvr_harness import codes
 
 EXCLUDED_COLUMNS = {
     "created_at", "updated_at",        # every table: row written / last changed
@@ -31,7 +32,7 @@ EXCLUDED_HASH_FIELDS = {"updated_at", "operated_at"}  # Redis: stock hash and fe
 # (CREATED_RESERVED): an entry of one that left the wheel's care (refunded, canceled) is a
 # timer the poller drops when it fires, or the schedule scan when a role starts, so whether the
 # replay's restart dropped it early says nothing about the replay (a fault run found one).
-PARKED = 25
+PARKED = codes.CREATED_RESERVED
 
 __doc__ += "\n".join([
     "  columns: " + ", ".join(sorted(EXCLUDED_COLUMNS)),

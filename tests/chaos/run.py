@@ -19,19 +19,16 @@ import traceback
 
 import redis as redis_lib
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import cluster  # noqa: E402
-import faults as faults_mod  # noqa: E402
-import history as history_mod  # noqa: E402
-import replay as replay_mod  # noqa: E402
-from checker import Checker  # noqa: E402
-from state import State  # noqa: E402
-from system import API_ROLES, ROLES, SERVERS, System  # noqa: E402
-from workload import Config, EventProducer, Workload, noon_zone  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+import cluster
+import faults as faults_mod
+import history as history_mod
+import replay as replay_mod
+from checker import Checker
+from state import State
+from stocksvr_harness import REPO
+from system import API_ROLES, ROLES, System
+from workload import Config, EventProducer, Workload, noon_zone
 
 
 def log(msg):
@@ -133,7 +130,7 @@ class Run:
                           else "does not exist (issue 10): fault kind redis-empty stays off"))
         self.state = State(s.port["mariadb"], s.port["redis"], s.kafka_direct)
         self.state.fresh_kafka_clients = a.kafka_brokers > 1
-        self.producer = EventProducer(self.history, s.kafka_direct, s.registry_url, os.path.join(REPO, "schemas"))
+        self.producer = EventProducer(self.history, s.kafka_direct, s.registry_url)
         cfg = Config(ci=a.ci)
         if a.workers:
             cfg.workers = a.workers
@@ -243,13 +240,7 @@ class Run:
         """Undo every fault: toxics off, servers running and continued, every role running."""
         s = self.system
         s.toxi_reset()
-        for server in SERVERS:
-            pid = s.server_pid(server)
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+        s.continue_servers()
         s.stack_up()
         for role in ROLES:
             if not s.role_alive(role):

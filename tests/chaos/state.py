@@ -11,21 +11,17 @@ import redis as redis_lib
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-STATUS = {10: "PREPARING", 20: "RESERVED", 25: "CREATED_RESERVED", 30: "CONFIRMING", 40: "CONFIRMED",
-          50: "CANCELING", 60: "CANCELED", 70: "REJECTED", 80: "REFUNDING", 90: "REFUNDED"}
-INTERMEDIATE = (10, 30, 50, 80)
+from stocksvr_harness import codes
+from stocksvr_harness.wait import WaitTimeout, wait_until
+
+STATUS = codes.RESERVATION_STATUS
 TERMINAL = ("CONFIRMED", "CANCELED", "REJECTED", "REFUNDED")
-HOLDING = ("RESERVED", "CREATED_RESERVED")
-LEDGER_ACTION = {1: "INIT", 2: "TRY", 3: "CONFIRM", 4: "CANCEL", 5: "ADJUST", 6: "REFUND", 7: "REPAIR",
-                 8: "REBUILD"}
-WAL_ACTION = {1: "INIT_BUCKET", 2: "ADJUST", 3: "REPAIR", 4: "CLOSE", 5: "ARCHIVE", 6: "REBUILD"}
-WAL_STATUS = {10: "INIT", 20: "EXECUTING", 30: "SUCCEEDED", 40: "RETRY", 50: "DEAD"}
-# inventory_outbox rows not sent yet (processors/outbox-relay/src/store.rs, UNSENT): the
-# relay's scan leaves a published row PENDING (10) and moves the high-water mark over it;
-# the retry path marks SENT (30). Use as `FROM inventory_outbox o JOIN
-# inventory_outbox_relay c ON c.id = 1 WHERE ...`.
-OUTBOX_UNSENT = "((o.id > c.hwm AND o.status = 10) OR o.status IN (20, 40))"
-OUTBOX_SENT_WHERE = "((o.id <= c.hwm AND o.status = 10) OR o.status = 30)"
+HOLDING = tuple(STATUS[c] for c in codes.HOLDING)
+LEDGER_ACTION = codes.LEDGER_ACTION
+WAL_ACTION = codes.WAL_ACTION
+WAL_STATUS = codes.WAL_STATUS
+OUTBOX_UNSENT = codes.OUTBOX_UNSENT
+OUTBOX_SENT_WHERE = codes.OUTBOX_SENT
 
 # The consumer group of each processor and the topics it reads (dead-letter: every *.dlt).
 GROUP_TOPICS = {
@@ -64,7 +60,7 @@ class State:
             conn.close()
 
     def tables(self):
-        return [list(r.values())[0] for r in self.query("SHOW TABLES")]
+        return [next(iter(r.values())) for r in self.query("SHOW TABLES")]
 
     # ---- Kafka --------------------------------------------------------------------------
 
@@ -128,43 +124,46 @@ class State:
                           f"WHERE {OUTBOX_UNSENT} GROUP BY o.status")
         if rows:
             p["outbox"] = {str(r["status"]): r["n"] for r in rows}
-        rows = self.query("SELECT status, COUNT(*) n FROM inventory_reservation WHERE status IN (10,30,50,80) "
-                          "AND dead = 0 GROUP BY status")
+        rows = self.query("SELECT status, COUNT(*) n FROM inventory_reservation WHERE status IN "
+                          f"{codes.sql_list(codes.INTERMEDIATE)} AND dead = 0 GROUP BY status")
         if rows:
             p["intermediate_reservations"] = {STATUS[r["status"]]: r["n"] for r in rows}
-        rows = self.query("SELECT status, COUNT(*) n FROM inventory_operation_wal WHERE status IN (10,20,40) "
-                          "GROUP BY status")
+        rows = self.query("SELECT status, COUNT(*) n FROM inventory_operation_wal WHERE status IN "
+                          f"{codes.sql_list(codes.WAL_UNFINISHED)} GROUP BY status")
         if rows:
             p["wal"] = {WAL_STATUS[r["status"]]: r["n"] for r in rows}
         # Scheduled confirms due (the wheel or the 30 s scan must have confirmed them).
-        rows = self.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status = 25 AND dead = 0 "
-                          "AND processing_time < UTC_TIMESTAMP(3) - INTERVAL 60 SECOND")
+        rows = self.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status = %s AND dead = 0 "
+                          "AND processing_time < UTC_TIMESTAMP(3) - INTERVAL 60 SECOND", (codes.CREATED_RESERVED,))
         if rows and rows[0]["n"]:
             p["scheduled_overdue"] = rows[0]["n"]
         # Scheduled confirms not due yet: their outcome is part of the check, so wait for them.
-        rows = self.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status = 25 AND dead = 0 "
-                          "AND processing_time >= UTC_TIMESTAMP(3) - INTERVAL 60 SECOND")
+        rows = self.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status = %s AND dead = 0 "
+                          "AND processing_time >= UTC_TIMESTAMP(3) - INTERVAL 60 SECOND", (codes.CREATED_RESERVED,))
         if rows and rows[0]["n"]:
             p["scheduled_not_due"] = rows[0]["n"]
         # RESERVED rows the stale watcher (every 30 s) should have alerted by now.
-        rows = self.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status = 20 AND dead = 0 "
+        rows = self.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status = %s AND dead = 0 "
                           "AND stale_alerted_at IS NULL AND expire_at < UTC_TIMESTAMP(3) - INTERVAL %s SECOND",
-                          (hold_ttl_grace,))
+                          (codes.RESERVED, hold_ttl_grace))
         if rows and rows[0]["n"]:
             p["stale_not_alerted"] = rows[0]["n"]
         rows = self.query("SELECT COUNT(*) n, TIMESTAMPDIFF(SECOND, UTC_TIMESTAMP(3), MAX(expire_at)) s "
-                          "FROM inventory_reservation WHERE status = 20 AND dead = 0 AND stale_alerted_at IS NULL")
+                          "FROM inventory_reservation WHERE status = %s AND dead = 0 AND stale_alerted_at IS NULL",
+                          (codes.RESERVED,))
         if rows and rows[0]["n"]:
             p["reserved_not_yet_stale"] = {"rows": rows[0]["n"], "latest_expiry_in_s": rows[0]["s"]}
         # A parked order event (it came before what it waits for) is consumed, so the lag does
         # not show it: its effect is still to come, from the re-driver.
-        rows = self.query("SELECT COUNT(*) n FROM inventory_deferred_event WHERE status = 10")
+        rows = self.query("SELECT COUNT(*) n FROM inventory_deferred_event WHERE status = %s",
+                          (codes.DEFERRED_PARKED,))
         if rows and rows[0]["n"]:
             p["parked_order_events"] = rows[0]["n"]
         # A suspected difference gets its second look `reconcile.settle_ms` after the pass that
         # raised it: cleared (one born of lag) or confirmed (a real one, which the
         # stores_agree check finds in its own numbers).
-        rows = self.query("SELECT COUNT(*) n FROM inventory_reconcile_difference WHERE status = 10")
+        rows = self.query("SELECT COUNT(*) n FROM inventory_reconcile_difference WHERE status = %s",
+                          (codes.DIFFERENCE_SUSPECTED,))
         if rows and rows[0]["n"]:
             p["reconcile_suspected"] = rows[0]["n"]
         lag = self.lag()
@@ -173,12 +172,11 @@ class State:
         return p
 
     def wait_quiescent(self, deadline_s, stable_s=3.0, tick=1.0, on_tick=None, hold_ttl_grace=45):
-        """Poll until nothing is pending twice, stable_s apart. Returns (ok, seconds, last pending)."""
+        """Poll until nothing is pending for stable_s. Returns (ok, seconds, last pending)."""
         t0 = time.monotonic()
-        end = t0 + deadline_s
-        last = None
-        quiet_since = None
-        while True:
+        seen = {"last": None, "quiet_since": None}
+
+        def quiet_long_enough():
             try:
                 last = self.pending(hold_ttl_grace)
             except (pymysql.MySQLError, KafkaException, OSError) as e:
@@ -188,18 +186,20 @@ class State:
                     # metadata kept a topic without partitions ("Local: Unknown partition") for
                     # minutes while the cluster and every group were healthy. Fresh clients.
                     self.reset_kafka_clients()
+            seen["last"] = last
             now = time.monotonic()
-            if not last:
-                quiet_since = quiet_since or now
-                if now - quiet_since >= stable_s:
-                    return True, round(now - t0, 1), {}
-            else:
-                quiet_since = None
-            if now > end:
-                return False, round(now - t0, 1), last
+            seen["quiet_since"] = None if last else (seen["quiet_since"] or now)
+            if seen["quiet_since"] is not None and now - seen["quiet_since"] >= stable_s:
+                return True
             if on_tick:
                 on_tick(last)
-            time.sleep(tick)
+            return False
+
+        try:
+            wait_until(quiet_long_enough, deadline_s, "quiescence", interval=tick)
+        except WaitTimeout:
+            return False, round(time.monotonic() - t0, 1), seen["last"]
+        return True, round(time.monotonic() - t0, 1), {}
 
     # ---- Redis --------------------------------------------------------------------------
 

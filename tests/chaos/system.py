@@ -7,13 +7,14 @@ registry B+81, kafka B+92), the proxies at server + 100 (B+107, B+180, B+192), t
 API at B+174, and the roles' HTTP listeners at B+41..B+46 (see ROLES).
 """
 
-import json
 import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
+
+from stocksvr_harness import http, procs
+from stocksvr_harness.stack import Stack, without_stocksvr_settings
+from stocksvr_harness.wait import WaitTimeout
 
 # role name -> (stocksvr subcommand, HTTP port offset). `order-lifecycle` and `all` serve the API.
 ROLES = {
@@ -29,10 +30,6 @@ API_ROLES = ["order-lifecycle", "all"]
 SERVERS = ["mariadb", "redis", "kafka", "registry"]
 
 
-class StackError(RuntimeError):
-    """A script of the private stack failed (its log says why)."""
-
-
 class System:
     def __init__(self, repo, run_dir, base, cache, binary, history, settings, kafka_brokers=1):
         self.repo = repo
@@ -43,77 +40,41 @@ class System:
         self.settings = settings  # extra STOCKSVR__ variables for the roles
         self.stack_dir = os.path.join(run_dir, "stack")
         self.logs = os.path.join(run_dir, "logs")
-        os.makedirs(self.logs, exist_ok=True)
-        self.env = dict(os.environ)
-        self.env.update(
-            STACK_DIR=self.stack_dir,
-            STACK_CACHE=cache,
-            STACK_PORT_BASE=str(base),
-            STACK_KAFKA_PROXIED="1",
-        )
         # A Kafka cluster (issue 14): no proxy in front of it (toxiproxy forwards one broker
         # only), every client bootstraps from the brokers' own ports; topics get 3 replicas.
         self.kafka_brokers = kafka_brokers
-        if kafka_brokers > 1:
-            self.env.update(STACK_KAFKA_PROXIED="0", STACK_KAFKA_BROKERS=str(kafka_brokers))
+        cluster = {"STACK_KAFKA_PROXIED": "0", "STACK_KAFKA_BROKERS": str(kafka_brokers)} if kafka_brokers > 1 else {}
+        self.stack = Stack(self.stack_dir, base, self.logs, cache=cache, repo=repo,
+                           **{"STACK_KAFKA_PROXIED": "1", **cluster})
         # Never inherit a caller's STOCKSVR__ settings (e.g. the shared stack's): every
         # value the roles and commands see is set below.
-        for k in list(self.env):
-            if k.startswith("STOCKSVR__") or k == "STOCKSVR_CONFIG":
-                del self.env[k]
-        self.port = {
-            "mariadb": base + 7,
-            "redis": base + 80,
-            "registry": base + 81,
-            "kafka": base + 92,
-        }
+        self.env = without_stocksvr_settings(self.stack.env)
+        self.port = {server: self.stack.port(server) for server in ("mariadb", "redis", "registry", "kafka")}
         self.proxy_port = {"mysql": base + 107, "redis": base + 180, "kafka": base + 192}
         self.toxiproxy_api = f"http://127.0.0.1:{base + 174}"
         self.registry_url = f"http://127.0.0.1:{self.port['registry']}/apis/ccompat/v7"
         self.kafka_direct = ",".join(f"127.0.0.1:{self.port['kafka'] + 10 * i}" for i in range(kafka_brokers))
-        self.procs = {}  # role -> Popen
+        self.procs = {}  # role -> procs.Child
         self.started_at = {}
 
     # ---- scripts -------------------------------------------------------------------------
 
-    def _script(self, name, *args, timeout=600, check=True):
-        cmd = [os.path.join(self.repo, "scripts", name), *args]
-        with open(os.path.join(self.logs, f"{name}.log"), "a") as log:
-            log.write(f"\n$ {' '.join(cmd)}\n")
-            log.flush()
-            p = subprocess.run(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-        if check and p.returncode != 0:
-            raise StackError(f"scripts/{name} {' '.join(args)} failed with {p.returncode} "
-                               f"(log: {self.logs}/{name}.log)")
-        return p.returncode
-
     def stack_up(self, *servers, timeout=600):
-        return self._script("stack", "up", *(servers or SERVERS), timeout=timeout)
+        return self.stack.up(*(servers or SERVERS), timeout=timeout)
 
     def stack_down(self):
-        return self._script("stack", "down", timeout=300, check=False)
+        return self.stack.down()
 
     def server_pid(self, server):
-        p = subprocess.run([os.path.join(self.repo, "scripts", "stack"), "pid", server], env=self.env,
-                           capture_output=True, text=True, timeout=30)
-        if p.returncode != 0:
-            return None
-        return int(p.stdout.strip())
+        return self.stack.pid(server)
 
     def toxiproxy(self, *args, timeout=900, check=True):
-        return self._script("toxiproxy", *args, timeout=timeout, check=check)
+        return self.stack.toxiproxy(*args, timeout=timeout, check=check)
 
     # ---- toxiproxy API -------------------------------------------------------------------
 
     def toxi(self, method, path, body=None, timeout=5):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.toxiproxy_api + path, data=data, method=method)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                raw = r.read()
-                return r.status, (json.loads(raw) if raw else None)
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode(errors="replace")
+        return http.call_json(method, self.toxiproxy_api + path, body, timeout=timeout)
 
     def add_toxic(self, proxy, name, toxic_type, attributes, stream="downstream"):
         return self.toxi("POST", f"/proxies/{proxy}/toxics",
@@ -176,86 +137,65 @@ class System:
     def api_url(self, role):
         return f"http://127.0.0.1:{self.role_port(role)}"
 
+    def role_log(self, role):
+        return os.path.join(self.logs, f"role-{role}.log")
+
     def start_role(self, role):
         self.reap(role)
-        log = open(os.path.join(self.logs, f"role-{role}.log"), "a")
-        log.write(f"\n==== start {time.strftime('%H:%M:%S')} ====\n")
-        log.flush()
-        p = subprocess.Popen([self.binary, ROLES[role][0]], env=self.role_env(role), cwd=self.repo,
-                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-        log.close()
-        self.procs[role] = p
+        child = procs.Child([self.binary, ROLES[role][0]], self.role_log(role), env=self.role_env(role),
+                            cwd=self.repo, new_session=True).start()
+        self.procs[role] = child
         self.started_at[role] = time.monotonic()
-        self.history.record("role", role=role, action="start", pid=p.pid)
-        return p.pid
+        self.history.record("role", role=role, action="start", pid=child.pid)
+        return child.pid
 
     def role_alive(self, role):
         p = self.procs.get(role)
-        return p is not None and p.poll() is None
+        return p is not None and p.alive()
 
     def reap(self, role):
         p = self.procs.get(role)
-        if p is not None and p.poll() is not None:
+        if p is not None and not p.alive():
             self.history.record("role", role=role, action="exited", pid=p.pid, returncode=p.returncode)
             del self.procs[role]
 
     def exit_reason(self, role):
         """The last error a role logged in its latest run (its log is appended per start)."""
-        try:
-            with open(os.path.join(self.logs, f"role-{role}.log"), "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 65536))
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return None
-        last = text.split("==== start")[-1].splitlines()
-        for line in reversed(last):
-            if line.startswith("stocksvr:") or " ERROR " in line or "panicked" in line:
-                return line.strip()[:500]
-        return last[-1].strip()[:500] if last else None
+        return procs.last_error(self.role_log(role))
 
     def kill_role(self, role, sig=signal.SIGKILL):
         p = self.procs.get(role)
-        if p is None or p.poll() is not None:
+        if p is None or not p.alive():
             return None
-        os.kill(p.pid, sig)
-        if sig == signal.SIGKILL:
-            p.wait(timeout=30)
-            self.history.record("role", role=role, action="killed", pid=p.pid, signal="SIGKILL")
-            del self.procs[role]
-        return p.pid
+        if sig != signal.SIGKILL:
+            return p.signal(sig)
+        pid = p.kill()
+        self.history.record("role", role=role, action="killed", pid=pid, signal="SIGKILL")
+        del self.procs[role]
+        return pid
 
     def stop_role(self, role, grace=25.0):
         """SIGTERM, wait for the drain (README: within 15 s), SIGKILL after `grace` seconds."""
         p = self.procs.get(role)
         if p is None:
             return None
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=30)
-                self.history.record("role", role=role, action="sigterm-ignored", pid=p.pid, grace=grace)
-        self.history.record("role", role=role, action="stopped", pid=p.pid, returncode=p.returncode)
+        code, drained = p.stop(grace)
+        if not drained:
+            self.history.record("role", role=role, action="sigterm-ignored", pid=p.pid, grace=grace)
+        self.history.record("role", role=role, action="stopped", pid=p.pid, returncode=code)
         del self.procs[role]
-        return p.returncode
+        return code
 
     def wait_healthy(self, role, deadline_s=60.0):
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            if not self.role_alive(role):
-                return False
-            try:
-                with urllib.request.urlopen(self.api_url(role) + "/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        return True
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.3)
-        return False
+        """Whether the role answers /healthz within `deadline_s` (False at once if it exits)."""
+        child = self.procs.get(role)
+        if child is None:
+            return False
+        try:
+            http.wait_http(self.api_url(role) + "/healthz", deadline_s, f"role {role}", child=child)
+            return True
+        except (WaitTimeout, procs.Exited):
+            return False
 
     def stop_all_roles(self):
         for role in list(self.procs):
@@ -263,21 +203,23 @@ class System:
 
     def kill_everything(self):
         """Last-resort cleanup: the roles we started, then the private servers and toxiproxy."""
-        for role, p in list(self.procs.items()):
-            if p.poll() is None:
-                p.kill()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
+        for p in self.procs.values():
+            try:
+                p.kill(wait=10)
+            except subprocess.TimeoutExpired:
+                pass
         self.procs.clear()
         # A SIGSTOPped server would ignore the SIGTERM of `stack down`.
-        for s in SERVERS:
-            pid = self.server_pid(s)
+        self.continue_servers()
+        self.toxiproxy("down", check=False, timeout=60)
+        self.stack_down()
+
+    def continue_servers(self):
+        """SIGCONT to every server of the stack (a stop fault may have left one stopped)."""
+        for server in SERVERS:
+            pid = self.server_pid(server)
             if pid:
                 try:
                     os.kill(pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
-        self.toxiproxy("down", check=False, timeout=60)
-        self.stack_down()

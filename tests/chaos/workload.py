@@ -21,20 +21,18 @@ gives the same orders, fates and events; timing (and so the interleaving with fa
 
 import datetime as dt
 import heapq
-import os
 import random
 import struct
 import threading
 import time
 
 import requests
-from confluent_kafka import KafkaException, Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient, topic_record_subject_name_strategy
-from confluent_kafka.schema_registry.avro import AvroSerializer
-from confluent_kafka.serialization import MessageField, SerializationContext
+from confluent_kafka import KafkaException
+
+from stocksvr_harness import avro
+from stocksvr_harness.wait import WaitTimeout, wait_until
 
 TOPIC = "order.lifecycle.v1"
-EVENT_TYPES = ("OrderCreated", "OrderCreatedFailed", "OrderCanceled", "RefundRequested")
 RESERVED = "RESERVED"
 
 
@@ -42,8 +40,7 @@ def utc_now():
     return dt.datetime.now(dt.timezone.utc)
 
 
-def rfc3339(t):
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+rfc3339 = avro.rfc3339
 
 
 def noon_zone(utc_hour):
@@ -107,26 +104,12 @@ class EventProducer:
     keeps the order of one order's events: they share a key, so a partition, and one idempotent
     producer keeps the order within a partition."""
 
-    def __init__(self, history, bootstrap, registry_url, schemas_dir):
+    def __init__(self, history, bootstrap, registry_url):
         self.history = history
-        self.producer = Producer({
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            # The order service's outbox would retry for ever; 10 minutes covers any fault here.
-            "message.timeout.ms": 600000,
-            "client.id": "chaos-order-service",
-        })
-        registry = SchemaRegistryClient({"url": registry_url})
-        self.serializers = {}
-        for name in EVENT_TYPES:
-            with open(os.path.join(schemas_dir, f"{name}.avsc"), encoding="utf-8") as f:
-                schema = f.read()
-            self.serializers[name] = AvroSerializer(registry, schema, conf={
-                "auto.register.schemas": True,
-                "subject.name.strategy": topic_record_subject_name_strategy,
-            })
+        # The order service's outbox would retry for ever; 10 minutes covers any fault here.
+        self.producer = avro.order_producer(bootstrap, "chaos-order-service", linger_ms=5,
+                                            message_timeout_ms=600000)
+        self.serializers = avro.Serializers(registry_url)
         self._heap = []
         self._seq = 0
         self._cv = threading.Condition()
@@ -138,7 +121,7 @@ class EventProducer:
         self._thread = threading.Thread(target=self._loop, name="producer", daemon=True)
 
     def serialize(self, event_type, payload):
-        return self.serializers[event_type](payload, SerializationContext(TOPIC, MessageField.VALUE))
+        return self.serializers.value(event_type, payload, TOPIC)
 
     def start(self):
         self._thread.start()
@@ -211,12 +194,15 @@ class EventProducer:
         with self._cv:
             self._drain = True
             self._cv.notify()
-        while time.monotonic() < end:
+
+        def handed_over():
             with self._cv:
-                empty = not self._heap
-            if empty:
-                break
-            time.sleep(0.1)
+                return not self._heap
+
+        try:
+            wait_until(handed_over, deadline_s, "the producer thread to take every scheduled event", interval=0.1)
+        except WaitTimeout:
+            pass  # what is left is counted below
         remaining = self.producer.flush(max(0.0, end - time.monotonic()))
         with self._cv:
             self._stop = True
@@ -327,16 +313,7 @@ class Workload:
     # ---- events -------------------------------------------------------------------------
 
     def envelope(self, event_type, event_id, order_id, data):
-        return {
-            "event_id": event_id,
-            "event_type": event_type,
-            "schema_version": 1,
-            "occurred_at": rfc3339(utc_now()),
-            "producer": "chaos-order-service",
-            "trace_id": None,
-            "partition_key": str(order_id),
-            "data": data,
-        }
+        return avro.envelope(event_type, event_id, order_id, data, "chaos-order-service")
 
     def emit(self, due, event_type, order_id, data, rng, label, n):
         """Schedule one event (plus its duplicates) `due` seconds from now."""
@@ -502,7 +479,7 @@ class Workload:
         single = len(items) == 1
         while True:
             pending = [i for i in items if out[i["order_item_id"]]["http"] is None]
-            if not pending or time.monotonic() > deadline or self.stop_event.is_set() and attempt > 0:
+            if not pending or time.monotonic() > deadline or (self.stop_event.is_set() and attempt > 0):
                 return out
             base = self.api_bases[(api_pick + attempt) % len(self.api_bases)]
             attempt += 1
@@ -631,7 +608,7 @@ class Workload:
                 value = b"\x00\x00\x00\x00"  # no reservation yet: a truncated header instead
                 kind = "truncated"
             else:
-                other_order, rid = rng.choice(known)
+                _other_order, rid = rng.choice(known)
                 value = self.producer.serialize("OrderCreated", self.envelope(
                     "OrderCreated", event_id, order_id,
                     {"order_id": order_id, "merchant_id": self.cfg.merchants[0], "order_type": "INSTANT",

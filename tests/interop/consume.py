@@ -15,9 +15,8 @@ Example:
 
 import argparse
 import faulthandler
-import os
 import json
-import struct
+import os
 import sys
 import threading
 import time
@@ -27,6 +26,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from stocksvr_harness import avro
 
 
 def main() -> int:
@@ -102,7 +104,7 @@ def main() -> int:
                     "key": key.decode("utf-8") if key is not None else None,
                     "partition": msg.partition(),
                     "offset": msg.offset(),
-                    "schema_id": struct.unpack(">bI", raw[:5])[1] if raw and len(raw) >= 5 else None,
+                    "schema_id": avro.schema_id(raw),
                     "value": value,
                 }
             else:

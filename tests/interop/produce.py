@@ -19,17 +19,15 @@ Example:
 import argparse
 import faulthandler
 import json
-import struct
+import os
 import sys
 
-from confluent_kafka import KafkaException, Producer
-from confluent_kafka.schema_registry import (
-    SchemaRegistryClient,
-    SchemaRegistryError,
-    topic_record_subject_name_strategy,
-)
-from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka import KafkaException
+from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from stocksvr_harness import avro
 
 
 def main() -> int:
@@ -56,20 +54,10 @@ def main() -> int:
         print("produce.py: no --key and the payload has no partition_key", file=sys.stderr)
         return 2
 
-    registry = SchemaRegistryClient({"url": args.registry})
-    serializer = AvroSerializer(
-        registry,
-        schema_str,
-        conf={
-            "auto.register.schemas": True,
-            "subject.name.strategy": topic_record_subject_name_strategy,
-        },
-    )
-    ctx = SerializationContext(args.topic, MessageField.VALUE)
-    schema = json.loads(schema_str)
-    subject = topic_record_subject_name_strategy(ctx, f"{schema['namespace']}.{schema['name']}")
+    serializer = avro.serializer(SchemaRegistryClient({"url": args.registry}), schema_str)
+    subject = avro.subject(args.topic, schema_str)
     try:
-        value = serializer(payload, ctx)
+        value = serializer(payload, SerializationContext(args.topic, MessageField.VALUE))
     except SchemaRegistryError as e:
         print(f"produce.py: registering/looking up {subject} at {args.registry} failed: {e}", file=sys.stderr)
         return 1
@@ -80,14 +68,9 @@ def main() -> int:
         print(f"produce.py: schema registry {args.registry} unreachable while registering {subject}: "
               f"{type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    schema_id = struct.unpack(">bI", value[:5])[1]
+    schema_id = avro.schema_id(value)
 
-    producer = Producer({
-        "bootstrap.servers": args.bootstrap,
-        "enable.idempotence": True,
-        "acks": "all",
-        "message.timeout.ms": int(args.timeout * 1000),
-    })
+    producer = avro.order_producer(args.bootstrap, message_timeout_ms=int(args.timeout * 1000))
     result = {}
 
     def on_delivery(err, msg):

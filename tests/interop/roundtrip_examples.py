@@ -20,8 +20,10 @@ import sys
 import urllib.parse
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from stocksvr_harness import SCHEMAS, kafka
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCHEMAS = os.path.normpath(os.path.join(HERE, "..", "..", "schemas"))
 
 
 def catalog():
@@ -41,21 +43,6 @@ def catalog():
     return {r["file"][: -len(".avsc")]: r for r in rows}
 
 
-def ensure_topic(bootstrap, topic, partitions=3):
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    if topic in admin.list_topics(timeout=10).topics:
-        return
-    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic]
-    try:
-        future.result(timeout=30)
-        print(f"created topic {topic} ({partitions} partitions)")
-    except Exception as e:  # lost a race with another creator: fine
-        if "TOPIC_ALREADY_EXISTS" not in str(e):
-            raise
-
-
 def run(cmd):
     p = subprocess.run(cmd, capture_output=True, text=True)
     # The scripts' own message is their last stderr line; librdkafka may log above it.
@@ -72,8 +59,8 @@ def main() -> int:
     args = ap.parse_args()
 
     events = catalog()
-    if args.topic:
-        ensure_topic(args.bootstrap, args.topic)
+    if args.topic and kafka.create_topic(args.bootstrap, args.topic, partitions=3, exist_ok=True):
+        print(f"created topic {args.topic} (3 partitions)")
     examples_dir = os.path.join(SCHEMAS, "examples")
     failures = 0
     for name in sorted(os.listdir(examples_dir)):

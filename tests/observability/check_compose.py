@@ -67,9 +67,9 @@ def container_view(base, service, container_path):
     """The host path behind a container path, through the service's bind mounts."""
     best = None
     for host, target in bind_mounts(service):
-        if container_path == target or container_path.startswith(target.rstrip("/") + "/"):
-            if best is None or len(target) > len(best[1]):
-                best = (host, target)
+        inside = container_path == target or container_path.startswith(target.rstrip("/") + "/")
+        if inside and (best is None or len(target) > len(best[1])):
+            best = (host, target)
     if best is None:
         return None
     rest = container_path[len(best[1]):].lstrip("/")

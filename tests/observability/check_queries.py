@@ -19,6 +19,7 @@ venv).
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -26,6 +27,9 @@ import time
 import requests
 
 import obslib
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from stocksvr_harness.wait import WaitTimeout, wait_until
 
 
 class Prometheus:
@@ -131,8 +135,8 @@ def check(prom, dashboards, wait, catalog=None):
             continue
         pending.append(entry)
 
-    deadline = time.time() + wait
-    while pending:
+    def round_done():
+        """One pass over the queries still pending; true when none came back empty."""
         retry = []
         for entry in pending:
             missing = [m for m in obslib.metric_names(entry["expr"]) if not prom.present(m)]
@@ -152,11 +156,16 @@ def check(prom, dashboards, wait, catalog=None):
                 retry.append(entry)
             else:
                 entry["status"] = "ok"
-        if not retry or time.time() >= deadline:
-            break
-        time.sleep(5)
+        if not retry:
+            return True
         prom.forget_absent()
-        pending = retry
+        pending[:] = retry
+        return False
+
+    try:
+        wait_until(round_done, wait, "every dashboard query to return a series", interval=5)
+    except WaitTimeout:
+        pass  # the queries still empty are reported as such
     return results
 
 

@@ -348,8 +348,8 @@ def pipeline():
               "or vector(0)", "groups")], thresholds=[(1, "red")])
     b.stat("Stalled partitions", "Partitions with lag above 0 for 10 min while the committed "
            "offset never moved (alert StocksvrConsumerStalled).", "short",
-           [q(f"count(max by (group, topic, partition) (min_over_time(stocksvr_consumer_group_lag"
-              f'{{group=~"$group"}}[10m])) > 0 and on (group, topic, partition) max by (group, '
+           [q("count(max by (group, topic, partition) (min_over_time(stocksvr_consumer_group_lag"
+              '{group=~"$group"}[10m])) > 0 and on (group, topic, partition) max by (group, '
               "topic, partition) (changes(stocksvr_consumer_group_committed_offset"
               '{group=~"$group"}[10m])) == 0) or vector(0)', "partitions")],
            thresholds=[(1, "red")])

@@ -11,7 +11,9 @@ every matched value a metric declares is one of its values, every `{{label}}` of
 label of the query's result. Across dashboards: the provisioning files point at the same
 datasource uid and folder.
 
-    python3 tests/observability/lint_dashboards.py [--self-test]
+    python3 tests/observability/lint_dashboards.py
+
+Its PromQL helpers are unit-tested in test_promql.py (tests/lint.sh).
 
 Exit 0 when clean, 1 with one line per problem. Standard library only.
 """
@@ -49,9 +51,8 @@ def lint_dashboard(name, dash, catalog_series, catalog):
                 labels = promql.metric_labels(m.group(1), catalog)
                 if labels is not None and m.group(2) not in labels:
                     bad(f"variable ${var['name']}", f"{m.group(1)} has no label {m.group(2)!r}")
-        if var.get("multi") or var.get("includeAll"):
-            if var.get("allValue") not in (None, ".*", ".+"):
-                bad(f"variable ${var['name']}", "All must mean .* (check_queries relies on it)")
+        if (var.get("multi") or var.get("includeAll")) and var.get("allValue") not in (None, ".*", ".+"):
+            bad(f"variable ${var['name']}", "All must mean .* (check_queries relies on it)")
 
     seen_ids = {}
     for panel in obslib.all_panels(dash):
@@ -144,44 +145,12 @@ def lint_provisioning():
     return problems
 
 
-def self_test():
-    cases = {
-        'sum by (group) (max by (group, topic, partition) (stocksvr_consumer_group_lag{group=~"$group"}))':
-            ["stocksvr_consumer_group_lag"],
-        "histogram_quantile(0.99, sum by (operation, le) (rate(stocksvr_reservation_operation_seconds_bucket[$__rate_interval])))":
-            ["stocksvr_reservation_operation_seconds_bucket"],
-        'clamp_max(a_total / clamp_min(sum(rate(b_total[5m])), 1e-9), 86400) or vector(0)':
-            ["a_total", "b_total"],
-        "x > 0 and on (group) changes(y[10m]) == 0 and on (group) max by (group) (z offset 10m)":
-            ["x", "y", "z"],
-        'time() - max(m2_seconds) > 1800 and up{job="s"} == 0 unless m55':
-            ["m2_seconds", "up", "m55"],
-        'max(deriv(q[2m:30s])) * 60 > 100 and count(r) by (kind)': ["q", "r"],
-    }
-    failed = 0
-    for expr, want in cases.items():
-        got = obslib.metric_names(expr)
-        if got != want:
-            print(f"self-test: metric_names({expr!r}) = {got}, want {want}")
-            failed += 1
-    variables = {"group": {"name": "group", "type": "query", "allValue": ".*"}}
-    got = obslib.substitute('rate(x{group=~"$group",g=~"${group}"}[$__rate_interval])', variables)
-    if got != 'rate(x{group=~".*",g=~".*"}[1m])':
-        print(f"self-test: substitute gave {got}")
-        failed += 1
-    return failed
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--self-test", action="store_true",
-                        help="also test the PromQL metric-name extraction")
     parser.add_argument("--dashboards", default=str(obslib.DASHBOARDS),
                         help="directory of dashboard JSON files (default: grafana/dashboards)")
     args = parser.parse_args()
 
-    if args.self_test and (self_test() or promql.self_test()):
-        return 1
     catalog = obslib.load_catalog()
     catalog_series = obslib.series_names(catalog)
     dashboards = obslib.load_dashboards(obslib.Path(args.dashboards))

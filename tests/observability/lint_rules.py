@@ -13,9 +13,8 @@ or used by a rule.
     tests/observability/lint_rules.py      (needs PyYAML: run with the observability venv)
 """
 
-import sys
-
 import re
+import sys
 
 import yaml
 
@@ -93,7 +92,7 @@ def main():
             problems.append(f"{where}: no promtool case in which it stays quiet")
     # Every catalog metric is shown somewhere: on a dashboard or in an alert.
     shown = set()
-    for file, _, rule in obslib.load_rules():
+    for _file, _, rule in obslib.load_rules():
         shown |= {catalog_series[m] for m in obslib.metric_names(rule.get("expr", ""))
                   if m in catalog_series}
     for _, dash in obslib.load_dashboards():

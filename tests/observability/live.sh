@@ -46,8 +46,7 @@ export STACK_DIR="${STACK_DIR:-$repo/.stack}"
 scripts/stack status >/dev/null || { echo "live: the stack is not running; scripts/stack up" >&2; exit 1; }
 eval "$(scripts/stack env)"
 command -v prometheus >/dev/null || { echo "live: no prometheus binary (scripts/stack up installs Debian's)" >&2; exit 1; }
-PY="$("$here/venv.sh")"
-PYK="$("$repo/tests/interop/venv.sh")"
+PY="$("$repo/tests/venv.sh")"
 
 target="${CARGO_TARGET_DIR:-$HOME/.cache/stocksvr/target}"
 bin="${STOCKSVR_BIN:-$target/debug/stocksvr}"
@@ -66,19 +65,23 @@ for s in socks: s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))')
 merchant=$(( 700000 + $$ % 100000 )) dish=$(( 800000 + $(date +%s) % 100000 ))
 small_dish=$(( dish + 1 ))
-db_admin=(mysql -h127.0.0.1 -P3307 -ustocksvr -p"${STACK_DB_PASSWORD:-stocksvr}")
+# The stack's MariaDB, wherever its port base put it (mysql://user:password@host:port/db).
+db_hostport="${STOCKSVR__MYSQL__URL#*@}" db_hostport="${db_hostport%%/*}"
+db_admin=(mysql -h"${db_hostport%:*}" -P"${db_hostport##*:}" -ustocksvr -p"${STACK_DB_PASSWORD:-stocksvr}")
 say "run $run_id: stocksvr :$svc_port, exporter :$exp_port, prometheus :$prom_port, files in $work"
 
 pids=()
 all_pid=
 created=0
+# shellcheck disable=SC2317  # runs from the EXIT trap below
 cleanup() {
     local rc=$?
     for pid in $all_pid "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in $all_pid "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     if [ -z "${KEEP:-}" ] && [ "$created" -eq 1 ]; then
         "${db_admin[@]}" -e "DROP DATABASE IF EXISTS \`$run_id\`" 2>/dev/null || true
-        "$PYK" "$here/workload.py" cleanup --namespace "$run_id" >&2 || true
+        "$PY" "$here/workload.py" cleanup --bootstrap "${STOCKSVR__KAFKA__BROKERS:-127.0.0.1:9092}" \
+            --namespace "$run_id" >&2 || true
     fi
     # A passing run leaves nothing in /tmp (its Prometheus TSDB and logs are of no further
     # use); a failing run, --render, KEEP or an OBS_LIVE_DIR chosen by the caller keeps them.
@@ -168,8 +171,8 @@ redis-cli -u "$STOCKSVR__REDIS__URL" HINCRBY "inv:{$merchant:$drift_dish:$(date 
     >>"$work/setup.log"
 
 workload() { # phase seconds
-    "$PYK" "$here/workload.py" "$1" --seconds "$2" --api "http://127.0.0.1:$svc_port" \
-        --bootstrap "${STOCKSVR__KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:9092}" \
+    "$PY" "$here/workload.py" "$1" --seconds "$2" --api "http://127.0.0.1:$svc_port" \
+        --bootstrap "${STOCKSVR__KAFKA__BROKERS:-127.0.0.1:9092}" \
         --registry "${STOCKSVR__REGISTRY__URL:-http://127.0.0.1:8081/apis/ccompat/v7}" \
         --namespace "$run_id" --run-id "$run_id" --merchant "$merchant" --dish "$dish" \
         --small-dish "$small_dish" --held "$work/held.json"

@@ -64,8 +64,7 @@ def all_panels(dashboard):
     """Every panel, including those nested in collapsed rows."""
     for panel in dashboard.get("panels", []):
         yield panel
-        for inner in panel.get("panels", []) or []:
-            yield inner
+        yield from panel.get("panels", []) or []
 
 
 def metric_names(expr):

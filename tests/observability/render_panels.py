@@ -20,11 +20,11 @@ from datetime import datetime, timezone
 import matplotlib
 
 matplotlib.use("Agg")  # no display: files only
-import matplotlib.dates as mdates  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import requests  # noqa: E402
+import matplotlib.dates as mdates
+import matplotlib.pyplot as plt
+import requests
 
-import obslib  # noqa: E402
+import obslib
 
 # (dashboard file, panel title): what an on-call looks at first.
 KEY_PANELS = [
@@ -87,7 +87,7 @@ def main():
     rows = (len(KEY_PANELS) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(15, 4.2 * rows), squeeze=False)
     empty = []
-    for ax, (file, title) in zip(axes.flat, KEY_PANELS):
+    for ax, (file, title) in zip(axes.flat, KEY_PANELS, strict=False):
         panel, variables = find_panel(dashboards, file, title)
         unit = panel["fieldConfig"]["defaults"].get("unit", "")
         drawn = 0

@@ -21,7 +21,7 @@ Try requests (400, 404).
 
 Prints a summary line; exits 1 when fewer than half of the Trys were answered 2xx or an event
 was not acknowledged, since the query check would then test nothing.
-Needs the interop venv (tests/interop/venv.sh: confluent-kafka[avro], requests).
+Runs in the harnesses' environment (tests/venv.sh: confluent-kafka[avro], requests).
 """
 
 import argparse
@@ -34,18 +34,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
 import requests
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.schema_registry import SchemaRegistryClient, topic_record_subject_name_strategy
-from confluent_kafka.schema_registry.avro import AvroSerializer
-from confluent_kafka.serialization import MessageField, SerializationContext
 
-ORDER_EVENTS = ("OrderCreated", "OrderCreatedFailed", "OrderCanceled", "RefundRequested")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from stocksvr_harness import avro, kafka
+from stocksvr_harness.wait import WaitTimeout, wait_until
 
-
-def rfc3339(t):
-    return t.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+rfc3339 = avro.rfc3339
 
 
 class Orders:
@@ -56,21 +50,8 @@ class Orders:
         self.api = args.api.rstrip("/")
         self.http = requests.Session()
         self.topic = f"{args.namespace}.order.lifecycle.v1" if args.namespace else "order.lifecycle.v1"
-        self.producer = Producer({
-            "bootstrap.servers": args.bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "client.id": "obs-live-order-service",
-        })
-        registry = SchemaRegistryClient({"url": args.registry})
-        self.serializers = {}
-        for name in ORDER_EVENTS:
-            with open(os.path.join(REPO, "schemas", f"{name}.avsc"), encoding="utf-8") as f:
-                self.serializers[name] = AvroSerializer(registry, f.read(), conf={
-                    "auto.register.schemas": True,
-                    "subject.name.strategy": topic_record_subject_name_strategy,
-                })
+        self.producer = avro.order_producer(args.bootstrap, "obs-live-order-service", linger_ms=5)
+        self.serializers = avro.Serializers(args.registry)
         self.counts = {}
         self.counts_lock = threading.Lock()  # a rush counts from its threads
         self.failed_acks = 0
@@ -87,17 +68,10 @@ class Orders:
 
     def event(self, kind, order_id, data):
         self.seq += 1
-        envelope = {
-            "event_id": f"{self.args.run_id}-{kind}-{order_id}-{self.seq}",
-            "event_type": kind,
-            "schema_version": 1,
-            "occurred_at": rfc3339(datetime.now(timezone.utc)),
-            "producer": "obs-live-order-service",
-            "trace_id": None,
-            "partition_key": str(order_id),
-            "data": dict(data, order_id=order_id, merchant_id=self.args.merchant),
-        }
-        value = self.serializers[kind](envelope, SerializationContext(self.topic, MessageField.VALUE))
+        envelope = avro.envelope(kind, f"{self.args.run_id}-{kind}-{order_id}-{self.seq}", order_id,
+                                 dict(data, order_id=order_id, merchant_id=self.args.merchant),
+                                 "obs-live-order-service")
+        value = self.serializers.value(kind, envelope, self.topic)
         self.producer.produce(self.topic, key=str(order_id).encode(), value=value,
                               on_delivery=self._acked)
         self.producer.poll(0)
@@ -161,7 +135,7 @@ def rush(o, first_order):
     with ThreadPoolExecutor(RUSH_TRYS) as pool:
         rids = list(pool.map(lambda order: o.try_(order, http=requests), orders))
     o.count("rush")
-    for order, rid in zip(orders, rids):
+    for order, rid in zip(orders, rids, strict=True):
         if rid:
             created(o, order, rid)
 
@@ -204,16 +178,17 @@ def rare_cases(o, base):
 
 def replay_parked(o, within=30):
     """Replays the parked dead letter through the operator API once it is parked."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    def parked():
         r = o.http.get(f"{o.api}/admin/dlq", params={"limit": 10}, timeout=10)
-        letters = r.json().get("dead_letters", []) if r.ok else []
-        if letters:
-            r = o.http.post(f"{o.api}/admin/dlq/{letters[0]['id']}/replay", timeout=10)
-            o.count(f"dlq replay {r.status_code}")
-            return
-        time.sleep(0.5)
-    o.count("dlq replay: nothing parked in time")
+        return r.json().get("dead_letters", []) if r.ok else []
+
+    try:
+        letters = wait_until(parked, within, "a parked dead letter")
+    except WaitTimeout:
+        o.count("dlq replay: nothing parked in time")
+        return
+    r = o.http.post(f"{o.api}/admin/dlq/{letters[0]['id']}/replay", timeout=10)
+    o.count(f"dlq replay {r.status_code}")
 
 
 def healthy(o, seconds, held_file):
@@ -279,23 +254,8 @@ def cleanup(bootstrap, namespace):
     """Deletes the topics `<namespace>.*` and the consumer groups `<namespace>.*`."""
     if not namespace:
         raise SystemExit("cleanup: --namespace is required (it never deletes shared topics)")
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    prefix = f"{namespace}."
-    topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
-    for topic, future in (admin.delete_topics(topics, operation_timeout=30).items()
-                          if topics else []):
-        try:
-            future.result()
-        except Exception as e:  # noqa: BLE001 - reported, the rest still goes
-            print(f"cleanup: topic {topic}: {e}", file=sys.stderr)
-    listed = admin.list_consumer_groups(request_timeout=10).result()
-    groups = [g.group_id for g in listed.valid if g.group_id.startswith(prefix)]
-    for group, future in (admin.delete_consumer_groups(groups, request_timeout=30).items()
-                          if groups else []):
-        try:
-            future.result()
-        except Exception as e:  # noqa: BLE001
-            print(f"cleanup: group {group}: {e}", file=sys.stderr)
+    topics = kafka.delete_topics(bootstrap, f"{namespace}.")
+    groups = kafka.delete_groups(bootstrap, f"{namespace}.")
     print(f"cleanup: deleted {len(topics)} topics and {len(groups)} consumer groups of {namespace}")
     return 0
 

@@ -9,6 +9,7 @@ pub mod codes;
 pub mod events;
 pub mod ids;
 pub mod model;
+pub mod mysql_errors;
 pub mod reservation;
 pub mod retry;
 pub mod snowflake;

@@ -7,6 +7,7 @@
 //! to the projector, the relay and the order-lifecycle processor.
 
 use std::fmt;
+use stocksvr_core::mysql_errors::{self, Kind};
 
 /// The server a record waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -82,7 +83,8 @@ pub enum Class {
     Fatal,
 }
 
-/// MySQL/MariaDB errors by what retrying can do about them.
+/// MySQL/MariaDB errors by what retrying can do about them (the server's error numbers are
+/// sorted in [`stocksvr_core::mysql_errors`], the one list of them).
 ///
 /// - Unavailable: the server is down, restarting, stalled (a statement past its deadline
 ///   surfaces as an I/O timeout), out of connections, read-only during a failover, or chose
@@ -102,21 +104,15 @@ pub fn sqlx_class(e: &sqlx::Error) -> Class {
         | E::PoolClosed
         | E::WorkerCrashed => Class::Unavailable,
         E::Database(db) => {
-            let code = db
+            let number = db
                 .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
                 .map(|m| m.number());
-            match code {
-                // Lock wait timeout, deadlock, too many connections, server shutdown, read-only
-                // (failover), lost connection codes the server sends, max_statement_time.
-                Some(
-                    1205 | 1213 | 1040 | 1053 | 1290 | 1836 | 2006 | 2013 | 1927 | 1969 | 3024,
-                ) => Class::Unavailable,
-                // Data too long, out of range, incorrect value, null into NOT NULL, check,
-                // foreign key, duplicate entry not handled by the caller.
-                Some(1406 | 1264 | 1366 | 1292 | 1048 | 3819 | 1452 | 1062) => Class::Invalid,
-                // Unknown table or column, unknown database: the schema is behind the code.
-                Some(1146 | 1054 | 1049) => Class::Fatal,
-                _ => Class::Unavailable,
+            match number.and_then(mysql_errors::kind) {
+                Some(Kind::BadData) => Class::Invalid,
+                Some(Kind::SchemaBehind) => Class::Fatal,
+                // A number the list does not know is taken for an outage: waiting is safe,
+                // dead-lettering a record the server could store later is not.
+                Some(Kind::Transient) | None => Class::Unavailable,
             }
         }
         E::ColumnDecode { .. } | E::Decode(_) | E::ColumnNotFound(_) | E::TypeNotFound { .. } => {

@@ -1,5 +1,5 @@
-//! The verdict on one bucket from its views, decided without I/O (docs/design.md, the ledger
-//! and reconciliation): what MySQL expects (the baseline's total, the reservation table's
+//! The verdict on one bucket from its views, decided without I/O (docs/reconciliation.md,
+//! "What a bucket must hold"): what MySQL expects (the baseline's total, the reservation table's
 //! reserved and sold), what the ledger sums to, what Redis holds and what the snapshot says,
 //! and whether anything in flight means MySQL may simply lag Redis.
 

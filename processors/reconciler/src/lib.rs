@@ -1,9 +1,9 @@
-//! The reconciler (docs/design.md, reconciliation and repair): compares every live bucket's
-//! Redis numbers with what MySQL says two ways (the reservation table with the baseline's
-//! total, and the ledger's sums) and with the projector's snapshot; reports a difference only
-//! when it persists across two passes at an unchanged Redis version with nothing of the bucket
-//! in flight; repairs it with a versioned WAL operation when asked to; and brings lost buckets
-//! back through the rebuild.
+//! The reconciler (docs/design.md, "Reconcile, repair, rebuild"; docs/reconciliation.md): compares
+//! every live bucket's Redis numbers with what MySQL says two ways (the reservation table with the
+//! baseline's total, and the ledger's sums) and with the projector's snapshot; reports a difference
+//! only when it persists across two passes at an unchanged Redis version with nothing of the bucket
+//! in flight; repairs it with a versioned WAL operation when asked to; and brings lost buckets back
+//! through the rebuild.
 //!
 //! Scheduled passes (a role in `stocksvr all`) split the buckets over shards by merchant and
 //! dish; an instance checks a shard only while it holds the shard's lease, so several

@@ -1,10 +1,11 @@
-//! `dish_stock_baseline` (the merchant's total per bucket, seed §4.1) and the merchants'
-//! time zones: what a bucket is initialised, adjusted and rebuilt from.
+//! `dish_stock_baseline` (the merchant's total per bucket; docs/design.md, tables) and the
+//! merchants' time zones: what a bucket is initialised, adjusted and rebuilt from.
 
+use crate::clock::now;
 use crate::deadline::Deadline;
-use crate::reservations::now;
 use chrono::NaiveDate;
 use sqlx::MySqlPool;
+use stocksvr_core::codes::{BucketState, StockStatus};
 
 /// `dish_stock_baseline` as the Try path needs it.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -25,10 +26,22 @@ pub struct Baseline {
 
 impl Baseline {
     /// OPEN, CLOSED or ARCHIVED; None for a code no version of stocksvr writes.
-    pub fn state(&self) -> Option<stocksvr_core::bucket::BucketState> {
+    pub fn state(&self) -> Option<BucketState> {
         u8::try_from(self.bucket_status)
             .ok()
-            .and_then(stocksvr_core::bucket::BucketState::from_code)
+            .and_then(BucketState::from_code)
+    }
+
+    /// Whether the merchant switched the dish's stock on or off for the day; None for a code
+    /// no version of stocksvr writes.
+    pub fn stock_status(&self) -> Option<StockStatus> {
+        StockStatus::from_code(self.stock_status)
+    }
+
+    /// The dish's stock is switched on (an unknown code reads as off: such a bucket refuses
+    /// Trys rather than sells).
+    pub fn stock_enabled(&self) -> bool {
+        self.stock_status() == Some(StockStatus::Enabled)
     }
 }
 

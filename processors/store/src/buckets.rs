@@ -8,7 +8,8 @@ use sqlx::MySqlPool;
 use stocksvr_core::reservation::ReservationStatus;
 
 /// Statuses that still hold or may still move stock in their bucket: archive waits until
-/// none is left (seed §12.4). CONFIRMED is settled (a later refund is a new operation).
+/// none is left (docs/design.md, daily buckets and their lifecycle). CONFIRMED is settled (a
+/// later refund is a new operation).
 pub const OPEN_STATUSES: [ReservationStatus; 6] = [
     ReservationStatus::Preparing,
     ReservationStatus::Reserved,
@@ -42,7 +43,7 @@ pub async fn count_open_reservations<'e, E: sqlx::MySqlExecutor<'e>>(
 
 /// Baselines of the latest day before `date` for each dish whose latest day is within
 /// `lookback_days`, in zone `timezone`, that have no baseline on `date` yet: the daily job
-/// carries each dish's standing total forward to the new day (seed §12.1).
+/// carries each dish's standing total forward to the new day (docs/design.md, daily buckets).
 pub async fn baselines_to_carry(
     pool: &MySqlPool,
     timezone: &str,

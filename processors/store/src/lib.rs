@@ -4,6 +4,7 @@
 pub mod baselines;
 pub mod bucket_views;
 pub mod buckets;
+pub mod clock;
 pub mod deadline;
 pub mod lua;
 pub mod one_off;

@@ -51,3 +51,17 @@ where
     }
     list.push_unseparated(")");
 }
+
+/// ` WHEN ? THEN ?` for each `(id, value)`: the arms of a `CASE id` that gives each row of a
+/// group its own value in one multi-row statement.
+pub(crate) fn when_id_then<'a, T>(
+    q: &mut QueryBuilder<'a, MySql>,
+    arms: impl IntoIterator<Item = (u64, T)>,
+) where
+    T: 'a + sqlx::Encode<'a, MySql> + sqlx::Type<MySql>,
+{
+    for (id, value) in arms {
+        q.push(" WHEN ").push_bind(id);
+        q.push(" THEN ").push_bind(value);
+    }
+}

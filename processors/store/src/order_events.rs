@@ -2,10 +2,11 @@
 //! order, the events parked until they can apply, and the consumer inbox that recognises an
 //! event already handled when a topic is replayed.
 
+use crate::clock::now;
 use crate::deadline::Deadline;
 use crate::one_off::{in_list_of, OneOff};
 use crate::outbox::{insert_outbox, NewOutbox};
-use crate::reservations::{now, NewReservation, Reservation};
+use crate::reservations::{NewReservation, Reservation};
 use chrono::{NaiveDateTime, TimeDelta};
 use sqlx::{MySql, MySqlPool, Transaction};
 use std::collections::HashSet;

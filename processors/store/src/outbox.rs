@@ -1,11 +1,12 @@
-//! The transactional outbox (seed §4.6): rows written in the same transaction as the state
-//! change they announce, published by the relay.
+//! The transactional outbox (docs/design.md, events, outbox, inbox, projection): rows written
+//! in the same transaction as the state change they announce, published by the relay.
 
+use crate::clock::now;
 use crate::deadline::Deadline;
 use crate::one_off::OneOff;
-use crate::reservations::now;
 use sqlx::{MySql, MySqlPool, Transaction};
 use std::borrow::Borrow;
+use stocksvr_core::codes::OutboxStatus;
 
 /// An event to publish, written in the same transaction as the state change it announces.
 #[derive(Debug, Clone)]
@@ -43,7 +44,7 @@ async fn insert_outbox_rows<R: Borrow<NewOutbox>>(
     rows: &[R],
     verb: &str,
 ) -> Result<(), sqlx::Error> {
-    // 8 placeholders a row: 1,000 rows stay far below MariaDB's 65,535.
+    // 9 placeholders a row: 1,000 rows stay far below MariaDB's 65,535.
     for chunk in rows.chunks(1000) {
         let now = now();
         let mut query = sqlx::QueryBuilder::<MySql>::new(format!(
@@ -58,7 +59,7 @@ async fn insert_outbox_rows<R: Borrow<NewOutbox>>(
                 .push_bind(&row.topic)
                 .push_bind(&row.partition_key)
                 .push_bind(&row.payload)
-                .push("10")
+                .push_bind(OutboxStatus::Pending.code())
                 .push_bind(now)
                 .push_bind(now);
         });
@@ -78,7 +79,7 @@ pub(crate) async fn write_outbox<'e, E: sqlx::MySqlExecutor<'e>>(
     let verb = if ignore { "INSERT IGNORE" } else { "INSERT" };
     let done = sqlx::query(&format!(
         "{verb} INTO inventory_outbox (event_id, aggregate_id, event_type, topic, partition_key, \
-         payload, status, next_retry_at, created_at) VALUES (?, ?, ?, ?, ?, ?, 10, ?, ?)"
+         payload, status, next_retry_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
     ))
     .bind(&row.event_id)
     .bind(row.aggregate_id)
@@ -86,6 +87,7 @@ pub(crate) async fn write_outbox<'e, E: sqlx::MySqlExecutor<'e>>(
     .bind(&row.topic)
     .bind(&row.partition_key)
     .bind(&row.payload)
+    .bind(OutboxStatus::Pending.code())
     .bind(now)
     .bind(now)
     .execute(exec)

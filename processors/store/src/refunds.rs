@@ -2,9 +2,10 @@
 //! partial one from `RefundRequested` keyed by its refund id), so a repeated request returns
 //! its first result and partial refunds never add up past what is held.
 
+use crate::clock::now;
 use crate::deadline::Deadline;
 use crate::outbox::insert_outbox;
-use crate::reservations::{begin_step, now, Completion, Reservation, Step};
+use crate::reservations::{begin_step, Completion, Reservation, Step};
 use sqlx::MySqlPool;
 use stocksvr_core::reservation::{RefundStatus, ReservationStatus, SyncStatus};
 

@@ -55,8 +55,8 @@ async fn outbox(pool: &MySqlPool) -> Vec<(String, u64, serde_json::Value)> {
 async fn a_group_lands_row_by_row_as_built_and_its_events_in_written_order() {
     let db = stocksvr_test_support::TestDb::migrated().await;
     let pool = &db.pool;
-    // Times in milliseconds, as the service makes them (`reservations::now`).
-    let at = repo::now();
+    // Times in milliseconds, as the service makes them (`clock::now`).
+    let at = stocksvr_store::clock::now();
     // A repeat of an item: its earlier reservation stays, the group's row is skipped.
     let earlier = new_row(4_002, None, at);
     let (_, single) = repo::insert_preparing_many(pool, std::slice::from_ref(&earlier))
@@ -187,7 +187,7 @@ async fn a_clean_group_moves_all_its_rows_with_one_update() {
     let db = stocksvr_test_support::TestDb::migrated().await;
     let pool = stocksvr_store::mysql_pool(&db.url, 1, std::time::Duration::from_secs(10))
         .expect("a pool of one connection");
-    let at = repo::now();
+    let at = stocksvr_store::clock::now();
     let group: Vec<NewReservation> = (5_001..=5_004).map(|id| new_row(id, None, at)).collect();
     let (_, outcomes) = repo::insert_preparing_many(&pool, &group)
         .await
@@ -251,7 +251,7 @@ async fn a_clean_group_moves_all_its_rows_with_one_update() {
 async fn the_reservations_of_several_orders_come_in_one_read_as_each_order_alone_reads_them() {
     let db = stocksvr_test_support::TestDb::migrated().await;
     let pool = &db.pool;
-    let at = repo::now();
+    let at = stocksvr_store::clock::now();
     let two_items = NewReservation {
         id: 5_003,
         order_item_id: 5_003 * 100 + 1,

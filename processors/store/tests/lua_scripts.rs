@@ -760,7 +760,7 @@ async fn init_bucket_is_idempotent_and_never_overwrites_a_traded_bucket() -> Res
 async fn adjust_below_committed_gives_a_deficit_that_returns_pay_down() -> Result<()> {
     let ctx = Ctx::new().await?;
     let keys = ctx.open_bucket(1, 100).await?;
-    // total 100: reserved 10, sold 20, available 70 (seed §12.3).
+    // total 100: reserved 10, sold 20, available 70 (docs/design.md, adjustments and deficit).
     ctx.exec
         .step(&keys, 1, "try-1", Step::Try { quantity: 20 })
         .await?;

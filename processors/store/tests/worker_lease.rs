@@ -45,7 +45,9 @@ async fn an_expired_lease_is_taken_over_and_the_old_holder_is_told() {
         old.worker_id, live.worker_id,
         "a live lease is never shared"
     );
-    tokio::time::sleep(Duration::from_millis(400)).await; // let the short lease expire
+    // A fixed wait on the wall clock: `acquire` compares `lease_expire_at` with the caller's
+    // clock, and polling `acquire` instead would itself take (and hold) worker ids.
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let new = WorkerLease::acquire(&pool, "new", TimeDelta::seconds(30))
         .await
         .expect("lease");

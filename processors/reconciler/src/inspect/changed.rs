@@ -79,7 +79,7 @@ impl Reconciler {
         let ids: Vec<String> = chunk.iter().map(|b| b.stock_bucket_id.clone()).collect();
         let snapshots = snapshot_versions(self.service.pool(), &ids).await?;
         let now = Instant::now();
-        let wall_now = stocksvr_store::reservations::now();
+        let wall_now = stocksvr_store::clock::now();
         let mut sorted = self.sort_chunk(chunk, redis, &snapshots, every, now, wall_now);
         let full = &sorted.full;
         let mut inspections = self

@@ -170,8 +170,8 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Inbox rows past the retention (7 days by default, docs/design.md, the consumer inbox):
-    /// one batch; returns how many.
+    /// Inbox rows past the retention (7 days by default; docs/design.md, "Events, outbox,
+    /// inbox, projection"): one batch; returns how many.
     pub async fn purge_inbox_once(&self, batch: u32) -> Result<u64, ReconcileError> {
         if self.config.inbox_retention <= TimeDelta::zero() {
             return Ok(0);

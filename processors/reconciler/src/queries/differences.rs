@@ -8,9 +8,9 @@ use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 use stocksvr_core::codes::{DifferenceStatus, StoredCode};
+use stocksvr_store::clock::now;
 use stocksvr_store::deadline::Deadline;
 use stocksvr_store::one_off::{in_list_of, OneOff};
-use stocksvr_store::reservations::now;
 
 /// A difference still open: suspected, or confirmed and not resolved yet.
 const OPEN: [DifferenceStatus; 2] = [DifferenceStatus::Suspected, DifferenceStatus::Confirmed];

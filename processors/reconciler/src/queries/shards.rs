@@ -4,9 +4,9 @@
 
 use chrono::{NaiveDateTime, TimeDelta};
 use sqlx::{MySql, MySqlPool, QueryBuilder};
+use stocksvr_store::clock::now;
 use stocksvr_store::deadline::{self, Deadline};
 use stocksvr_store::one_off::OneOff;
-use stocksvr_store::reservations::now;
 
 /// Makes sure shard rows 0..shards exist (idempotent).
 pub async fn ensure_shards(pool: &MySqlPool, shards: u32) -> Result<(), sqlx::Error> {

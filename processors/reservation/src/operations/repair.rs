@@ -1,9 +1,10 @@
-//! Versioned repair and rebuild after Redis lost a bucket (docs/design.md, reconciliation and
-//! repair). Both are WAL operations like init and adjust: the row is written first, the same
-//! executor and worker run its script with its operation id, and the completion commits the
-//! outbox event that makes the projector book one ledger row and move the snapshot. The
-//! reconciler (`stocksvr-reconciler`) plans a repair and drives it; running it is a stock
-//! operation, so the WAL worker and recovery finish it after a crash without the reconciler.
+//! Versioned repair and rebuild after Redis lost a bucket (docs/design.md, "Reconcile, repair,
+//! rebuild"; docs/reconciliation.md, "Repair" and "Rebuild"). Both are WAL operations like init and
+//! adjust: the row is written first, the same executor and worker run its script with its operation
+//! id, and the completion commits the outbox event that makes the projector book one ledger row and
+//! move the snapshot. The reconciler (`stocksvr-reconciler`) plans a repair and drives it; running
+//! it is a stock operation, so the WAL worker and recovery finish it after a crash without the
+//! reconciler.
 //!
 //! A repair never writes `available = expected` blindly: the reconciler computed the numbers
 //! from MySQL at one Redis version, and `repair.lua` writes them only if the bucket is still at

@@ -46,7 +46,8 @@ pub struct ReservationView {
     pub unprojected: i64,
 }
 
-/// The ledger's view of one bucket: the sums of its deltas (docs/design.md, the ledger).
+/// The ledger's view of one bucket: the sums of its deltas (docs/reconciliation.md, "What a
+/// bucket must hold").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LedgerView {
     pub total: i64,
