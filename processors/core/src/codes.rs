@@ -421,6 +421,11 @@ name_codes! {
     /// `inventory_operation_wal.result_payload` `$.effect` of an init, a repair or a rebuild:
     /// what the step did, read back by the reconciler and the operator views.
     pub enum WalEffect in "inventory_operation_wal.result_payload.effect" {
+        /// An init created the bucket in Redis: its event books it (the reconciler counts
+        /// only these as built).
+        Initialized => "INITIALIZED",
+        /// An init found the bucket already in Redis: nothing written, nothing to book.
+        Unchanged => "UNCHANGED",
         /// The repair script moved the numbers to the target at the expected version.
         Repaired => "REPAIRED",
         /// Something ran since the numbers were computed: nothing written.
@@ -428,10 +433,6 @@ name_codes! {
         BucketMissing => "BUCKET_MISSING",
         /// A lost bucket was recreated from MySQL.
         Rebuilt => "REBUILT",
-        /// An init created the bucket in Redis (the reconciler counts only these as built).
-        Initialized => "INITIALIZED",
-        /// An init found the bucket already there: nothing created, nothing booked.
-        Unchanged => "UNCHANGED",
     }
 }
 
