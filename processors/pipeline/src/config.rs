@@ -406,6 +406,8 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogSettings {
+    /// `text` (human-readable lines) or `json` (one object per line, with the span's ids,
+    /// for log shippers).
     pub format: LogFormat,
     /// `tracing` filter directive, e.g. `info,stocksvr=debug`. `RUST_LOG` overrides it.
     pub filter: String,
