@@ -153,7 +153,11 @@ fn section(
             continue;
         }
         let env = format!("STOCKSVR__{}", key.to_uppercase().replace('.', "__"));
-        let doc = if f.doc.is_empty() { "-".into() } else { f.doc.replace('|', "\\|") };
+        let doc = if f.doc.is_empty() {
+            "-".into()
+        } else {
+            f.doc.replace('|', "\\|")
+        };
         rows.push(format!(
             "| `{}` | {} | `{env}` | {doc} |",
             f.name,
