@@ -6,9 +6,11 @@
 //! nothing is sold without a definite answer from Redis).
 
 mod admin;
+pub mod auth;
 mod dto;
 mod error;
 pub mod http_metrics;
+mod openapi;
 mod request;
 pub mod shed;
 #[cfg(test)]
@@ -21,6 +23,7 @@ pub use dto::{
     EXAMPLE_MERCHANT_ID,
 };
 pub use error::{ApiError, ErrorBody};
+pub use openapi::{openapi_json, ApiDoc};
 
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -39,7 +42,6 @@ use stocksvr_reservation::{ReservationService, TryRequest, REJECTED_ORDER_FAILED
 use stocksvr_store::deadline::Deadline;
 use stocksvr_store::reservations::Reservation;
 use tokio::sync::OnceCell;
-use utoipa::OpenApi;
 
 /// The service appears once Redis and MySQL could be reached at start-up; until then every
 /// route answers 503 (fail closed) while health endpoints keep working.
@@ -94,102 +96,6 @@ impl ApiState {
             )
         })
     }
-}
-
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "stocksvr Try API",
-        description = "Reserve dish stock for orders; read reservations and stock."
-    ),
-    paths(
-        try_reservation,
-        try_order,
-        get_reservation,
-        list_order_reservations,
-        get_stock
-    ),
-    components(schemas(
-        TryBody,
-        OrderTryBody,
-        OrderItemBody,
-        OrderTypeDto,
-        TryResponse,
-        OrderTryResponse,
-        ItemOutcome,
-        OrderReservations,
-        ReservationView,
-        StockResponse,
-        StockNumbersDto,
-        ErrorBody
-    ))
-)]
-pub struct ApiDoc;
-
-/// The document served at `/openapi.json`.
-///
-/// utoipa 5.5 serializes a response link's fields in snake case (`operation_id`,
-/// `operation_ref`, `request_body`), which no OpenAPI tool reads: a link without
-/// `operationId` is invalid and schemathesis refused the whole document for it. The links
-/// are renamed here until utoipa does it itself.
-pub fn openapi_json() -> serde_json::Value {
-    let mut doc = match serde_json::to_value(ApiDoc::openapi()) {
-        Ok(doc) => doc,
-        // Plain structs and maps: serializing cannot fail, but a handler must not panic.
-        Err(e) => return serde_json::json!({ "error": e.to_string() }),
-    };
-    // What the derive cannot state: a SCHEDULED Try needs its processing time, and an
-    // order lists each line once.
-    let scheduled_needs_time = serde_json::json!({
-        "if": {"properties": {"order_type": {"const": "SCHEDULED"}}, "required": ["order_type"]},
-        "then": {"required": ["processing_time"],
-                 "properties": {"processing_time": {"type": "string", "format": "date-time"}}}
-    });
-    if let Some(schemas) = doc
-        .pointer_mut("/components/schemas")
-        .and_then(|s| s.as_object_mut())
-    {
-        for name in ["TryBody", "OrderTryBody"] {
-            if let (Some(schema), Some(rule)) = (
-                schemas.get_mut(name).and_then(|s| s.as_object_mut()),
-                scheduled_needs_time.as_object(),
-            ) {
-                schema.extend(rule.clone());
-            }
-        }
-        if let Some(items) = schemas
-            .get_mut("OrderTryBody")
-            .and_then(|s| s.pointer_mut("/properties/items"))
-            .and_then(|s| s.as_object_mut())
-        {
-            items.insert("uniqueItems".into(), serde_json::Value::Bool(true));
-        }
-    }
-    let responses = doc["paths"]
-        .as_object_mut()
-        .into_iter()
-        .flat_map(|paths| paths.values_mut())
-        .filter_map(|path| path.as_object_mut())
-        .flat_map(|methods| methods.values_mut())
-        .filter_map(|op| op.get_mut("responses").and_then(|r| r.as_object_mut()))
-        .flat_map(|responses| responses.values_mut());
-    for response in responses {
-        let links = response.get_mut("links").and_then(|l| l.as_object_mut());
-        for link in links.into_iter().flat_map(|l| l.values_mut()) {
-            if let Some(link) = link.as_object_mut() {
-                for (snake, camel) in [
-                    ("operation_id", "operationId"),
-                    ("operation_ref", "operationRef"),
-                    ("request_body", "requestBody"),
-                ] {
-                    if let Some(v) = link.remove(snake) {
-                        link.insert(camel.to_string(), v);
-                    }
-                }
-            }
-        }
-    }
-    doc
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -506,59 +412,4 @@ async fn get_stock(
             }
         }),
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::BTreeSet;
-
-    fn document() -> serde_json::Value {
-        openapi_json()
-    }
-
-    /// Every link names an operation of the document (schemathesis' stateful phase follows
-    /// them: a Try's reservation id into the reads).
-    #[test]
-    fn every_link_targets_an_operation_of_the_document() {
-        let doc = document();
-        let paths = doc["paths"].as_object().expect("paths");
-        let operations: BTreeSet<&str> = paths
-            .values()
-            .flat_map(|p| p.as_object().into_iter().flat_map(|m| m.values()))
-            .filter_map(|op| op["operationId"].as_str())
-            .collect();
-        let mut links = 0;
-        for op in paths
-            .values()
-            .flat_map(|p| p.as_object().expect("methods").values())
-        {
-            for response in op["responses"].as_object().expect("responses").values() {
-                for link in response["links"]
-                    .as_object()
-                    .into_iter()
-                    .flat_map(|l| l.values())
-                {
-                    let target = link["operationId"].as_str().expect("operationId");
-                    assert!(operations.contains(target), "link to unknown {target}");
-                    links += 1;
-                }
-            }
-        }
-        assert!(links >= 5, "{links} links");
-    }
-
-    /// Ids are Avro longs: the document bounds them as the handlers do.
-    #[test]
-    fn ids_are_bounded_like_an_avro_long() {
-        let doc = document();
-        let body = &doc["components"]["schemas"]["TryBody"]["properties"]["order_id"];
-        assert_eq!(body["minimum"], 1, "{body}");
-        assert_eq!(body["maximum"].as_u64(), Some(i64::MAX as u64), "{body}");
-        let id = &doc["paths"]["/v1/reservations/{id}"]["get"]["parameters"][0]["schema"];
-        assert_eq!(id["maximum"].as_u64(), Some(i64::MAX as u64), "{id}");
-        if let Ok(file) = std::env::var("STOCKSVR_DUMP_OPENAPI") {
-            std::fs::write(file, serde_json::to_string_pretty(&doc).expect("json")).expect("dump");
-        }
-    }
 }

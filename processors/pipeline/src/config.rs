@@ -11,6 +11,12 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
+mod http;
+pub use self::http::{
+    parse_clients_file, ClientAuth, HttpAuthSettings, HttpClient, HttpSettings, HttpTlsSettings,
+    Scope, RESERVED_CLIENT_NAMES,
+};
+
 /// Environment variable prefix; `STOCKSVR__MYSQL__URL` sets `mysql.url`.
 pub const ENV_PREFIX: &str = "STOCKSVR";
 
@@ -360,39 +366,6 @@ impl Default for RedisSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HttpSettings {
-    /// Address of the HTTP listener serving the API, `/metrics`, `/healthz` and `/readyz`.
-    pub listen: String,
-    /// When set, every `/admin/...` endpoint requires `Authorization: Bearer <token>`.
-    pub admin_token: Option<Secret>,
-    /// Timeout of each dependency check behind `/readyz`, in milliseconds.
-    pub readiness_timeout_ms: u64,
-    /// API requests (`/v1/...`) served at once; more wait in the admission queue. Each one
-    /// in flight holds its request, its Try state and its share of the group commits in
-    /// memory: `stocksvr all` at 1,024 connections peaked at 111 MB RSS with 256, 126 MB with
-    /// 512. The hot-dish Try rate is near its top from 256 on (the bench's knee is 64-256).
-    pub max_in_flight: usize,
-    /// API requests waiting for a slot; one more is answered 503 `overloaded` at once.
-    pub max_queued: usize,
-    /// Longest wait for a slot, in milliseconds; then 503 `overloaded` with `Retry-After`.
-    pub admission_deadline_ms: u64,
-}
-
-impl Default for HttpSettings {
-    fn default() -> Self {
-        Self {
-            listen: "127.0.0.1:8080".into(),
-            admin_token: None,
-            readiness_timeout_ms: 2_000,
-            max_in_flight: 256,
-            max_queued: 2_048,
-            admission_deadline_ms: 1_000,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -440,9 +413,11 @@ pub fn load_layered<T: serde::de::DeserializeOwned>(
         .prefix_separator("__")
         .separator("__")
         .try_parsing(true)
-        // Only this key is a list; every other value keeps its commas (librdkafka properties).
+        // Only these keys are lists; every other value keeps its commas (librdkafka properties).
         .list_separator(",")
         .with_list_parse_key("redis.nodes")
+        .with_list_parse_key("http.public_paths")
+        .with_list_parse_key("http.auth.allowed_subjects")
         .source(env);
     builder = builder.add_source(environment);
     Ok(builder.build()?.try_deserialize()?)

@@ -149,6 +149,11 @@ catalog! {
         "Try API requests being handled right now.";
     HTTP_SHED = "stocksvr_http_shed_total", Counter, "requests", [known("reason", &["overload", "deadline"])],
         "Requests refused with 503 under overload (too many in flight) or past their deadline.";
+    HTTP_AUTH = "stocksvr_http_auth_total", Counter, "requests",
+        [label("client"), known("outcome", &["allowed", "unauthorized", "forbidden"])],
+        "Requests outside http.public_paths by caller: client is a configured client's name, anonymous (no credentials) or unknown (a token or certificate no client has); outcome allowed, unauthorized (401) or forbidden (403: the client lacks the scope).";
+    HTTP_TLS_HANDSHAKES = "stocksvr_http_tls_handshakes_total", Counter, "handshakes", [known("outcome", &["ok", "failed"])],
+        "TLS handshakes of the HTTPS listener: one per connection, so with keep-alive far fewer than requests; failed includes a caller refused for its certificate.";
     EVENTS_CONSUMED = "stocksvr_events_consumed_total", Counter, "records", [known("processor", PROCESSORS), label("topic")],
         "Records read from Kafka by a processor.";
     EVENTS_APPLIED = "stocksvr_events_applied_total", Counter, "records",
