@@ -1,7 +1,8 @@
-//! The HTTP listener every stocksvr process runs: `/metrics`, `/healthz`, `/readyz` and
-//! the admin routes (behind an optional bearer token). Processors merge their own routes.
+//! The HTTP listener every stocksvr process runs: `/metrics`, `/healthz`, `/readyz`;
+//! processors merge their own routes, and the binary puts its caller check in front
+//! (`stocksvr_api::auth`).
 
-use crate::config::{HttpSettings, Secret};
+use crate::config::HttpSettings;
 use crate::telemetry::names;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -138,42 +139,6 @@ pub fn health_routes(state: HealthState) -> Router {
         .with_state(state)
 }
 
-/// Wraps admin routes so that, when a token is configured, a request without
-/// `Authorization: Bearer <token>` gets 401 with a JSON error.
-pub fn protect_admin(routes: Router, token: Option<Secret>) -> Router {
-    match token {
-        None => routes,
-        Some(token) => routes.layer(middleware::from_fn(move |req: Request, next: Next| {
-            let token = token.clone();
-            async move {
-                let presented = req
-                    .headers()
-                    .get(header::AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "));
-                if presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.expose().as_bytes())) {
-                    next.run(req).await
-                } else {
-                    (
-                        StatusCode::UNAUTHORIZED,
-                        Json(json!({"error": "unauthorized", "field": "Authorization",
-                                    "message": "admin endpoints require Authorization: Bearer <token>"})),
-                    )
-                        .into_response()
-                }
-            }
-        })),
-    }
-}
-
-/// Compares without an early exit so the token cannot be guessed byte by byte from timing.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Counts every request by route and status class.
 pub async fn count_requests(req: Request, next: Next) -> Response {
     let path = req
@@ -201,16 +166,4 @@ pub async fn serve(
     axum::serve(listener, router.into_make_service())
         .with_graceful_shutdown(shutdown)
         .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn token_comparison() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
-    }
 }

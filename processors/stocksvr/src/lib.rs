@@ -7,10 +7,15 @@
 #![recursion_limit = "256"]
 
 mod boot;
+mod callers;
+mod listener;
 mod probes;
+mod reload;
 pub mod roles;
 pub mod serve;
 pub mod settings;
+mod tls;
 
 pub use roles::Roles;
 pub use settings::Settings;
+pub use tls::ring_provider;

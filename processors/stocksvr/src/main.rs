@@ -10,6 +10,7 @@ mod offsets_cmd;
 mod rebuild_cmd;
 mod reconcile_cmd;
 mod stock_cmd;
+mod token_cmd;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -122,6 +123,11 @@ enum Command {
     Reconcile(reconcile_cmd::ReconcileArgs),
     /// Print the effective configuration with secrets masked.
     Config,
+    /// Bearer tokens of the API's callers: hash one for http.auth, or make a new one.
+    Token {
+        #[command(subcommand)]
+        action: token_cmd::TokenAction,
+    },
 }
 
 #[derive(Subcommand)]
@@ -254,6 +260,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
                 .map(|_| ExitCode::SUCCESS)
         }
         Command::Offsets { action } => offsets_cmd::run(&settings, action).await,
+        Command::Token { action } => token_cmd::run(action),
         Command::Config => {
             println!("{}", serde_json::to_string_pretty(&settings)?);
             Ok(ExitCode::SUCCESS)

@@ -2,8 +2,9 @@
 //! stopped together by one shutdown signal (SIGTERM or Ctrl-C for the binary, any future for
 //! a test).
 
+use crate::listener::Front;
 use crate::roles::Roles;
-use crate::settings::{admin_access, AdminAccess, Settings};
+use crate::settings::{Access, AdminAccess, Settings};
 use crate::{boot, probes};
 use anyhow::Context;
 use axum::http::StatusCode;
@@ -14,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
-use stocksvr_pipeline::config::Secret;
 use stocksvr_pipeline::http::{self, HealthState, Probe};
 use stocksvr_pipeline::registry::RegistryClient;
 use stocksvr_pipeline::telemetry;
@@ -113,30 +113,25 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 
 fn admin_refused_message(bound: SocketAddr) -> String {
     format!(
-        "/admin/* is not served: the listener {bound} is not a loopback address and \
-         http.admin_token is not set (STOCKSVR__HTTP__ADMIN_TOKEN); the Try API still serves"
+        "/admin/* is not served: the listener {bound} is not a loopback address and no caller \
+         is configured (http.auth.clients with scopes = [\"admin\"]); the Try API still serves"
     )
 }
 
-/// The `/admin/*` part of the router as [`AdminAccess`] decided: as is, behind the bearer
-/// token, or replaced by a 403 `admin_disabled` for every admin path (the handlers are not
-/// even routed, so nothing behind them can be reached).
-pub fn admin_routes(
-    admin: Router,
-    access: AdminAccess,
-    token: Option<Secret>,
-    bound: SocketAddr,
-) -> Router {
+/// The `/admin/*` part of the router as [`AdminAccess`] decided: as is (the caller check in
+/// front of the whole router asks for the `admin` scope when callers are configured), or
+/// replaced by a 403 `admin_disabled` for every admin path (the handlers are not even
+/// routed, so nothing behind them can be reached).
+pub fn admin_routes(admin: Router, access: AdminAccess, bound: SocketAddr) -> Router {
     match access {
-        AdminAccess::Open => admin,
-        AdminAccess::Token => http::protect_admin(admin, token),
+        AdminAccess::Open | AdminAccess::Token => admin,
         AdminAccess::Refused => {
             let refuse = move || async move {
                 (
                     StatusCode::FORBIDDEN,
                     Json(serde_json::json!({
                         "error": "admin_disabled",
-                        "field": "http.admin_token",
+                        "field": "http.auth.clients",
                         "message": admin_refused_message(bound),
                     })),
                 )
@@ -165,6 +160,9 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    // Before anything else: an exposed listener without caller authentication is refused.
+    let bound = listener.local_addr()?;
+    let access = crate::settings::access(bound, &settings.http).map_err(anyhow::Error::msg)?;
     let metrics = telemetry::init_metrics();
     let catalog = Arc::new(Catalog::for_deployment(&settings.kafka)?);
     let registry = RegistryClient::new(&settings.registry)?;
@@ -178,22 +176,26 @@ pub async fn run(
             max_queued: settings.http.max_queued,
             admission_deadline: Duration::from_millis(settings.http.admission_deadline_ms),
         });
-    let bound = listener.local_addr()?;
-    let (router, access) = router(&settings, &pool, &catalog, &api, health, bound)?;
-    tracing::info!(listen = %bound, ?roles, ?access, "stocksvr started");
+    let front = Front::prepare(&settings.http, access).await?;
+    let router = router(&settings, &pool, &catalog, &api, health, bound, access)?;
+    tracing::info!(listen = %bound, ?roles, api = ?access.api, admin = ?access.admin,
+        https = front.https(), callers = front.callers(), "stocksvr started");
+    if access.api == stocksvr_api::auth::Guard::Open && !crate::settings::is_loopback(bound) {
+        tracing::warn!(listen = %bound, "serving every caller without authentication (http.allow_unauthenticated = true)");
+    }
+    if settings.http.admin_token().is_some() {
+        tracing::warn!("http.admin_token is deprecated: give the admin client a token in http.auth.clients with scopes = [\"admin\"]");
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every long-running part is one named task; the first to end (always a failure
     // while no shutdown was asked for) or a signal stops them all.
     let mut tasks = Parts::new();
-    let mut http_stop = stop_rx.clone();
-    tasks.spawn("http listener", async move {
-        http::serve(listener, router, async move {
-            let _ = http_stop.wait_for(|stop| *stop).await;
-        })
-        .await
-        .map_err(anyhow::Error::from)
-    });
+    let (serve, reload) = front.into_tasks(listener, router, stop_rx.clone());
+    tasks.spawn("http listener", serve);
+    if let Some(reload) = reload {
+        tasks.spawn("http reload", reload);
+    }
     let codec = AvroCodec::new(&settings.registry, catalog.clone())?;
     let start = Start {
         settings: &settings,
@@ -271,8 +273,8 @@ fn probes(
     ]
 }
 
-/// Health, the Try API and the admin endpoints (as [`admin_access`] decides for `bound`,
-/// which comes back with the router).
+/// Health, the Try API and the admin endpoints (as `access` decided for `bound`); the caller
+/// check goes in front of it all ([`Front`]).
 fn router(
     settings: &Settings,
     pool: &sqlx::MySqlPool,
@@ -280,7 +282,8 @@ fn router(
     api: &stocksvr_api::ApiState,
     health: HealthState,
     bound: SocketAddr,
-) -> anyhow::Result<(Router, AdminAccess)> {
+    access: Access,
+) -> anyhow::Result<Router> {
     let redacted = serde_json::to_value(settings)?;
     let dlq = stocksvr_dead_letter::AdminState::with_lazy_producer(
         pool.clone(),
@@ -291,20 +294,12 @@ fn router(
         .route("/admin/config", get(move || async move { Json(redacted) }))
         .merge(stocksvr_dead_letter::admin_routes(dlq))
         .merge(stocksvr_api::admin_router(api.clone()));
-    // An empty token would let `Authorization: Bearer ` through: it counts as no token.
-    let token = settings
-        .http
-        .admin_token
-        .clone()
-        .filter(|t| !t.expose().trim().is_empty());
-    let access = admin_access(bound, token.is_some());
-    if access == AdminAccess::Refused {
+    if access.admin == AdminAccess::Refused {
         tracing::warn!(listen = %bound, "{}", admin_refused_message(bound));
     }
-    let router = http::health_routes(health)
+    Ok(http::health_routes(health)
         .merge(stocksvr_api::router(api.clone()))
-        .merge(admin_routes(admin, access, token, bound));
-    Ok((router, access))
+        .merge(admin_routes(admin, access.admin, bound)))
 }
 
 /// What starting a role needs; each role is one named task of [`Parts`].
@@ -459,6 +454,7 @@ mod tests {
     /// Try API route, served on a loopback port: the decision is an input, so the refused
     /// shape is tested without binding an address other hosts could reach.
     async fn serve(access: AdminAccess, token: Option<&str>) -> String {
+        use stocksvr_api::auth::{self, Callers, Gate, Guard, Policy, Scopes};
         let admin = Router::new()
             .route(
                 "/admin/config",
@@ -469,9 +465,31 @@ mod tests {
                 axum::routing::post(|| async { "closed" }),
             );
         let exposed: SocketAddr = "0.0.0.0:8080".parse().expect("address");
+        let mut callers = Callers::new();
+        if let Some(token) = token {
+            let admin = Scopes {
+                api: false,
+                admin: true,
+            };
+            callers
+                .add_token("admin", &auth::digest_hex(token), admin)
+                .expect("token");
+        }
+        let policy = Policy {
+            public_paths: vec![],
+            api: Guard::Open,
+            admin: match access {
+                AdminAccess::Token => Guard::Callers,
+                _ => Guard::Open,
+            },
+        };
         let router = Router::new()
             .route("/v1/reservations/{id}", get(|| async { "reservation" }))
-            .merge(admin_routes(admin, access, token.map(Secret::new), exposed));
+            .merge(admin_routes(admin, access, exposed))
+            .layer(axum::middleware::from_fn_with_state(
+                Gate::new(policy, callers),
+                auth::check,
+            ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -490,7 +508,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn refused_admin_answers_403_naming_the_token_and_the_api_still_serves() {
+    async fn refused_admin_answers_403_naming_the_clients_and_the_api_still_serves() {
         let base = serve(AdminAccess::Refused, None).await;
         for (method, path) in [
             (reqwest::Method::GET, "/admin/config"),
@@ -503,7 +521,7 @@ mod tests {
             assert_eq!(status, 403, "{path}: {body}");
             let body: serde_json::Value = serde_json::from_str(&body).expect("JSON");
             assert_eq!(body["error"], "admin_disabled", "{path}");
-            assert_eq!(body["field"], "http.admin_token", "{path}");
+            assert_eq!(body["field"], "http.auth.clients", "{path}");
             let message = body["message"].as_str().expect("message");
             assert!(message.contains("0.0.0.0:8080"), "{message}");
         }

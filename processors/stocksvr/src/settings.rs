@@ -11,6 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use stocksvr_api::auth::Guard;
 use stocksvr_pipeline::config::{
     load_layered, ConfigError, ConsumerSettings, HttpSettings, InfraSettings, KafkaSettings,
     LogSettings, MysqlSettings, RedisSettings, RegistrySettings,
@@ -53,6 +54,7 @@ impl Settings {
         let settings: Self = load_layered(file, env)?;
         settings.kafka.validate().map_err(ConfigError::Invalid)?;
         settings.redis.validate()?;
+        settings.http.validate().map_err(ConfigError::Invalid)?;
         Ok(settings)
     }
 
@@ -73,33 +75,67 @@ impl Settings {
 /// Who may reach `/admin/*` of a listener: the decision [`admin_access`] takes at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdminAccess {
-    /// Loopback listener without `http.admin_token`: only processes on this host can
+    /// Loopback listener and no caller configured: only processes on this host can
     /// connect, which is the trust boundary of an operator running `stocksvr` locally.
     Open,
-    /// `http.admin_token` is set: every `/admin/*` request needs `Authorization: Bearer`.
+    /// Callers are configured (`http.auth`, or the deprecated `http.admin_token`): every
+    /// `/admin/*` request needs a client with the `admin` scope.
     Token,
-    /// A listener other hosts can reach and no token: `/admin/*` answers 403
-    /// `admin_disabled` (naming `http.admin_token`); the Try API and the probes still serve.
+    /// A listener other hosts can reach and no caller configured (only possible with
+    /// `http.allow_unauthenticated`): `/admin/*` answers 403 `admin_disabled`; the Try API
+    /// and the probes still serve.
     Refused,
 }
 
 /// Decides [`AdminAccess`] from the address the listener is bound to (after name
 /// resolution, so `localhost:8080` counts as loopback and `0.0.0.0:8080`, every interface,
-/// does not). Admin endpoints change stock and replay dead letters: served without a token
-/// they must not be reachable from another host.
-pub fn admin_access(bound: std::net::SocketAddr, token_configured: bool) -> AdminAccess {
-    let loopback = match bound.ip() {
+/// does not). Admin endpoints change stock and replay dead letters: served without a caller
+/// check they must not be reachable from another host.
+pub fn admin_access(bound: std::net::SocketAddr, callers_configured: bool) -> AdminAccess {
+    match (callers_configured, is_loopback(bound)) {
+        (true, _) => AdminAccess::Token,
+        (false, true) => AdminAccess::Open,
+        (false, false) => AdminAccess::Refused,
+    }
+}
+
+pub fn is_loopback(bound: std::net::SocketAddr) -> bool {
+    match bound.ip() {
         std::net::IpAddr::V4(ip) => ip.is_loopback(),
         // `::ffff:127.0.0.1` is the IPv4 loopback seen through an IPv6 socket.
         std::net::IpAddr::V6(ip) => {
             ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
         }
-    };
-    match (token_configured, loopback) {
-        (true, _) => AdminAccess::Token,
-        (false, true) => AdminAccess::Open,
-        (false, false) => AdminAccess::Refused,
     }
+}
+
+/// Who may call the listener, decided once at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// Every path outside `/admin` and `http.public_paths`: a configured caller with the
+    /// `api` scope once `http.auth` configures any (the deprecated `http.admin_token`
+    /// alone leaves it open, as it always did).
+    pub api: Guard,
+    pub admin: AdminAccess,
+}
+
+/// Decides [`Access`] for a listener bound to `bound`. Secure by default: a listener other
+/// hosts can reach without any caller authentication is refused (one line saying how to
+/// fix it) unless `http.allow_unauthenticated` says that is meant.
+pub fn access(bound: std::net::SocketAddr, http: &HttpSettings) -> Result<Access, String> {
+    let callers = http.auth.configured();
+    if !callers && !is_loopback(bound) && !http.allow_unauthenticated {
+        return Err(format!(
+            "refusing to start: the HTTP listener {bound} can be reached from other hosts and no \
+             caller authentication is configured; configure http.auth (clients, clients_file or \
+             allowed_subjects), or set http.allow_unauthenticated = true \
+             (STOCKSVR__HTTP__ALLOW_UNAUTHENTICATED=true) to serve every caller"
+        ));
+    }
+    Ok(Access {
+        api: if callers { Guard::Callers } else { Guard::Open },
+        admin: admin_access(bound, callers || http.admin_token().is_some()),
+    })
 }
 
 /// Where Redis is, from `redis.mode`, `redis.url` and `redis.nodes` (validated at load).
@@ -324,6 +360,49 @@ mod tests {
         let err = Settings::load_from(Some(Path::new("/nonexistent/x.toml")), Some(HashMap::new()))
             .expect_err("must fail");
         assert!(matches!(err, ConfigError::MissingFile(_)));
+    }
+
+    #[test]
+    fn an_exposed_listener_needs_callers_or_an_explicit_opt_out() {
+        let addr = |s: &str| s.parse::<std::net::SocketAddr>().expect("address");
+        let mut http = HttpSettings::default();
+        let refused = access(addr("0.0.0.0:8080"), &http).expect_err("refused");
+        assert_eq!(refused.lines().count(), 1, "{refused}");
+        for fix in [
+            "http.auth",
+            "http.allow_unauthenticated = true",
+            "0.0.0.0:8080",
+        ] {
+            assert!(refused.contains(fix), "{refused}");
+        }
+        // The deprecated admin token alone authenticates no API caller.
+        http.admin_token = Some(Secret::new("t"));
+        assert!(access(addr("10.0.0.1:80"), &http).is_err());
+        assert_eq!(
+            access(addr("127.0.0.1:8080"), &http),
+            Ok(Access {
+                api: Guard::Open,
+                admin: AdminAccess::Token
+            })
+        );
+        http.admin_token = None;
+        http.allow_unauthenticated = true;
+        assert_eq!(
+            access(addr("0.0.0.0:8080"), &http),
+            Ok(Access {
+                api: Guard::Open,
+                admin: AdminAccess::Refused
+            })
+        );
+        http.allow_unauthenticated = false;
+        http.auth.clients_file = Some("/run/secrets/clients".into());
+        assert_eq!(
+            access(addr("0.0.0.0:8080"), &http),
+            Ok(Access {
+                api: Guard::Callers,
+                admin: AdminAccess::Token
+            })
+        );
     }
 
     #[test]
