@@ -6,8 +6,9 @@
 //!
 //! The server has a Redis of its own (the fuzzer writes buckets and reservations for the
 //! ids the document's examples use, which must not meet another test's keys), the test's
-//! database, topic namespace and consumer groups, an admin token, and today's bucket of the
-//! examples' dish, so positive cases reach the success paths.
+//! database, topic namespace and consumer groups, a client token (caller authentication on,
+//! so schemathesis also checks that a request without it is refused as documented), and
+//! today's bucket of the examples' dish, so positive cases reach the success paths.
 //!
 //! schemathesis comes from `tests/api/venv.sh` (a pinned, git-ignored environment). The run
 //! is seeded (`STOCKSVR_API_FUZZ_SEED`, default 1) and bounded
@@ -17,7 +18,7 @@
 
 mod common;
 
-use common::api::wait_for_api;
+use common::api::wait_for_api_as;
 use common::TestEnv;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -76,8 +77,19 @@ async fn the_api_conforms_to_its_openapi_document_under_fuzzing() {
     )
     .await
     .expect("baseline");
-    let server = env.server(&[("STOCKSVR__HTTP__ADMIN_TOKEN", TOKEN)]);
-    wait_for_api(&server).await;
+    // The token is a client's with the api scope: schemathesis sends it with every request
+    // (and checks that a request without it is refused with the documented 401).
+    let clients = std::env::temp_dir().join(common::unique("fuzz-clients"));
+    std::fs::write(
+        &clients,
+        format!("fuzz {} api,admin\n", stocksvr_api::auth::digest_hex(TOKEN)),
+    )
+    .expect("clients file");
+    let server = env.server(&[(
+        "STOCKSVR__HTTP__AUTH__CLIENTS_FILE",
+        clients.to_str().expect("utf-8"),
+    )]);
+    wait_for_api_as(&server, Some(TOKEN)).await;
 
     let config = common::repo_root().join("tests/api/schemathesis.toml");
     let config_text = std::fs::read_to_string(&config).expect("schemathesis.toml");
@@ -141,6 +153,7 @@ async fn the_api_conforms_to_its_openapi_document_under_fuzzing() {
     );
     let (status, log) = server.terminate();
     assert!(status.success(), "{log}");
+    let _ = std::fs::remove_file(&clients);
     // A failed run keeps its JUnit report (the panic above names the directory).
     if std::env::var("STOCKSVR_TEST_KEEP").as_deref() != Ok("1") {
         let _ = std::fs::remove_dir_all(&report);

@@ -46,7 +46,7 @@ async fn all_serves_health_and_dead_letters_garbage() {
         .expect("admin");
     assert_eq!(denied.status().as_u16(), 401);
     let denied_body: serde_json::Value = denied.json().await.expect("json error");
-    assert_eq!(denied_body["field"], "Authorization");
+    assert_eq!(denied_body["field"], "authorization");
     let wrong = client
         .get(format!("{}/admin/config", server.base))
         .bearer_auth("nope")

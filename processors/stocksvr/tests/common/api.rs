@@ -88,10 +88,20 @@ pub async fn get(server: &Server, path: &str) -> (u16, Value) {
 
 /// Polls a Try until the service is installed (it comes up right after Redis answers).
 pub async fn wait_for_api(server: &Server) {
+    wait_for_api_as(server, None).await
+}
+
+/// [`wait_for_api`] for a service with caller authentication, as the client of `token`.
+pub async fn wait_for_api_as(server: &Server, token: Option<&str>) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let client = reqwest::Client::new();
     while std::time::Instant::now() < deadline {
+        let mut req = client.get(format!("{}/v1/reservations/1", server.base));
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
         // Connection refused until the listener is bound; 503 until the service is installed.
-        if let Ok(resp) = reqwest::get(format!("{}/v1/reservations/1", server.base)).await {
+        if let Ok(resp) = req.send().await {
             if resp.status().as_u16() == 404 {
                 let body: Value = resp.json().await.unwrap_or(Value::Null);
                 assert_eq!(body["error"], "reservation_not_found");
