@@ -88,9 +88,12 @@ pub enum ClientAuth {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpAuthSettings {
-    /// The callers: a name (in logs and in the `client` label of
-    /// `stocksvr_http_auth_total`), a bearer token's SHA-256 digest and/or a certificate
-    /// subject, and scopes (`api`: everything but `/admin`; `admin`: `/admin/*`).
+    /// The callers, each `{ name, token_sha256, subject, scopes }`: a name (1-64 of
+    /// `[A-Za-z0-9._-]`, in logs and in the `client` label of `stocksvr_http_auth_total`), the
+    /// hex SHA-256 of its bearer token (`stocksvr token new`) and/or a certificate subject
+    /// (CN or SAN DNS name), and scopes (`api`: everything outside `/admin`, the default;
+    /// `admin`: `/admin/*`). A list of tables, so it is set in the configuration file; from
+    /// the environment, point `clients_file` at a file instead.
     pub clients: Vec<HttpClient>,
     /// A file of more token clients, one `name sha256hex [scopes]` line each (scopes comma
     /// separated, default `api`; `#` starts a comment), read again every
@@ -224,7 +227,11 @@ pub fn parse_clients_file(text: &str) -> Result<Vec<HttpClient>, String> {
         };
         let scopes = scopes
             .split(',')
-            .map(|s| Scope::parse(s.trim()).ok_or_else(|| at(format!("unknown scope {s:?}"))))
+            // The value is not shown: a line in the wrong order may have a digest there.
+            .map(|s| {
+                Scope::parse(s.trim())
+                    .ok_or_else(|| at("scopes are api, admin or api,admin".into()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let client = HttpClient {
             name: name.to_string(),
@@ -329,7 +336,7 @@ mod tests {
     fn a_bad_line_is_named_and_its_digest_never_shown() {
         for (text, says) in [
             ("orders".to_string(), "line 1: expected"),
-            (format!("\norders {DIGEST} root"), "line 2: unknown scope"),
+            (format!("\norders {DIGEST} root"), "line 2: scopes are api"),
             ("orders not-a-digest-but-maybe-a-token".into(), "64 hex"),
             (format!("anonymous {DIGEST}"), "reserved"),
             (format!("or ders {DIGEST}"), "line 1"),
