@@ -300,6 +300,7 @@ fn subscribe(
         .create_with_context(LoopContext {
             name: config.name,
             paused,
+            kafka: kafka::KafkaContext::new(settings, config.name),
         })?;
     let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
@@ -338,8 +339,12 @@ async fn consume(
         let first = match first {
             Ok(m) => worker.received(&m),
             Err(e) => {
-                // Transport errors surface here; librdkafka reconnects by itself.
-                tracing::warn!(processor = worker.config.name, error = %e, "consume error");
+                // Transport errors surface here; librdkafka reconnects by itself. A refusal
+                // (a missing ACL, a wrong password) comes back at every fetch or join
+                // attempt: it is said once, not at each.
+                if !worker.refused(consumer, &e) {
+                    tracing::warn!(processor = worker.config.name, error = %e, "consume error");
+                }
                 continue;
             }
         };

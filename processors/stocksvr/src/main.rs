@@ -120,6 +120,25 @@ enum Command {
     Reconcile(reconcile_cmd::ReconcileArgs),
     /// Print the effective configuration with secrets masked.
     Config,
+    /// The least-privilege Kafka ACLs of this deployment's roles.
+    Acls {
+        #[command(subcommand)]
+        action: AclsAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum AclsAction {
+    /// Print them as `kafka-acls` commands (the form `scripts/stack acls apply` reads).
+    Print {
+        /// The role whose ACLs to print.
+        #[arg(long, value_enum, default_value = "all")]
+        role: stocksvr::acls::Role,
+        /// The principal's name (`User:<name>`) instead of the role's default; not with
+        /// `--role all`.
+        #[arg(long)]
+        principal: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -140,6 +159,8 @@ enum SchemasAction {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // Before any TLS client exists: the one rustls provider (see stocksvr_pipeline::tls).
+    stocksvr_pipeline::tls::install_crypto_provider();
     let cli = Cli::parse();
     let settings = match Settings::load(cli.config.as_deref()) {
         Ok(s) => s,
@@ -252,6 +273,18 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
                 .map(|_| ExitCode::SUCCESS)
         }
         Command::Offsets { action } => offsets_cmd::run(&settings, action).await,
+        Command::Acls {
+            action: AclsAction::Print { role, principal },
+        } => {
+            if principal.is_some() && role == stocksvr::acls::Role::All {
+                anyhow::bail!("--principal names one role's principal: give --role too");
+            }
+            print!(
+                "{}",
+                stocksvr::acls::print(role, &settings.kafka, principal.as_deref())?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Config => {
             println!("{}", serde_json::to_string_pretty(&settings)?);
             Ok(ExitCode::SUCCESS)
