@@ -116,6 +116,10 @@ impl Reader {
             scrape.partitions.push(row);
         }
         self.cache.retain(&lagging);
+        if scrape.problems.is_empty() {
+            // Every group and partition was read: nothing refuses the exporter any more.
+            self.reader.context().fetched();
+        }
         // Where a round's time goes, for an operator who sees the broker busy every interval.
         tracing::debug!(
             groups = scrape.groups.len(),
@@ -238,7 +242,7 @@ impl Reader {
                 .set("group.id", group)
                 .set("enable.auto.commit", "false")
                 .set("enable.auto.offset.store", "false")
-                .create_with_context(KafkaContext::new(&self.settings, "lag-exporter"))?;
+                .create_with_context(self.reader.context().as_ref().clone())?;
             self.groups.insert(group.to_string(), handle);
         }
         let Some(handle) = self.groups.get(group) else {
@@ -301,6 +305,8 @@ impl Reader {
             let answered = match self.reader.poll(left) {
                 None => None,
                 Some(Err(e)) => {
+                    // A refusal (a missing Read ACL) is also said once, for /readyz.
+                    self.reader.context().refused(&e, &e.to_string(), "");
                     problems.push(format!("reading first unconsumed records: {e}"));
                     None
                 }

@@ -242,7 +242,11 @@ pub fn describe_sqlx(e: &sqlx::Error) -> String {
             Some(n) => format!("{} ({n})", db.message()),
             None => db.message().to_string(),
         },
-        sqlx::Error::Io(io) => format!("connection: {io}"),
+        // sqlx hands rustls' verdict on the server's certificate over as an I/O error.
+        sqlx::Error::Io(io) => match io.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+            Some(tls) => format!("TLS: {tls}"),
+            None => format!("connection: {io}"),
+        },
         other => other.to_string(),
     }
 }
@@ -285,6 +289,22 @@ mod tests {
         );
         let creation = rdkafka::error::KafkaError::ClientCreation("bad".into());
         assert_eq!(kafka_error_class(&creation), Class::Fatal);
+    }
+
+    #[test]
+    fn a_mysql_failure_is_described_by_its_cause() {
+        let untrusted = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            untrusted,
+        ));
+        assert_eq!(
+            describe_sqlx(&io),
+            "TLS: invalid peer certificate: UnknownIssuer"
+        );
+        assert_eq!(sqlx_class(&io), Class::Unavailable);
+        let refused = sqlx::Error::Io(std::io::ErrorKind::ConnectionRefused.into());
+        assert!(describe_sqlx(&refused).starts_with("connection: "));
     }
 
     #[test]

@@ -14,18 +14,22 @@ use stocksvr_pipeline::registry::RegistryClient;
 
 pub struct KafkaProbe {
     pub settings: KafkaSettings,
+    /// How long the metadata request may take: less than the readiness timeout, so a
+    /// refusal known from the other clients is answered instead of a timeout.
+    pub within: std::time::Duration,
     /// The deployment's topics (dead-letter topics included), each of which must be
     /// visible to this process.
     pub topics: Vec<String>,
 }
 
 impl KafkaProbe {
-    pub fn new(settings: &KafkaSettings) -> Self {
+    pub fn new(settings: &KafkaSettings, readiness_timeout: std::time::Duration) -> Self {
         let topics = stocksvr_pipeline::topics::for_deployment(settings)
             .map(|specs| specs.into_iter().map(|s| s.name).collect())
             .unwrap_or_default();
         Self {
             settings: settings.clone(),
+            within: readiness_timeout * 3 / 4,
             topics,
         }
     }
@@ -65,7 +69,10 @@ impl Probe for KafkaProbe {
     }
     fn check(&self) -> BoxFuture<'_, Result<(), String>> {
         async move {
-            let checked = self.metadata().await;
+            let checked = match tokio::time::timeout(self.within, self.metadata()).await {
+                Ok(checked) => checked,
+                Err(_) => Err(format!("no metadata within {} ms", self.within.as_millis())),
+            };
             let refusals = causes::current(Dependency::Kafka);
             match (checked, refusals.is_empty()) {
                 (Ok(()), true) => Ok(()),

@@ -265,7 +265,10 @@ fn probes(
         timeout: Duration::from_millis(settings.http.readiness_timeout_ms),
     };
     Ok(vec![
-        Arc::new(probes::KafkaProbe::new(&settings.kafka)),
+        Arc::new(probes::KafkaProbe::new(
+            &settings.kafka,
+            Duration::from_millis(settings.http.readiness_timeout_ms),
+        )),
         Arc::new(probes::RegistryProbe(registry)),
         Arc::new(probes::MysqlProbe(pool.clone())),
         Arc::new(redis),

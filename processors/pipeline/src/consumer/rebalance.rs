@@ -50,6 +50,7 @@ impl ConsumerContext for LoopContext {
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance {
+            self.kafka.joined();
             if self.paused.load(Ordering::SeqCst) {
                 // The outage goes on: nothing may be fetched behind the waiting record.
                 if let Err(e) = consumer.pause(partitions) {

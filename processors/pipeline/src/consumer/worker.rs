@@ -118,32 +118,12 @@ impl Worker {
                     _ = &mut sleep => break,
                     m = consumer.recv() => match m {
                         Ok(m) => pending.push_back(self.received(&m)),
-                        Err(e) => {
-                            if !self.refused(consumer, &e) {
-                                tracing::debug!(processor = self.config.name, error = %e, "consume error while paused");
-                            }
-                        }
+                        Err(rdkafka::error::KafkaError::PartitionEOF(_)) => {}
+                        Err(e) => consumer.context().kafka.report(&e, ""),
                     },
                 }
             }
         }
-    }
-
-    /// Records a consumer error that is a refusal ([`crate::failure::kafka_refusal`]),
-    /// naming this loop's group or topics; false for any other error.
-    pub(super) fn refused(
-        &self,
-        consumer: &StreamConsumer<LoopContext>,
-        error: &rdkafka::error::KafkaError,
-    ) -> bool {
-        let what = match error.rdkafka_error_code() {
-            Some(rdkafka::types::RDKafkaErrorCode::GroupAuthorizationFailed) => self.group.clone(),
-            _ => self.config.topics.join(", "),
-        };
-        consumer
-            .context()
-            .kafka
-            .refused(error, &error.to_string(), &what)
     }
 
     fn begin_outage(
@@ -398,7 +378,13 @@ impl Worker {
         )
         .await;
         let (dlt, partition, offset) = match sent {
-            Ok(written) => written,
+            Ok(written) => {
+                let topic = &written.0;
+                crate::causes::ruled_out(Dependency::Kafka, |c| {
+                    c.strip_prefix("topic authorization failed for ") == Some(topic.as_str())
+                });
+                written
+            }
             Err(source) if kafka_error_class(&source) == Class::Unavailable => {
                 let topic = deadletter::dead_letter_topic(message.topic());
                 let text = source.to_string();

@@ -10,12 +10,26 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::KafkaError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-/// Who a client is, for naming a refusal: the SASL user and the client's role.
+/// How often one client says the same error that is not a refusal (all brokers down, a
+/// connection lost) while it lasts: librdkafka reports it at every reconnect attempt.
+const SAME_ERROR_EVERY: Duration = Duration::from_secs(60);
+
+/// Who a client is, for naming a refusal: the SASL user, the client's role, and for a
+/// consumer the topics it reads and the group it joins. Clones share one record of whether
+/// this client was refused.
 #[derive(Debug, Clone, Default)]
 pub struct KafkaContext {
     user: Option<String>,
     role: String,
+    topics: String,
+    group: String,
+    refused: Arc<AtomicBool>,
+    /// The last error this client logged (not a refusal) and when.
+    last_logged: Arc<Mutex<Option<(String, Instant)>>>,
 }
 
 impl KafkaContext {
@@ -27,12 +41,20 @@ impl KafkaContext {
                 .then(|| settings.sasl.username.clone())
                 .flatten(),
             role: role.to_string(),
+            ..Self::default()
         }
+    }
+
+    /// A consumer's context: a refused fetch or join names `topics` or `group`.
+    pub fn reading(mut self, topics: &[String], group: &str) -> Self {
+        self.topics = topics.join(", ");
+        self.group = group.to_string();
+        self
     }
 
     /// A librdkafka error with the text that came with it: a refusal is recorded (and
     /// logged once); anything else is for the caller to log. `what` names what was refused
-    /// when the text does not (the topics a consumer reads, the group it joins).
+    /// when neither the text nor the context does.
     pub fn refused(&self, error: &KafkaError, text: &str, what: &str) -> bool {
         let Some(code) = error.rdkafka_error_code() else {
             return false;
@@ -41,7 +63,81 @@ impl KafkaContext {
             return false;
         };
         causes::seen(Dependency::Kafka, &self.describe(refusal, text, what));
+        self.refused.store(true, Ordering::Release);
         true
+    }
+
+    /// Any error of this client, from librdkafka's error callback or a consumer's queue: a
+    /// refusal is recorded once ([`KafkaContext::refused`]); anything else is logged when it
+    /// changes and at most once a minute while it repeats, and not at all while a refused
+    /// password or certificate explains it (every broker looks down then).
+    pub fn report(&self, error: &KafkaError, text: &str) {
+        // With `enable.partition.eof` the end of a partition comes this way too: a fetch
+        // that succeeded.
+        if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF)
+            || matches!(error, KafkaError::PartitionEOF(_))
+        {
+            self.fetched();
+            return;
+        }
+        if self.refused(error, text, "") {
+            return;
+        }
+        let explained = self.refused.load(Ordering::Acquire)
+            && causes::current(Dependency::Kafka)
+                .iter()
+                .any(|c| c.starts_with("SASL") || c.starts_with("TLS"));
+        let line = if text.is_empty() {
+            error.to_string()
+        } else {
+            format!("{error}: {text}")
+        };
+        let mut last = self
+            .last_logged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let repeat = last
+            .as_ref()
+            .is_some_and(|(l, at)| *l == line && at.elapsed() < SAME_ERROR_EVERY);
+        if explained || repeat {
+            tracing::debug!(target: "librdkafka", client = %self.role, "{line}");
+            return;
+        }
+        *last = Some((line.clone(), Instant::now()));
+        tracing::warn!(
+            target: "librdkafka",
+            client = %self.role,
+            repeats = "said again when it changes, or after a minute",
+            "kafka: {line}"
+        );
+    }
+
+    /// The client fetched (a record, or the end of a partition): whatever refused its
+    /// reads is gone, its group's ACL, its topics', the password and the certificate.
+    pub fn fetched(&self) {
+        if !self.refused.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let (topics, group) = self.own_causes();
+        causes::ruled_out(Dependency::Kafka, |c| {
+            c == topics || c == group || c.starts_with("SASL") || c.starts_with("TLS")
+        });
+    }
+
+    /// The consumer joined its group (partitions were assigned): its group's ACL is there.
+    pub fn joined(&self) {
+        if self.refused.load(Ordering::Acquire) {
+            let (_, group) = self.own_causes();
+            causes::ruled_out(Dependency::Kafka, |c| c == group);
+        }
+    }
+
+    /// The causes a refused read or join of this client are recorded as.
+    fn own_causes(&self) -> (String, String) {
+        (
+            self.describe(Refusal::Authorization("topic"), "", ""),
+            self.describe(Refusal::Authorization("group"), "", ""),
+        )
     }
 
     /// The cause, in one line without the parts that change from retry to retry (the
@@ -54,7 +150,14 @@ impl KafkaContext {
             },
             Refusal::Tls => format!("TLS: {}", tls_detail(text)),
             Refusal::Authorization(resource) => {
-                let named = named_topic(text).unwrap_or(what);
+                let own = match resource {
+                    "topic" => self.topics.as_str(),
+                    "group" => self.group.as_str(),
+                    _ => "",
+                };
+                let named = named_topic(text)
+                    .or((!what.is_empty()).then_some(what))
+                    .unwrap_or(own);
                 if named.is_empty() {
                     format!("{resource} authorization failed ({})", self.role)
                 } else {
@@ -147,12 +250,9 @@ pub fn log_line(level: RDKafkaLogLevel, fac: &str, message: &str) {
     }
 }
 
-/// A global error of a client: a refusal is recorded once; anything else is logged as
-/// rust-rdkafka's default context did.
+/// A global error of a client ([`KafkaContext::report`]).
 pub fn report_error(context: &KafkaContext, error: &KafkaError, reason: &str) {
-    if !context.refused(error, reason, "") {
-        tracing::error!(target: "librdkafka", "librdkafka: {error}: {reason}");
-    }
+    context.report(error, reason);
 }
 
 #[cfg(test)]
@@ -164,7 +264,12 @@ mod tests {
         let ctx = KafkaContext {
             user: Some("stocksvr".into()),
             role: "order-lifecycle".into(),
+            ..KafkaContext::default()
         };
+        ctx.report(
+            &KafkaError::Global(rdkafka::types::RDKafkaErrorCode::AllBrokersDown),
+            "1/1 brokers are down",
+        );
         assert_eq!(
             ctx.describe(Refusal::Authentication, "SASL authentication error: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512 (after 301ms in state AUTH_REQ, 4 identical error(s) suppressed)", ""),
             "SASL authentication failed for user stocksvr"
@@ -189,5 +294,53 @@ mod tests {
             ctx.describe(Refusal::Authorization("cluster"), "", ""),
             "cluster authorization failed (order-lifecycle)"
         );
+        let consumer = ctx.reading(&["t.order.lifecycle.v1".to_string()], "t.order-lifecycle");
+        assert_eq!(
+            consumer.describe(
+                Refusal::Authorization("topic"),
+                "Broker: Topic authorization failed",
+                ""
+            ),
+            "topic authorization failed for t.order.lifecycle.v1"
+        );
+        assert_eq!(
+            consumer.describe(Refusal::Authorization("group"), "", ""),
+            "group authorization failed for t.order-lifecycle"
+        );
+    }
+
+    #[test]
+    fn a_consumer_that_fetches_again_rules_its_refusals_out() {
+        let ctx =
+            KafkaContext::default().reading(&["ctx-test.topic".to_string()], "ctx-test.group");
+        let refused = KafkaError::MessageConsumption(
+            rdkafka::types::RDKafkaErrorCode::TopicAuthorizationFailed,
+        );
+        assert!(ctx.refused(&refused, "", ""));
+        let group = KafkaError::MessageConsumption(
+            rdkafka::types::RDKafkaErrorCode::GroupAuthorizationFailed,
+        );
+        assert!(ctx.refused(&group, "", ""));
+        let ours = |c: &String| c.contains("ctx-test.");
+        assert_eq!(
+            causes::current(Dependency::Kafka)
+                .iter()
+                .filter(|c| ours(c))
+                .count(),
+            2
+        );
+        ctx.joined();
+        assert_eq!(
+            causes::current(Dependency::Kafka)
+                .iter()
+                .filter(|c| ours(c))
+                .collect::<Vec<_>>(),
+            ["topic authorization failed for ctx-test.topic"]
+        );
+        ctx.fetched();
+        assert!(!causes::current(Dependency::Kafka).iter().any(ours));
+        let timeout =
+            KafkaError::MessageConsumption(rdkafka::types::RDKafkaErrorCode::RequestTimedOut);
+        assert!(!ctx.refused(&timeout, "", ""), "not a refusal");
     }
 }
