@@ -8,7 +8,7 @@
 //! polls with [`POLL_TIMEOUT`]. A poll returns at the first event, so acknowledgements are
 //! handed over as soon as they arrive; the long timeout only delays the thread's exit.
 
-use crate::kafka::{context, KafkaContext};
+use crate::kafka::context::{self, KafkaContext};
 use rdkafka::client::{Client, ClientContext};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};

@@ -157,6 +157,17 @@ enum SchemasAction {
     Check,
 }
 
+/// `stocksvr acls print`.
+fn acls(settings: &Settings, action: AclsAction) -> anyhow::Result<std::process::ExitCode> {
+    let AclsAction::Print { role, principal } = action;
+    if principal.is_some() && role == stocksvr::acls::Role::All {
+        anyhow::bail!("--principal names one role's principal: give --role too");
+    }
+    let text = stocksvr::acls::print(role, &settings.kafka, principal.as_deref())?;
+    print!("{text}");
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     // Before any TLS client exists: the one rustls provider (see stocksvr_pipeline::tls).
@@ -273,18 +284,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
                 .map(|_| ExitCode::SUCCESS)
         }
         Command::Offsets { action } => offsets_cmd::run(&settings, action).await,
-        Command::Acls {
-            action: AclsAction::Print { role, principal },
-        } => {
-            if principal.is_some() && role == stocksvr::acls::Role::All {
-                anyhow::bail!("--principal names one role's principal: give --role too");
-            }
-            print!(
-                "{}",
-                stocksvr::acls::print(role, &settings.kafka, principal.as_deref())?
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Acls { action } => acls(&settings, action),
         Command::Config => {
             println!("{}", serde_json::to_string_pretty(&settings)?);
             Ok(ExitCode::SUCCESS)

@@ -202,8 +202,10 @@ impl PrivateStack {
             remove = if keep { "true" } else { "rm -rf \"$STACK_DIR\"" },
         );
         let stack = self.command();
+        // `setsid --fork` returns at once, leaving the watchdog to init.
         let mut watchdog = Command::new("setsid");
         watchdog
+            .arg("--fork")
             .arg("bash")
             .arg("-c")
             .arg(script)
@@ -217,7 +219,8 @@ impl PrivateStack {
                 None => watchdog.env_remove(k),
             };
         }
-        watchdog.spawn().expect("the stack's watchdog starts");
+        let started = watchdog.status().expect("setsid runs");
+        assert!(started.success(), "the stack's watchdog did not start");
     }
 }
 
