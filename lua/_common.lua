@@ -122,7 +122,7 @@ end
 -- Writes the fence: its phase, the other changed fields, version and updated_at. A RESERVED
 -- fence never expires: losing it would turn a later Cancel into an empty rollback and leak the
 -- held stock. Any other phase expires with the op records, whose TTL is chosen to outlive the
--- longest order lifecycle plus retries and repair (seed 5.3), so it still fences any late Try.
+-- longest order lifecycle plus retries and repair (docs/design.md, op records), so it still fences any late Try.
 local function write_fence(key, phase, fields, version, now, ttl_ms)
   redis.call('HSET', key, 'phase', phase, 'version', version, 'updated_at', now, unpack(fields))
   if phase == 'RESERVED' then
@@ -164,7 +164,7 @@ local function replay(op_key, action, reservation_id)
 end
 
 -- Stores the complete result under the operation id, in the same script as the effect, so a
--- retry after a lost reply gets this answer instead of a second effect (seed 5.3).
+-- retry after a lost reply gets this answer instead of a second effect (docs/design.md, op records).
 local function record(op_key, ttl_ms, action, reservation_id, quantity, res, now)
   redis.call('HSET', op_key,
     'action', action, 'reservation_id', reservation_id, 'code', res[1], 'version', res[2],

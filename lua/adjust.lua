@@ -1,4 +1,4 @@
--- adjust.lua: a merchant (or a repair) sets a new total for a live bucket (seed 12.3).
+-- adjust.lua: a merchant (or a repair) sets a new total for a live bucket (docs/design.md, adjustments and deficit).
 -- Runs after _common.lua (prepended by lua.rs).
 --
 -- KEYS[1] stock hash   KEYS[2] op record

@@ -17,11 +17,11 @@
 --                    stock. A Cancel passes ARGV[5] = '1' only after MySQL showed that the
 --                    bucket was never built; the fence-only call (ARGV[6]) always does, as it
 --                    releases nothing whatever it finds.
---   fence NONE    -> empty rollback (seed 19.1): writes a CANCELED fence carrying ARGV quantity,
+--   fence NONE    -> empty rollback (docs/design.md, fence): writes a CANCELED fence carrying ARGV quantity,
 --                    adds NO stock, SUCCEEDED with empty_rollback=1. Done even when the stock
 --                    hash of a never-built bucket is missing: the Try may be waiting for a lazy
 --                    init, and without the fence it would freeze stock after this Cancel
---                    (hanging, seed 19.2).
+--                    (hanging, docs/design.md, fence).
 --   fence CANCELED -> SUCCEEDED, no change (idempotent across operation ids); empty_rollback
 --                    tells whether the first Cancel was an empty rollback (no Try ever set try_op)
 --   fence CONFIRMED/REFUNDED -> CONFLICT, recorded (a sale is undone by refund, never by cancel)

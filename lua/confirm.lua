@@ -16,7 +16,7 @@
 --                                          was bypassed and must be looked at.
 --   otherwise                           -> moves quantity - refunded from reserved to sold,
 --                                          fence CONFIRMED. Allowed in any bucket state: CLOSED
---                                          only stops new Trys (seed 12.4).
+--                                          only stops new Trys (docs/design.md, bucket lifecycle).
 local reservation_id = arg_str(1, 'reservation_id')
 local op = arg_str(2, 'operation_id')
 local ttl = arg_int(3, 'op ttl', 1)

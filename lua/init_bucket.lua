@@ -1,4 +1,4 @@
--- init_bucket.lua: create a day's bucket from its baseline (seed 12.1).
+-- init_bucket.lua: create a day's bucket from its baseline (docs/design.md, daily buckets).
 -- Runs after _common.lua (prepended by lua.rs).
 --
 -- KEYS[1] stock hash   KEYS[2] op record

@@ -1,4 +1,4 @@
--- repair.lua: write a bucket's corrected numbers (seed 13.2) or rebuild a lost bucket (13.3).
+-- repair.lua: write a bucket's corrected numbers (docs/design.md, repair) or rebuild a lost bucket (rebuild).
 -- Runs after _common.lua (prepended by lua.rs).
 --
 -- KEYS[1] stock hash   KEYS[2] op record

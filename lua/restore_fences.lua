@@ -1,5 +1,5 @@
 -- restore_fences.lua: re-create the fences of a lost bucket's reservations, and the op records
--- of the steps MySQL says they took, before the rebuild creates the stock hash (seed 13.3).
+-- of the steps MySQL says they took, before the rebuild creates the stock hash (docs/design.md, rebuild).
 -- Runs after _common.lua (prepended by lua.rs).
 --
 -- KEYS[1..F]     fence hashes           KEYS[F+1..F+R] op records

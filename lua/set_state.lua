@@ -1,4 +1,4 @@
--- set_state.lua: move a bucket along OPEN -> CLOSED -> ARCHIVED (seed 12.4).
+-- set_state.lua: move a bucket along OPEN -> CLOSED -> ARCHIVED (docs/design.md, bucket lifecycle).
 -- Runs after _common.lua (prepended by lua.rs).
 --
 -- KEYS[1] stock hash   KEYS[2] op record

@@ -21,7 +21,7 @@
 --   fence CANCELED/CONFIRMED/REFUNDED -> FENCED, recorded: a Try arriving after the Cancel
 --                                      (hanging) must not freeze stock again
 --   fence RESERVED by another op id -> SUCCEEDED without a move if the quantity matches (the
---                                      reservation already holds it; seed 5.4), else CONFLICT
+--                                      reservation already holds it; docs/design.md, fence), else CONFLICT
 --   available < quantity            -> INSUFFICIENT, recorded, no fence written
 --   otherwise                       -> available -= q, reserved += q, fence RESERVED, SUCCEEDED
 local function try_one(i)

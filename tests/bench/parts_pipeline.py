@@ -536,7 +536,7 @@ def _wait_full_check(b, still=10, timeout=300):
     return g - g0, t1 - t0, (c1[0] - c0[0]) / CLK_TCK
 
 
-# The reservations whose fence and op record a full check reads (stocksvr_store::reconcile).
+# The reservations whose fence and op record a full check reads (stocksvr_reconciler::queries::guards).
 GUARDED = ("SELECT COUNT(*) FROM inventory_reservation WHERE status IN "
            f"{codes.sql_list((*codes.HOLDING, codes.CONFIRMED))} AND quantity > refunded_quantity")
 

@@ -2,7 +2,7 @@
 
 Each anomaly is {check, ids, detail}: `check` names the property, `ids` the reservations,
 orders, buckets, events or dead letters involved, `detail` what was seen against what was
-expected. Checks (DESIGN: seed 000 sections 5, 12, 13; issues 9-11):
+expected. Checks (docs/design.md: fence and op records, stock operations, reconcile):
 
   oversell.read         an observed read of the Redis numbers with available/reserved/sold < 0
   oversell.redis        final Redis numbers negative, or available+reserved+sold != total+deficit

@@ -447,7 +447,7 @@ def pipeline():
             "{{topic}}")], w=6, min=0)
 
     b.row("Outbox relay")
-    b.ts("Outbox backlog and growth", "Unsent rows and their growth per minute (seed 003: "
+    b.ts("Outbox backlog and growth", "Unsent rows and their growth per minute ("
          "alert above 300 rows and 100 rows/min).", "short",
          [q("max(stocksvr_outbox_backlog)", "rows"),
           q("max(deriv(stocksvr_outbox_backlog[2m])) * 60", "growth per min"),
@@ -714,7 +714,7 @@ def schedule():
 
 
 # ------------------------------------------------------------------------------------------
-# Consistency: the reconciler and the seed's consistency figures (seed 000 §15).
+# Consistency: the reconciler and the consistency figures of docs/reconciliation.md.
 
 def consistency():
     b = Board("stocksvr-consistency", "stocksvr / Consistency",
@@ -747,7 +747,7 @@ def consistency():
     b.ts("Repairs", "Versioned repairs per 15 min by outcome.", "short",
          [q("sum by (outcome) (increase(stocksvr_reconcile_repairs_total[15m]))",
             "{{outcome}}")], min=0)
-    b.ts("Repair time p95 / p99", "Detection to repaired (seed §15).", "s",
+    b.ts("Repair time p95 / p99", "Detection to repaired.", "s",
          [q(hist("stocksvr_reconcile_repair_seconds", "", 0.95), "p95"),
           q(hist("stocksvr_reconcile_repair_seconds", "", 0.99), "p99")])
     b.ts("Oversell alarms", "Lua invariant refusals per 15 min.", "short",
@@ -767,7 +767,7 @@ def consistency():
          "s",
          [q(hist("stocksvr_projection_delay_seconds", "", 0.5), "p50"),
           q(hist("stocksvr_projection_delay_seconds", "", 0.99), "p99")])
-    b.ts("Backlogs", "Outbox rows unsent and WAL rows unfinished (seed §15).", "short",
+    b.ts("Backlogs", "Outbox rows unsent and WAL rows unfinished.", "short",
          [q("max(stocksvr_outbox_backlog)", "outbox"),
           q("sum(max by (action) (stocksvr_wal_backlog))", "wal")], min=0)
     b.ts("Oldest intermediate age", "Oldest reservation per intermediate status and oldest "

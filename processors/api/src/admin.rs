@@ -221,8 +221,8 @@ async fn rebuild_bucket(
     ))
 }
 
-fn reconcile_error(e: stocksvr_reservation::reconcile::ReconcileError) -> ApiError {
-    use stocksvr_reservation::reconcile::ReconcileError as E;
+fn reconcile_error(e: stocksvr_reconciler::ReconcileError) -> ApiError {
+    use stocksvr_reconciler::ReconcileError as E;
     match e {
         E::Ops(e) => e.into(),
         E::Service(e) => e.into(),
@@ -254,7 +254,7 @@ async fn reconcile(
     if let Some(m) = q.merchant_id {
         stocksvr_core::ids::check_id(m).map_err(|e| ApiError::invalid("merchant_id", e))?;
     }
-    let filter = stocksvr_store::reconcile::BucketFilter {
+    let filter = stocksvr_reconciler::BucketFilter {
         bucket: q.bucket,
         merchant_id: q.merchant_id,
         stock_date: q.date,

@@ -47,7 +47,7 @@ use utoipa::OpenApi;
 pub struct ApiState {
     service: Arc<OnceCell<Arc<ReservationService>>>,
     /// For `/admin/reconcile` and `/admin/buckets/{id}/rebuild`.
-    reconcile: Arc<stocksvr_reservation::reconcile::ReconcileConfig>,
+    reconcile: Arc<stocksvr_reconciler::ReconcileConfig>,
     /// The in-flight bound and admission queue of the `/v1` routes.
     admission: shed::Admission,
 }
@@ -69,10 +69,7 @@ impl ApiState {
     }
 
     /// The reconciler settings the admin endpoints use (the `[reconcile]` section).
-    pub fn with_reconcile_config(
-        mut self,
-        config: stocksvr_reservation::reconcile::ReconcileConfig,
-    ) -> Self {
+    pub fn with_reconcile_config(mut self, config: stocksvr_reconciler::ReconcileConfig) -> Self {
         self.reconcile = Arc::new(config);
         self
     }
@@ -83,8 +80,8 @@ impl ApiState {
         self
     }
 
-    fn reconciler(&self) -> Result<stocksvr_reservation::reconcile::Reconciler, ApiError> {
-        Ok(stocksvr_reservation::reconcile::Reconciler::new(
+    fn reconciler(&self) -> Result<stocksvr_reconciler::Reconciler, ApiError> {
+        Ok(stocksvr_reconciler::Reconciler::new(
             self.service()?.clone(),
             (*self.reconcile).clone(),
         ))

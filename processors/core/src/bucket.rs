@@ -1,4 +1,4 @@
-//! Daily stock buckets (seed §12): identity, Redis keys and which business day an order uses.
+//! Daily stock buckets (docs/design.md, daily buckets): identity, Redis keys and which business day an order uses.
 //!
 //! A bucket is one dish of one merchant on one business day in the merchant's time zone.
 //! A reservation binds its bucket at Try and keeps it forever, so a cross-day Cancel or
@@ -138,12 +138,12 @@ pub fn parse_timezone(name: &str) -> Result<Tz, BucketError> {
         .map_err(|_| BucketError::UnknownTimezone(name.to_owned()))
 }
 
-/// The merchant's calendar day at `now` (seed §12.2 `merchantBusinessDate`).
+/// The merchant's calendar day at `now` (the business day of docs/design.md, Try).
 pub fn business_date(now: DateTime<Utc>, tz: Tz) -> NaiveDate {
     now.with_timezone(&tz).date_naive()
 }
 
-/// The business day whose bucket an order's Try must use (seed §12.2).
+/// The business day whose bucket an order's Try must use (docs/design.md, Try).
 ///
 /// INSTANT: today's business day (`processing_time` is ignored). SCHEDULED: the business day
 /// of `processing_time`, which is required and may lie in the past by at most `grace`,

@@ -421,6 +421,11 @@ name_codes! {
     /// `inventory_operation_wal.result_payload` `$.effect` of an init, a repair or a rebuild:
     /// what the step did, read back by the reconciler and the operator views.
     pub enum WalEffect in "inventory_operation_wal.result_payload.effect" {
+        /// An init created the bucket in Redis: its event books it (the reconciler counts
+        /// only these as built).
+        Initialized => "INITIALIZED",
+        /// An init found the bucket already in Redis: nothing written, nothing to book.
+        Unchanged => "UNCHANGED",
         /// The repair script moved the numbers to the target at the expected version.
         Repaired => "REPAIRED",
         /// Something ran since the numbers were computed: nothing written.
@@ -428,10 +433,6 @@ name_codes! {
         BucketMissing => "BUCKET_MISSING",
         /// A lost bucket was recreated from MySQL.
         Rebuilt => "REBUILT",
-        /// An init created the bucket in Redis (the reconciler counts only these as built).
-        Initialized => "INITIALIZED",
-        /// An init found the bucket already there: nothing created, nothing booked.
-        Unchanged => "UNCHANGED",
     }
 }
 
@@ -446,6 +447,40 @@ name_codes! {
         /// The order failed (OrderCreatedFailed) before its Try reached MySQL.
         OrderFailed => "ORDER_FAILED",
     }
+}
+
+/// Every integer code as `(column, [(name, code)])`, in declaration order: what
+/// `processors/core/stored-codes.json` holds for the harnesses (Python), so they read the one
+/// table instead of copying the numbers (a test keeps the file equal to this).
+pub fn integer_table() -> Vec<(&'static str, Vec<(&'static str, i64)>)> {
+    fn of<T: StoredCode>(
+        names: impl Fn(T) -> &'static str,
+    ) -> (&'static str, Vec<(&'static str, i64)>)
+    where
+        T::Code: Into<i64>,
+    {
+        (
+            T::STORED_IN,
+            T::ALL
+                .iter()
+                .map(|v| (names(*v), v.stored().into()))
+                .collect(),
+        )
+    }
+    vec![
+        of::<ReservationStatus>(ReservationStatus::name),
+        of::<SyncStatus>(SyncStatus::name),
+        of::<RefundStatus>(RefundStatus::name),
+        of::<BucketState>(BucketState::name),
+        of::<StockStatus>(StockStatus::name),
+        of::<WalAction>(WalAction::name),
+        of::<WalStatus>(WalStatus::name),
+        of::<OutboxStatus>(OutboxStatus::name),
+        of::<DeadLetterStatus>(DeadLetterStatus::name),
+        of::<DeferredStatus>(DeferredStatus::name),
+        of::<DifferenceStatus>(DifferenceStatus::name),
+        of::<LedgerAction>(LedgerAction::name),
+    ]
 }
 
 #[cfg(test)]
@@ -520,6 +555,38 @@ mod tests {
             placeholders(holding.len()).matches('?').count(),
             ReservationStatus::codes(&holding).len()
         );
+    }
+
+    /// `STOCKSVR_UPDATE_CODES=1 cargo test -p stocksvr-core` rewrites the file.
+    #[test]
+    fn the_harnesses_json_is_the_table() {
+        let mut out = String::from("{\n");
+        let table = integer_table();
+        for (i, (column, codes)) in table.iter().enumerate() {
+            let items: Vec<String> = codes
+                .iter()
+                .map(|(name, code)| format!("\"{name}\": {code}"))
+                .collect();
+            let comma = if i + 1 < table.len() { "," } else { "" };
+            out.push_str(&format!(
+                "  \"{column}\": {{{}}}{comma}\n",
+                items.join(", ")
+            ));
+        }
+        out.push_str("}\n");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("stored-codes.json");
+        if std::env::var_os("STOCKSVR_UPDATE_CODES").is_some() {
+            std::fs::write(&path, &out).expect("write stored-codes.json");
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == out,
+            "processors/core/stored-codes.json differs from the table: \
+             STOCKSVR_UPDATE_CODES=1 cargo test -p stocksvr-core"
+        );
+        let columns: Vec<_> = table.iter().map(|(c, _)| *c).collect();
+        let unique: std::collections::BTreeSet<_> = columns.iter().collect();
+        assert_eq!(unique.len(), columns.len(), "one entry per column");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Reference semantics of one bucket's Lua scripts (seed §5, §9, §12.3, §18), as plain Rust.
+//! Reference semantics of one bucket's Lua scripts (docs/design.md: fence and op records, adjustments), as plain Rust.
 //!
 //! Redis runs the real scripts; this model exists so the rules can be checked exhaustively
 //! without a server: the property tests drive it through random interleavings, and the
@@ -20,7 +20,7 @@ use crate::events::StockAfter;
 pub use crate::codes::{FencePhase, OpCode};
 
 impl FencePhase {
-    /// The one-way edges of seed §5.2. Staying put (partial refunds) is not an edge.
+    /// The one-way edges of docs/design.md, fence phases. Staying put (partial refunds) is not an edge.
     pub const fn can_advance_to(self, next: FencePhase) -> bool {
         use FencePhase::*;
         matches!(
@@ -314,7 +314,7 @@ impl BucketModel {
         self.record(op_id, code, false, reservation_id, paid)
     }
 
-    /// Merchant adjustment (seed §12.3): `total = new_total`,
+    /// Merchant adjustment (docs/design.md, adjustments and deficit): `total = new_total`,
     /// `available = max(0, total - reserved - sold)`. Units already reserved or sold are
     /// never taken back; what does not fit is recorded as `deficit` for an operator.
     pub fn adjust(&mut self, op_id: &str, new_total: i64) -> OpResult {

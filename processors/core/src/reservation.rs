@@ -1,4 +1,4 @@
-//! The reservation state machine of seed §3 as data: statuses, the legal edges, what an
+//! The reservation state machine of docs/design.md as data: statuses, the legal edges, what an
 //! incoming intent does in each status ([`decide`]) and where a finished Redis step leads
 //! ([`after_redis`]).
 //!
@@ -19,7 +19,7 @@ impl ReservationStatus {
         matches!(self, Canceled | Rejected | Refunded)
     }
 
-    /// A Redis step may be in flight; the recovery worker scans these (seed §10.1).
+    /// A Redis step may be in flight; the recovery worker scans these (docs/design.md, failure windows).
     pub const fn is_intermediate(self) -> bool {
         use ReservationStatus::*;
         matches!(self, Preparing | Confirming | Canceling | Refunding)
@@ -49,7 +49,7 @@ impl ReservationStatus {
         )
     }
 
-    /// Work on the bucket is unfinished: its bucket may not be archived (seed §12.4).
+    /// Work on the bucket is unfinished: its bucket may not be archived (docs/design.md, bucket lifecycle).
     pub const fn blocks_bucket_archive(self) -> bool {
         !self.is_terminal() && !matches!(self, ReservationStatus::Confirmed)
     }
@@ -123,7 +123,7 @@ const REVERSE_FLOW: &str = "order already in reverse flow";
 const CREATE_FAILED: &str = "order creation already failed (OrderCreatedFailed)";
 const TRY_REJECTED: &str = "try was rejected; nothing is held";
 
-/// What `intent` does to a reservation in status `current` (seed §3 and DESIGN.md §2).
+/// What `intent` does to a reservation in status `current` (docs/design.md, reservation state machine and flows).
 pub fn decide(current: ReservationStatus, intent: Intent) -> Decision {
     use Decision::*;
     use ReservationStatus::*;
@@ -288,7 +288,7 @@ pub fn after_redis(current: ReservationStatus, code: OpCode, fence: FencePhase) 
     }
 }
 
-/// Every legal edge: the seed §3 diagram (with its retry self-loops), plus
+/// Every legal edge: the diagram of docs/design.md (with its retry self-loops), plus
 /// RESERVED -> REFUNDING (an `OrderCanceled` overtaking its `OrderCreated`) and the partial
 /// refund returns REFUNDING -> CONFIRMED / CREATED_RESERVED.
 pub const TRANSITIONS: &[(ReservationStatus, ReservationStatus)] = {

@@ -1,4 +1,4 @@
-//! Snowflake ids for reservations (seed §2: the id exists before the row does, so a retried
+//! Snowflake ids for reservations (docs/design.md, Try: the id exists before the row does, so a retried
 //! Try can carry it and the Redis op/fence keys can be derived from it).
 //!
 //! Layout, most significant first: 1 zero bit, 41 bits of milliseconds since

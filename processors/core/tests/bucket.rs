@@ -172,7 +172,7 @@ fn instant_orders_use_today_and_scheduled_orders_their_processing_day() {
         bucket_date_for(OrderType::Instant, now, None, sh, grace),
         Ok(date(2026, 7, 26))
     );
-    // Ordered on the 25th (local) for the 27th: the 27th's bucket (seed §12.2).
+    // Ordered on the 25th (local) for the 27th: the 27th's bucket (docs/design.md, Try).
     let booked = utc("2026-07-25T03:00:00Z");
     let processing = utc("2026-07-27T04:00:00Z");
     assert_eq!(

@@ -1,4 +1,4 @@
-//! Failpoints: named places where a test makes the process "crash" (seed §10.2's failure
+//! Failpoints: named places where a test makes the process "crash" (the failure
 //! windows). Code calls [`hit`] at each place; a test arms the place through a
 //! [`Scenario`], and the next call there returns [`Injected`], which the caller turns into
 //! an error that leaves the call at once, writing nothing more. MySQL and Redis are then

@@ -151,9 +151,10 @@ pub struct KafkaSettings {
     pub tls: TlsFiles,
     /// SASL of `sasl_plaintext` and `sasl_ssl`: mechanism, user and password.
     pub sasl: SaslSettings,
-    /// Extra librdkafka properties for every client, with `_` standing for `.` so a key can
-    /// also come from an environment variable (`security_protocol` is `security.protocol`;
-    /// librdkafka names contain no underscores). Values are secrets and never printed.
+    /// Extra librdkafka properties for every client, applied after the settings above (so
+    /// they win), with `_` standing for `.` so a key can also come from an environment
+    /// variable (`broker_address_family` is `broker.address.family`; librdkafka names
+    /// contain no underscores). Values are secrets and never printed.
     pub properties: BTreeMap<String, Secret>,
 }
 
@@ -453,6 +454,8 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogSettings {
+    /// `text` (human-readable lines) or `json` (one object per line, with the span's ids,
+    /// for log shippers).
     pub format: LogFormat,
     /// `tracing` filter directive, e.g. `info,stocksvr=debug`. `RUST_LOG` overrides it.
     pub filter: String,

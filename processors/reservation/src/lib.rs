@@ -17,7 +17,6 @@ mod fixture;
 pub mod gauges;
 pub mod operations;
 mod outbox;
-pub mod reconcile;
 pub mod recovery;
 mod service;
 pub mod settings;

@@ -353,11 +353,11 @@ impl Processors<'_> {
         if !self.roles.reconciler {
             return Ok(());
         }
-        let reconciler = Arc::new(stocksvr_reservation::reconcile::Reconciler::new(
+        let reconciler = Arc::new(stocksvr_reconciler::Reconciler::new(
             self.service.clone(),
             self.settings.reconcile.reconcile_config(),
         ));
-        stocksvr_reservation::reconcile::run(reconciler, self.stop.clone())
+        stocksvr_reconciler::run(reconciler, self.stop.clone())
             .await
             .context("reconciler")
     }

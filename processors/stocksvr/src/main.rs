@@ -5,7 +5,9 @@
 //! idempotent: running one twice changes nothing the second time.
 
 mod admin;
+mod connect;
 mod offsets_cmd;
+mod rebuild_cmd;
 mod reconcile_cmd;
 mod stock_cmd;
 

@@ -1,18 +1,14 @@
-//! `stocksvr reconcile` (compare every bucket's three views, repair with `--repair`) and
-//! `stocksvr bucket rebuild` (recreate buckets Redis lost). Progress goes to stderr, the
-//! table or JSON to stdout.
+//! `stocksvr reconcile`: compares every bucket's three views, repairs with `--repair`.
+//! Progress goes to stderr, the table or JSON to stdout.
 
-use crate::stock_cmd::connect_with;
+use crate::connect::reconciler;
 use clap::Args;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Instant;
 use stocksvr::Settings;
-use stocksvr_core::snowflake::SnowflakeGenerator;
-use stocksvr_reservation::reconcile::classify::Verdict;
-use stocksvr_reservation::reconcile::{verdict_name, Checked, Reconciler, RepairOutcome};
-use stocksvr_reservation::{ReservationService, ServiceConfig};
-use stocksvr_store::reconcile::BucketFilter;
+use stocksvr_core::codes::WalEffect;
+use stocksvr_reconciler::classify::Verdict;
+use stocksvr_reconciler::{verdict_name, BucketFilter, Checked, RepairOutcome};
 
 #[derive(Args)]
 pub struct ReconcileArgs {
@@ -33,20 +29,8 @@ pub struct ReconcileArgs {
     json: bool,
 }
 
-async fn reconciler(settings: &Settings, connections: u32) -> anyhow::Result<Reconciler> {
-    let (pool, lua) = connect_with(settings, connections).await?;
-    // Repairs and rebuilds never mint a reservation id, so any worker id will do.
-    let ids = SnowflakeGenerator::new(settings.reservation.worker_id.unwrap_or(0))
-        .map_err(|e| anyhow::anyhow!("reservation.worker_id: {e}"))?;
-    let service = ReservationService::new(pool, lua, ids, ServiceConfig::default())
-        .with_ops_config(settings.stock_ops.ops_config());
-    Ok(Reconciler::new(
-        Arc::new(service),
-        settings.reconcile.reconcile_config(),
-    ))
-}
-
-fn progress(n: usize) {
+/// The running count of buckets read, on stderr (every one up to 1,000, then per 1,000).
+pub fn progress(n: usize) {
     if n.is_multiple_of(1000) || n < 1000 {
         eprint!("\rreconcile: {n} bucket(s) read");
     }
@@ -155,7 +139,7 @@ fn print_table(checked: &[Checked]) {
                 let kinds: Vec<&str> = c.confirmed.iter().map(|k| k.name()).collect();
                 let repair = match repair {
                     Some(RepairOutcome::Repaired { operation_id }) => {
-                        format!(" -> REPAIRED ({operation_id})")
+                        format!(" -> {} ({operation_id})", WalEffect::Repaired)
                     }
                     Some(other) => format!(" -> repair {other:?}"),
                     None => String::new(),
@@ -175,120 +159,4 @@ fn print_table(checked: &[Checked]) {
             snapshot
         );
     }
-}
-
-/// `stocksvr bucket rebuild BUCKET | --all [--execute]`. Exit 0 when every bucket was
-/// rebuilt and reopened (or, dry, when none is lost), 1 otherwise.
-pub async fn rebuild(
-    settings: &Settings,
-    bucket: Option<String>,
-    execute: bool,
-    parallel: usize,
-) -> anyhow::Result<ExitCode> {
-    let parallel = parallel.clamp(1, 64);
-    let reconciler = Arc::new(reconciler(settings, parallel as u32 * 2 + 2).await?);
-    let filter = BucketFilter {
-        bucket: bucket.clone(),
-        ..BucketFilter::default()
-    };
-    let started = Instant::now();
-    let lost: Vec<String> = reconciler
-        .inspect_all(&filter, &progress)
-        .await?
-        .into_iter()
-        .filter(|i| i.verdict == Verdict::Lost || i.bucket.lost_at.is_some())
-        .map(|i| i.bucket.stock_bucket_id)
-        .collect();
-    eprintln!(
-        "\rrebuild: {} lost bucket(s) found in {:.1} s",
-        lost.len(),
-        started.elapsed().as_secs_f64()
-    );
-    if let (Some(b), true) = (&bucket, lost.is_empty()) {
-        eprintln!("rebuild: {b} is not lost (Redis has it): nothing to rebuild");
-        return Ok(ExitCode::SUCCESS);
-    }
-    if !execute {
-        for b in &lost {
-            println!("{b}");
-        }
-        eprintln!("rebuild: dry run; add --execute to rebuild these");
-        return Ok(ExitCode::SUCCESS);
-    }
-    // Phase 1: every bucket rebuilt (in parallel); phase 2: reopened together once their
-    // events are booked and a pass finds them consistent.
-    let started = Instant::now();
-    let total = lost.len();
-    let mut failures = Vec::new();
-    let mut rebuilt = Vec::new();
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut queue = lost.into_iter();
-    loop {
-        while tasks.len() < parallel {
-            let Some(b) = queue.next() else { break };
-            let reconciler = reconciler.clone();
-            tasks.spawn(async move {
-                let result = reconciler.rebuild_only(&b).await;
-                (b, result)
-            });
-        }
-        let Some(joined) = tasks.join_next().await else {
-            break;
-        };
-        let (b, result) = joined?;
-        match result {
-            Ok(view) if view.succeeded() => rebuilt.push((b, view.operation_id)),
-            Ok(view) => {
-                println!(
-                    "{b}\t{}\tnot rebuilt\t{}\t{}",
-                    view.status.to_lowercase(),
-                    view.operation_id,
-                    view.last_error.unwrap_or_default()
-                );
-                failures.push(b);
-            }
-            Err(e) => {
-                println!("{b}\tfailed\t{e}");
-                failures.push(b);
-            }
-        }
-        let n = rebuilt.len() + failures.len();
-        if n.is_multiple_of(500) || n == total {
-            eprintln!(
-                "rebuild: {n}/{total} rebuilt in {:.1} s ({} failed)",
-                started.elapsed().as_secs_f64(),
-                failures.len()
-            );
-        }
-    }
-    let rebuilt_in = started.elapsed();
-    let ids: Vec<String> = rebuilt.iter().map(|(b, _)| b.clone()).collect();
-    let reopened = reconciler
-        .reopen_many(&ids, reconciler.config().reopen_timeout, &|n| {
-            eprintln!("rebuild: {n}/{} reopened", ids.len())
-        })
-        .await?;
-    let open: std::collections::HashSet<&String> = reopened.iter().collect();
-    for (b, op) in &rebuilt {
-        if open.contains(b) {
-            println!("{b}\trebuilt\treopened\t{op}");
-        } else {
-            println!(
-                "{b}\trebuilt\tnot reopened (not consistent yet; the reconciler reopens it)\t{op}"
-            );
-            failures.push(b.clone());
-        }
-    }
-    eprintln!(
-        "rebuild: {} of {total} rebuilt in {:.1} s, {} reopened after {:.1} s in all",
-        rebuilt.len(),
-        rebuilt_in.as_secs_f64(),
-        reopened.len(),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(if failures.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
 }

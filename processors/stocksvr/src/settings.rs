@@ -16,9 +16,8 @@ use stocksvr_pipeline::config::{
     KafkaSettings, LoadedTls, LogSettings, MysqlSettings, RedisSettings, RegistrySettings,
 };
 use stocksvr_pipeline::config::{redact_url, RedisMode};
-use stocksvr_reservation::settings::{
-    ReconcileSettings, RecoverySettings, ReservationSettings, StockOpsSettings,
-};
+use stocksvr_reconciler::ReconcileSettings;
+use stocksvr_reservation::settings::{RecoverySettings, ReservationSettings, StockOpsSettings};
 use stocksvr_schedule::ScheduleSettings;
 
 #[derive(Debug, Clone, Deserialize, Serialize, Default)]

@@ -7,11 +7,9 @@ use clap::Subcommand;
 use serde::Serialize;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 use stocksvr::Settings;
 use stocksvr_core::bucket::{self, BucketKey, BucketState};
 use stocksvr_core::snowflake::SnowflakeGenerator;
-use stocksvr_pipeline::config::redact_url;
 use stocksvr_reservation::operations::WalView;
 use stocksvr_reservation::{ReservationService, ServiceConfig, StockOps};
 use stocksvr_store::baselines::Baseline;
@@ -107,43 +105,7 @@ pub enum ReservationsAction {
 }
 
 async fn connect(settings: &Settings) -> anyhow::Result<(sqlx::MySqlPool, Arc<LuaExecutor>)> {
-    connect_with(settings, 2).await
-}
-
-/// MySQL (a pool of `connections`) and Redis for a command, checked before it starts.
-pub async fn connect_with(
-    settings: &Settings,
-    connections: u32,
-) -> anyhow::Result<(sqlx::MySqlPool, Arc<LuaExecutor>)> {
-    let url = settings.mysql.url.expose();
-    let pool = stocksvr_store::mysql_pool(
-        url,
-        connections,
-        Duration::from_millis(settings.mysql.acquire_timeout_ms),
-    )?;
-    stocksvr_store::ping_mysql(&pool)
-        .await
-        .with_context(|| format!("connecting to {}", redact_url(url)))?;
-    let redis = stocksvr_store::connect_redis_tls(
-        &stocksvr::settings::redis_target(&settings.redis),
-        stocksvr::settings::redis_tls(&settings.redis)?.as_ref(),
-        Duration::from_millis(settings.redis.response_timeout_ms),
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "connecting to {}",
-            stocksvr::settings::redis_redacted(&settings.redis)
-        )
-    })?;
-    let op_ttl = Duration::from_secs(settings.reservation.op_ttl_days * 24 * 3600);
-    Ok((
-        pool,
-        Arc::new(
-            LuaExecutor::new(redis, op_ttl)
-                .with_replication_wait(stocksvr::settings::replication_wait(&settings.redis)),
-        ),
-    ))
+    crate::connect::connect_with(settings, 2).await
 }
 
 fn print<T: Serialize>(value: &T) -> anyhow::Result<()> {
@@ -179,7 +141,7 @@ pub async fn bucket(settings: &Settings, action: BucketAction) -> anyhow::Result
             check_bucket(b)?;
         }
         let target = if all { None } else { bucket_id };
-        return crate::reconcile_cmd::rebuild(settings, target, execute, parallel).await;
+        return crate::rebuild_cmd::rebuild(settings, target, execute, parallel).await;
     }
     let (pool, lua) = connect(settings).await?;
     let ops = StockOps::new(pool.clone(), lua, settings.stock_ops.ops_config());

@@ -370,9 +370,7 @@ async fn service_in(
 }
 
 /// One scheduled pass over the only shard, waiting out a pass of the server's that holds it.
-async fn pass(
-    reconciler: &stocksvr_reservation::reconcile::Reconciler,
-) -> stocksvr_reservation::reconcile::PassReport {
+async fn pass(reconciler: &stocksvr_reconciler::Reconciler) -> stocksvr_reconciler::PassReport {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(report) = reconciler.pass_once().await.expect("pass") {
@@ -395,7 +393,7 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
     quiescent(&server, &shop, Duration::from_secs(90)).await;
 
     let full_check = Duration::from_secs(20);
-    let config = stocksvr_reservation::reconcile::ReconcileConfig {
+    let config = stocksvr_reconciler::ReconcileConfig {
         shards: 1,
         interval: Duration::ZERO,
         full_check,
@@ -406,10 +404,8 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
         guard_reads_per_sec: 4,
         ..Default::default()
     };
-    let reconciler = stocksvr_reservation::reconcile::Reconciler::new(
-        service_in(&pool, 36).await,
-        config.clone(),
-    );
+    let reconciler =
+        stocksvr_reconciler::Reconciler::new(service_in(&pool, 36).await, config.clone());
     // The server's own pass at its start checked the bucket in full and noted it; forget
     // that, so this reconciler's first pass is the full check the steps below time from.
     sqlx::query("UPDATE dish_stock_baseline SET full_checked_at = NULL WHERE stock_bucket_id = ?")
@@ -432,8 +428,7 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
     );
     // Another instance (or this one restarted) knows nothing of that in memory, but the full
     // check is noted with the bucket: it compares the numbers and reads no fence again.
-    let restarted =
-        stocksvr_reservation::reconcile::Reconciler::new(service_in(&pool, 38).await, config);
+    let restarted = stocksvr_reconciler::Reconciler::new(service_in(&pool, 38).await, config);
     let r = pass(&restarted).await;
     assert_eq!(
         (r.checked, r.consistent, r.unchanged, r.full),
@@ -511,9 +506,9 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
     // reservations at one guard a second takes about 2 s against a lease of 1 s, and half
     // a second after the first lease would have run out another instance is still refused.
     let lease = chrono::TimeDelta::seconds(1);
-    let slow = Arc::new(stocksvr_reservation::reconcile::Reconciler::new(
+    let slow = Arc::new(stocksvr_reconciler::Reconciler::new(
         service_in(&pool, 37).await,
-        stocksvr_reservation::reconcile::ReconcileConfig {
+        stocksvr_reconciler::ReconcileConfig {
             shards: 1,
             interval: Duration::ZERO,
             lease,
@@ -531,7 +526,7 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
     let claimed = shard_claimed(&pool).await;
     tokio::time::sleep(Duration::from_millis(1_500).saturating_sub(claimed.elapsed())).await;
     assert!(!running.is_finished(), "the paced pass ended within 1.5 s");
-    let intruder = stocksvr_store::reconcile::claim_shard(
+    let intruder = stocksvr_reconciler::queries::shards::claim_shard(
         &pool,
         "intruder",
         1,
@@ -618,16 +613,14 @@ async fn a_full_check_held_back_by_work_in_flight_is_not_made_again_at_the_next_
         .execute(&pool)
         .await
         .expect("forget the full check");
-    let config = stocksvr_reservation::reconcile::ReconcileConfig {
+    let config = stocksvr_reconciler::ReconcileConfig {
         shards: 1,
         interval: Duration::ZERO,
         full_check: Duration::from_secs(3600),
         ..Default::default()
     };
-    let reconciler = stocksvr_reservation::reconcile::Reconciler::new(
-        service_in(&pool, 43).await,
-        config.clone(),
-    );
+    let reconciler =
+        stocksvr_reconciler::Reconciler::new(service_in(&pool, 43).await, config.clone());
     let r = pass(&reconciler).await;
     assert_eq!(
         (r.checked, r.held_back, r.full, r.unsummed),
@@ -648,8 +641,7 @@ async fn a_full_check_held_back_by_work_in_flight_is_not_made_again_at_the_next_
         (1, 1, 0, 1),
         "still in flight, fences not read again: {r:?}"
     );
-    let restarted =
-        stocksvr_reservation::reconcile::Reconciler::new(service_in(&pool, 44).await, config);
+    let restarted = stocksvr_reconciler::Reconciler::new(service_in(&pool, 44).await, config);
     let r = pass(&restarted).await;
     assert_eq!(
         (r.checked, r.held_back, r.full, r.unsummed),
@@ -700,19 +692,19 @@ async fn a_pass_in_progress_gives_its_shard_back_at_the_stop() {
         .execute(&pool)
         .await
         .expect("forget the server's passes");
-    let config = stocksvr_reservation::reconcile::ReconcileConfig {
+    let config = stocksvr_reconciler::ReconcileConfig {
         shards: 1,
         interval: Duration::ZERO,
         guard_reads_per_sec: 1,
         ..Default::default()
     };
     let settle = config.settle;
-    let reconciler = Arc::new(stocksvr_reservation::reconcile::Reconciler::new(
+    let reconciler = Arc::new(stocksvr_reconciler::Reconciler::new(
         service_in(&pool, 46).await,
         config,
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(stocksvr_reservation::reconcile::run(reconciler, stop_rx));
+    let task = tokio::spawn(stocksvr_reconciler::run(reconciler, stop_rx));
     shard_claimed(&pool).await;
     let stopped = Instant::now();
     stop_tx.send(true).expect("the reconciler listens");
@@ -769,9 +761,9 @@ async fn a_reservation_cancelled_during_a_full_check_is_read_again_not_reported(
         .expect("forget the full check");
     // 50 fences a second: the rest after the first slice is 10 s, the window the cancel
     // below falls in.
-    let reconciler = Arc::new(stocksvr_reservation::reconcile::Reconciler::new(
+    let reconciler = Arc::new(stocksvr_reconciler::Reconciler::new(
         service_in(&pool, 46).await,
-        stocksvr_reservation::reconcile::ReconcileConfig {
+        stocksvr_reconciler::ReconcileConfig {
             shards: 1,
             interval: Duration::ZERO,
             full_check: Duration::from_secs(3600),
@@ -834,9 +826,9 @@ async fn a_suspected_difference_is_looked_at_again_after_settle_not_an_interval_
         .expect("forget the server's passes");
 
     let settle = Duration::from_millis(1_500);
-    let reconciler = stocksvr_reservation::reconcile::Reconciler::new(
+    let reconciler = stocksvr_reconciler::Reconciler::new(
         service_in(&pool, 40).await,
-        stocksvr_reservation::reconcile::ReconcileConfig {
+        stocksvr_reconciler::ReconcileConfig {
             shards: 1,
             interval: Duration::from_secs(3_600),
             settle,
@@ -908,11 +900,11 @@ async fn a_repair_racing_five_hundred_trys_loses_its_version_and_is_computed_aga
 
     // The plan is computed at this version, before the Trys.
     let service = service_in(&pool, 33).await;
-    let reconciler = stocksvr_reservation::reconcile::Reconciler::new(
+    let reconciler = stocksvr_reconciler::Reconciler::new(
         service.clone(),
-        stocksvr_reservation::reconcile::ReconcileConfig::default(),
+        stocksvr_reconciler::ReconcileConfig::default(),
     );
-    let filter = stocksvr_store::reconcile::BucketFilter {
+    let filter = stocksvr_reconciler::BucketFilter {
         bucket: Some(keys.stock_bucket_id()),
         ..Default::default()
     };
@@ -943,7 +935,7 @@ async fn a_repair_racing_five_hundred_trys_loses_its_version_and_is_computed_aga
     let view = service.ops().repair(&plan).await.expect("repair runs");
     assert_eq!(
         view.result.as_ref().and_then(|r| r["effect"].as_str()),
-        Some("VERSION_CHANGED"),
+        Some(stocksvr_core::codes::WalEffect::VersionChanged.name()),
         "the bucket moved since the plan: {view:?}"
     );
     let mut reserved_ids = 0i64;

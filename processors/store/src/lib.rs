@@ -2,6 +2,7 @@
 //! and (in later modules) the repositories and the Redis Lua executor.
 
 pub mod baselines;
+pub mod bucket_views;
 pub mod buckets;
 pub mod clock;
 pub mod deadline;
@@ -9,7 +10,6 @@ pub mod lua;
 pub mod one_off;
 pub mod order_events;
 pub mod outbox;
-pub mod reconcile;
 pub mod redis_conn;
 pub mod refunds;
 pub mod reservations;

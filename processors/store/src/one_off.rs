@@ -40,10 +40,8 @@ impl OneOff for QueryBuilder<'_, MySql> {
 
 /// `(?, ?, …)` binding each of `values`: the list of an `IN`, whose text depends on its
 /// length (so the statement runs as a [`OneOff`]).
-pub(crate) fn in_list_of<'a, T>(
-    q: &mut QueryBuilder<'a, MySql>,
-    values: impl IntoIterator<Item = T>,
-) where
+pub fn in_list_of<'a, T>(q: &mut QueryBuilder<'a, MySql>, values: impl IntoIterator<Item = T>)
+where
     T: 'a + sqlx::Encode<'a, MySql> + sqlx::Type<MySql>,
 {
     q.push("(");

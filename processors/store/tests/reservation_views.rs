@@ -1,11 +1,11 @@
-//! The reconciler's reservation and ledger views read in pages (`reconcile::reservation_views`,
-//! `reconcile::ledger_views`): whatever the page size, every bucket's sums are those of one
+//! The reconciler's reservation and ledger views read in pages (`bucket_views::reservation_views`,
+//! `bucket_views::ledger_views`): whatever the page size, every bucket's sums are those of one
 //! statement over all its rows.
 
 use chrono::{TimeDelta, Utc};
 use sqlx::MySqlPool;
 use std::collections::HashMap;
-use stocksvr_store::reconcile::{ledger_views, reservation_views, LedgerView, ReservationView};
+use stocksvr_store::bucket_views::{ledger_views, reservation_views, LedgerView, ReservationView};
 
 /// One reservation row of `bucket` in `status`, holding `quantity - refunded`.
 async fn reservation(

@@ -1,7 +1,10 @@
-//! Versioned repair (seed §13.2) and rebuild after Redis lost a bucket (§13.3). Both are WAL
-//! operations like init and adjust: the row is written first, the same executor and worker
-//! run its script with its operation id, and the completion commits the outbox event that
-//! makes the projector book one ledger row and move the snapshot.
+//! Versioned repair and rebuild after Redis lost a bucket (docs/design.md, "Reconcile, repair,
+//! rebuild"; docs/reconciliation.md, "Repair" and "Rebuild"). Both are WAL operations like init and
+//! adjust: the row is written first, the same executor and worker run its script with its operation
+//! id, and the completion commits the outbox event that makes the projector book one ledger row and
+//! move the snapshot. The reconciler (`stocksvr-reconciler`) plans a repair and drives it; running
+//! it is a stock operation, so the WAL worker and recovery finish it after a crash without the
+//! reconciler.
 //!
 //! A repair never writes `available = expected` blindly: the reconciler computed the numbers
 //! from MySQL at one Redis version, and `repair.lua` writes them only if the bucket is still at
@@ -12,14 +15,16 @@
 //! hash from the last applied total and the reservation table's reserved and sold, at a
 //! version above every version MySQL has seen.
 
+mod restore;
+
 use super::execute::{script_outcome, summary, Step};
 use super::*;
+use restore::{restoration, restored_phase, Held};
 use serde::Deserialize;
+use stocksvr_core::codes::WalEffect;
 use stocksvr_core::events::StockNumbers as EventNumbers;
-use stocksvr_core::model::FencePhase;
-use stocksvr_core::reservation::{self as rules, ReservationStatus};
-use stocksvr_store::lua::{RepairMode, RestoredFence, RestoredOp, TargetNumbers};
-use stocksvr_store::reconcile as store;
+use stocksvr_store::bucket_views as views;
+use stocksvr_store::lua::{RepairMode, TargetNumbers};
 
 /// Reservations per restore call: one atomic script each, small enough not to block Redis.
 const RESTORE_CHUNK: u32 = 200;
@@ -207,9 +212,9 @@ impl StockOps {
         if !plan.restore.is_empty() {
             // Only missing records are written, so this is safe whatever ran since the plan
             // (a record written after it is newer and stays).
-            let rows = store::rows_by_id(&self.pool, &row.stock_bucket_id, &plan.restore).await?;
+            let rows = views::rows_by_id(&self.pool, &row.stock_bucket_id, &plan.restore).await?;
             let ids: Vec<u64> = rows.iter().map(|r| r.id).collect();
-            let refunds = store::completed_refunds(&self.pool, &ids).await?;
+            let refunds = views::completed_refunds(&self.pool, &ids).await?;
             let (fences, ops) = restoration(&rows, &refunds);
             if let Err(e) = self
                 .lua
@@ -231,11 +236,11 @@ impl StockOps {
             Err(step) => return Ok(step),
         };
         let effect = match result.code {
-            OpCode::Succeeded => "REPAIRED",
+            OpCode::Succeeded => WalEffect::Repaired,
             // Something ran since the numbers were computed: nothing written; the reconciler
             // computes again at the new version (a new operation id).
-            OpCode::Conflict => "VERSION_CHANGED",
-            OpCode::BucketMissing => "BUCKET_MISSING",
+            OpCode::Conflict => WalEffect::VersionChanged,
+            OpCode::BucketMissing => WalEffect::BucketMissing,
             other => {
                 return Ok(Step::Dead(format!(
                     "repair got {} from Redis",
@@ -294,7 +299,7 @@ impl StockOps {
             (false, _) => {
                 // Steps cannot complete while the stock hash is missing, so MySQL holds
                 // still; the ledger must have booked every event before its sums count.
-                if !store::projection_complete(&self.pool, &row.stock_bucket_id).await? {
+                if !views::projection_complete(&self.pool, &row.stock_bucket_id).await? {
                     return Ok(Step::Wait(
                         "events of the bucket are still on their way to the ledger".into(),
                     ));
@@ -354,7 +359,7 @@ impl StockOps {
         Ok(Step::Done(WalCompletion {
             result_payload: summary(
                 &result,
-                json!({ "effect": "REBUILT", "fences_restored": plan.fences_restored }),
+                json!({ "effect": WalEffect::Rebuilt, "fences_restored": plan.fences_restored }),
             ),
             outbox: vec![event],
             bucket_status: None,
@@ -374,7 +379,7 @@ impl StockOps {
         let (mut reserved, mut sold, mut fences) = (0i64, 0i64, 0u64);
         let mut after = 0u64;
         loop {
-            let rows = store::rebuild_rows(&self.pool, bucket, after, RESTORE_CHUNK).await?;
+            let rows = views::rebuild_rows(&self.pool, bucket, after, RESTORE_CHUNK).await?;
             let Some(last) = rows.last() else { break };
             after = last.id;
             for r in &rows {
@@ -389,8 +394,8 @@ impl StockOps {
             }
         }
         let ids = [bucket.to_string()];
-        let views = store::mysql_views(&self.pool, &ids).await?;
-        let l = views.ledger.get(bucket).copied().unwrap_or_default();
+        let sums = views::mysql_views(&self.pool, &ids).await?;
+        let l = sums.ledger.get(bucket).copied().unwrap_or_default();
         let ledger_before = TargetNumbers {
             total: l.total,
             available: l.available,
@@ -403,7 +408,7 @@ impl StockOps {
             _ => BucketState::Open,
         };
         Ok(Ok(RebuildPlan {
-            version: store::highest_known_version(&self.pool, bucket).await? + 1,
+            version: views::highest_known_version(&self.pool, bucket).await? + 1,
             state: state.name().to_string(),
             baseline_version,
             target: TargetNumbers::from_accepted(total, reserved, sold),
@@ -422,13 +427,13 @@ impl StockOps {
         let mut after = 0u64;
         let mut written = 0;
         loop {
-            let rows = store::rebuild_rows(&self.pool, &b.stock_bucket_id, after, RESTORE_CHUNK)
+            let rows = views::rebuild_rows(&self.pool, &b.stock_bucket_id, after, RESTORE_CHUNK)
                 .await
                 .map_err(|e| e.to_string())?;
             let Some(last) = rows.last() else { break };
             after = last.id;
             let ids: Vec<u64> = rows.iter().map(|r| r.id).collect();
-            let refunds = store::completed_refunds(&self.pool, &ids)
+            let refunds = views::completed_refunds(&self.pool, &ids)
                 .await
                 .map_err(|e| e.to_string())?;
             let (fences, ops) = restoration(&rows, &refunds);
@@ -440,117 +445,6 @@ impl StockOps {
         }
         Ok(written)
     }
-}
-
-/// Where a reservation's held units sit in a rebuilt bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Held {
-    Reserved,
-    Sold,
-    Nothing,
-}
-
-/// The fence phase a reservation gets back and where its held units count. A step in flight
-/// counts where it started (its script will run again on the rebuilt bucket); a Cancel in
-/// flight from PREPARING never held anything (its Try's effect, if any, went with Redis).
-fn restored_phase(r: &store::RebuildRow) -> (Option<FencePhase>, Held) {
-    use ReservationStatus as S;
-    let Some(status) = u8::try_from(r.status)
-        .ok()
-        .and_then(ReservationStatus::from_code)
-    else {
-        return (None, Held::Nothing);
-    };
-    let resume = r
-        .resume_status
-        .and_then(|s| u8::try_from(s).ok())
-        .and_then(ReservationStatus::from_code);
-    match status {
-        S::Reserved | S::CreatedReserved | S::Confirming => {
-            (Some(FencePhase::Reserved), Held::Reserved)
-        }
-        S::Canceling if r.expected_redis_version.is_some() => {
-            (Some(FencePhase::Reserved), Held::Reserved)
-        }
-        S::Refunding if resume == Some(S::Confirmed) => (Some(FencePhase::Confirmed), Held::Sold),
-        S::Refunding => (Some(FencePhase::Reserved), Held::Reserved),
-        S::Confirmed if r.quantity > r.refunded_quantity => {
-            (Some(FencePhase::Confirmed), Held::Sold)
-        }
-        S::Confirmed | S::Refunded => (Some(FencePhase::Refunded), Held::Nothing),
-        S::Canceled => (Some(FencePhase::Canceled), Held::Nothing),
-        S::Canceling | S::Preparing | S::Rejected => (None, Held::Nothing),
-    }
-}
-
-/// The fences and op records to restore for `rows` (with their completed refunds).
-fn restoration(
-    rows: &[store::RebuildRow],
-    refunds: &[(u64, String, u32)],
-) -> (Vec<RestoredFence>, Vec<RestoredOp>) {
-    let mut fences = Vec::new();
-    let mut ops = Vec::new();
-    for r in rows {
-        let (Some(phase), _) = restored_phase(r) else {
-            continue;
-        };
-        let id = r.id;
-        let status = u8::try_from(r.status)
-            .ok()
-            .and_then(ReservationStatus::from_code);
-        let confirmed = status == Some(ReservationStatus::Confirmed)
-            || (status == Some(ReservationStatus::Refunding) && phase == FencePhase::Confirmed);
-        let canceled = status == Some(ReservationStatus::Canceled);
-        let own_refunds: Vec<&(u64, String, u32)> =
-            refunds.iter().filter(|(rid, _, _)| *rid == id).collect();
-        fences.push(RestoredFence {
-            reservation_id: id,
-            phase,
-            quantity: r.quantity,
-            refunded: r.refunded_quantity,
-            try_op: (!canceled).then(|| rules::try_operation_id(id)),
-            confirm_op: confirmed.then(|| rules::confirm_operation_id(id)),
-            cancel_op: canceled.then(|| r.current_operation_id.clone()),
-            last_refund_op: own_refunds.last().map(|(_, op, _)| op.clone()),
-        });
-        if !canceled {
-            ops.push(RestoredOp {
-                reservation_id: id,
-                operation_id: rules::try_operation_id(id),
-                action: "TRY",
-                phase: FencePhase::Reserved,
-                quantity: r.quantity,
-            });
-        }
-        if confirmed {
-            ops.push(RestoredOp {
-                reservation_id: id,
-                operation_id: rules::confirm_operation_id(id),
-                action: "CONFIRM",
-                phase: FencePhase::Confirmed,
-                quantity: r.quantity,
-            });
-        }
-        if canceled {
-            ops.push(RestoredOp {
-                reservation_id: id,
-                operation_id: r.current_operation_id.clone(),
-                action: "CANCEL",
-                phase: FencePhase::Canceled,
-                quantity: r.quantity,
-            });
-        }
-        for (_, op, quantity) in own_refunds {
-            ops.push(RestoredOp {
-                reservation_id: id,
-                operation_id: op.clone(),
-                action: "REFUND",
-                phase,
-                quantity: *quantity,
-            });
-        }
-    }
-    (fences, ops)
 }
 
 /// Every instance's Try path judges a bucket's lost mark on a list (or a row) read up to
@@ -566,99 +460,5 @@ async fn wait_out_cached_baselines(bucket_id: &str, lost_at: chrono::NaiveDateTi
     if let Some(left) = settle.checked_sub(since) {
         tracing::info!(bucket = bucket_id, wait_ms = left.as_millis() as u64, "rebuild waits until no instance can hold a copy of the bucket from before its lost mark");
         tokio::time::sleep(left).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(status: ReservationStatus, quantity: u32, refunded: u32) -> store::RebuildRow {
-        store::RebuildRow {
-            id: 7,
-            status: status.code() as i8,
-            quantity,
-            refunded_quantity: refunded,
-            current_operation_id: "op_x".into(),
-            expected_redis_version: Some(3),
-            resume_status: None,
-        }
-    }
-
-    #[test]
-    fn held_units_count_where_the_last_completed_step_left_them() {
-        use ReservationStatus as S;
-        let phase = |r: &store::RebuildRow| restored_phase(r);
-        assert_eq!(
-            phase(&row(S::Reserved, 2, 0)),
-            (Some(FencePhase::Reserved), Held::Reserved)
-        );
-        assert_eq!(
-            phase(&row(S::CreatedReserved, 3, 1)),
-            (Some(FencePhase::Reserved), Held::Reserved)
-        );
-        assert_eq!(
-            phase(&row(S::Confirming, 2, 0)),
-            (Some(FencePhase::Reserved), Held::Reserved)
-        );
-        assert_eq!(
-            phase(&row(S::Confirmed, 2, 1)),
-            (Some(FencePhase::Confirmed), Held::Sold)
-        );
-        assert_eq!(
-            phase(&row(S::Confirmed, 2, 2)),
-            (Some(FencePhase::Refunded), Held::Nothing)
-        );
-        assert_eq!(
-            phase(&row(S::Canceled, 2, 0)),
-            (Some(FencePhase::Canceled), Held::Nothing)
-        );
-        // A cancel in flight after a completed Try still holds; from PREPARING it never did.
-        assert_eq!(
-            phase(&row(S::Canceling, 2, 0)),
-            (Some(FencePhase::Reserved), Held::Reserved)
-        );
-        let mut early = row(S::Canceling, 2, 0);
-        early.expected_redis_version = None;
-        assert_eq!(phase(&early), (None, Held::Nothing));
-        // A refund in flight counts where it started.
-        let mut refunding = row(S::Refunding, 4, 1);
-        refunding.resume_status = Some(S::Confirmed.code() as i8);
-        assert_eq!(phase(&refunding), (Some(FencePhase::Confirmed), Held::Sold));
-        refunding.resume_status = Some(S::CreatedReserved.code() as i8);
-        assert_eq!(
-            phase(&refunding),
-            (Some(FencePhase::Reserved), Held::Reserved)
-        );
-        assert_eq!(phase(&row(S::Preparing, 1, 0)), (None, Held::Nothing));
-    }
-
-    #[test]
-    fn fences_name_the_steps_taken_and_their_op_records_come_back() {
-        let confirmed = row(ReservationStatus::Confirmed, 3, 1);
-        let refunds = vec![(7, "op_refund_7_a".to_string(), 1)];
-        let (fences, ops) = restoration(&[confirmed], &refunds);
-        assert_eq!(fences.len(), 1);
-        let f = &fences[0];
-        assert_eq!(
-            (f.phase, f.quantity, f.refunded),
-            (FencePhase::Confirmed, 3, 1)
-        );
-        assert_eq!(
-            f.try_op.as_deref(),
-            Some(rules::try_operation_id(7).as_str())
-        );
-        assert_eq!(
-            f.confirm_op.as_deref(),
-            Some(rules::confirm_operation_id(7).as_str())
-        );
-        assert_eq!(f.last_refund_op.as_deref(), Some("op_refund_7_a"));
-        let actions: Vec<&str> = ops.iter().map(|o| o.action).collect();
-        assert_eq!(actions, ["TRY", "CONFIRM", "REFUND"]);
-        let canceled = row(ReservationStatus::Canceled, 2, 0);
-        let (fences, ops) = restoration(&[canceled], &[]);
-        assert_eq!(fences[0].cancel_op.as_deref(), Some("op_x"));
-        assert_eq!(fences[0].try_op, None);
-        assert_eq!(ops.iter().map(|o| o.action).collect::<Vec<_>>(), ["CANCEL"]);
     }
 }

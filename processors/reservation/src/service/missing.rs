@@ -255,7 +255,7 @@ impl ReservationService {
     }
 
     /// Records that `bucket` is lost (once), so Trys are refused before any row is written.
-    pub(crate) async fn note_lost(&self, bucket: &str) -> Result<(), ServiceError> {
+    pub async fn note_lost(&self, bucket: &str) -> Result<(), ServiceError> {
         self.baselines.forget(&bucket.to_string());
         if stocksvr_store::baselines::mark_lost(&self.pool, bucket).await? {
             tracing::error!(bucket, "bucket lost in Redis: Trys refused, steps wait; rebuild it (stocksvr bucket rebuild) and it reopens after a clean reconcile pass");

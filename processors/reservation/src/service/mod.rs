@@ -216,7 +216,7 @@ impl ReservationService {
 
     /// Drops this process's cached baseline row of `bucket` (closed, reopened, rebuilt), so
     /// the next Try here reads it again instead of waiting out the cache's time to live.
-    pub(crate) fn baseline_changed(&self, bucket: &str) {
+    pub fn baseline_changed(&self, bucket: &str) {
         self.baselines.forget(&bucket.to_string());
     }
 

@@ -1,11 +1,11 @@
-//! The verdict on one bucket from its views, decided without I/O (seed §12.1, §13): what
-//! MySQL expects (the baseline's total, the reservation table's reserved and sold), what the
-//! ledger sums to, what Redis holds and what the snapshot says, and whether anything in
-//! flight means MySQL may simply lag Redis.
+//! The verdict on one bucket from its views, decided without I/O (docs/reconciliation.md,
+//! "What a bucket must hold"): what MySQL expects (the baseline's total, the reservation table's
+//! reserved and sold), what the ledger sums to, what Redis holds and what the snapshot says,
+//! and whether anything in flight means MySQL may simply lag Redis.
 
 use serde::Serialize;
+use stocksvr_store::bucket_views::{LedgerView, SnapshotView};
 use stocksvr_store::lua::{StockNumbers, TargetNumbers};
-use stocksvr_store::reconcile::{LedgerView, SnapshotView};
 
 /// A way Redis, the ledger or the snapshot can disagree with the reservation table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -200,6 +200,17 @@ pub fn version_floor(v: &BucketViews) -> u64 {
     match v.snapshot {
         Some(s) if regressed(v) => s.redis_version + 1,
         _ => 0,
+    }
+}
+
+/// The verdict's name as the CLI, the repair outcome and the logs show it.
+pub fn verdict_name(v: &Verdict) -> &'static str {
+    match v {
+        Verdict::Consistent => "consistent",
+        Verdict::NotBuilt => "not_built",
+        Verdict::Lost => "lost",
+        Verdict::HeldBack(_) => "held_back",
+        Verdict::Differs(_) => "differs",
     }
 }
 
