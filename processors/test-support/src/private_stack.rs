@@ -187,26 +187,37 @@ impl Drop for PrivateStack {
 /// stocksvr, Prometheus, Kafka (client, controller, and the secure stack's inter-broker).
 const OFFSETS: [u16; 9] = [7, 80, 81, 82, 88, 90, 92, 93, 95];
 
-/// A port base whose stack ports are all free now: `STOCKSVR_TEST_PORT_BASE` when set (a
-/// range agreed for one user of a shared machine), else a random one.
+/// A port base whose stack ports are all free now: within `STOCKSVR_TEST_PORT_RANGE`
+/// (`27000-27499`: the ports agreed for one user of a shared machine; stacks 100 apart, as
+/// a private stack uses its base + 7 to + 95) when set, else anywhere from 20000.
 fn free_base() -> u16 {
     let free = |base: u16| {
         OFFSETS
             .iter()
             .all(|o| TcpListener::bind(("127.0.0.1", base + o)).is_ok())
     };
-    if let Ok(pinned) = std::env::var("STOCKSVR_TEST_PORT_BASE") {
-        let base: u16 = pinned
-            .parse()
-            .unwrap_or_else(|_| panic!("STOCKSVR_TEST_PORT_BASE={pinned}: not a port"));
-        assert!(
-            free(base),
-            "STOCKSVR_TEST_PORT_BASE={base}: its ports are taken"
-        );
-        return base;
-    }
-    for _ in 0..50 {
-        let base = 20_000 + (rand_u16() % 200) * 200;
+    let (low, slots, step) = match std::env::var("STOCKSVR_TEST_PORT_RANGE") {
+        Ok(range) => {
+            let bounds = range
+                .split_once('-')
+                .and_then(|(lo, hi)| {
+                    Some((
+                        lo.trim().parse::<u16>().ok()?,
+                        hi.trim().parse::<u16>().ok()?,
+                    ))
+                })
+                .filter(|(lo, hi)| hi.saturating_sub(*lo) >= 99);
+            let Some((lo, hi)) = bounds else {
+                panic!("STOCKSVR_TEST_PORT_RANGE={range}: expected LOW-HIGH, at least 100 ports");
+            };
+            (lo, (hi - lo + 1) / 100, 100)
+        }
+        Err(_) => (20_000, 200, 200),
+    };
+    // Random order: tests starting stacks at once rarely try the same base first.
+    let first = rand_u16() % slots;
+    for k in 0..slots {
+        let base = low + ((first + k) % slots) * step;
         if free(base) {
             return base;
         }
