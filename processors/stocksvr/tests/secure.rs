@@ -6,7 +6,7 @@
 //! print` prints.
 //!
 //! - The order flow goes through: a Try, an OrderCreated produced by the order service's own
-//!   principal, CONFIRMED and projected, then a refund.
+//!   principal, CONFIRMED and projected, then a refund; a dead letter is parked and replayed.
 //! - A missing ACL, a wrong Kafka password and an untrusted MySQL certificate each give one
 //!   clear line naming the dependency and the cause, `/readyz` names it, nothing is retried
 //!   into a log storm or dead-lettered, and with the ACL added back the waiting order goes
@@ -89,6 +89,23 @@ fn parked(deployment: &Deployment) -> String {
     deployment.run(&["dlq", "list"], &[])
 }
 
+/// The id of the first dead letter parked in this deployment's database, once there is one.
+async fn parked_id(deployment: &Deployment, within: Duration) -> String {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let listing = parked(deployment);
+        // The header, then one row per dead letter with its id first.
+        if let Some(row) = listing.lines().nth(1) {
+            return row.split_whitespace().next().expect("an id").to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing parked: {listing}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// True when the dead-letter processor parked nothing in this deployment's database.
 fn none_parked(deployment: &Deployment) -> bool {
     parked(deployment).trim() == "no dead letters match"
@@ -157,6 +174,27 @@ async fn the_order_flow_runs_with_every_connection_secured_and_only_the_printed_
         .await;
 
     assert!(none_parked(&deployment), "{}", parked(&deployment));
+
+    // A cancel naming this reservation under another order: dead-lettered (written to the
+    // .dlt topic through the secure listener), parked by the dead-letter processor (which
+    // reads it), and replayed to its topic by the operator command.
+    let other = unique_id(720_000_000);
+    produce_as_order_service(
+        &deployment,
+        "OrderCanceled",
+        other,
+        json!({"order_id": other, "merchant_id": merchant,
+               "inventory_reservation_ids": [reservation.parse::<u64>().expect("id")], "reason": null}),
+    );
+    let id = parked_id(&deployment, Duration::from_secs(60)).await;
+    let replayed = deployment.run(&["dlq", "replay", &id], &[]);
+    assert!(
+        replayed.contains(&format!(
+            "replayed dead letter {id} to {}/",
+            deployment.topic("order.lifecycle.v1")
+        )),
+        "{replayed}"
+    );
     let (code, ready) = service.get("/readyz").await;
     assert_eq!(
         code, 200,
