@@ -3,9 +3,10 @@
 
 # ---- build ------------------------------------------------------------------------------------
 FROM rust:1-bookworm AS build
-# rdkafka builds the bundled librdkafka (C, C++, make; cmake for its optional cmake build).
+# rdkafka builds the bundled librdkafka (C, C++, make; cmake for its optional cmake build),
+# linked against the system OpenSSL (TLS and SASL SCRAM to Kafka): libssl-dev, pkg-config.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends cmake \
+ && apt-get install -y --no-install-recommends cmake libssl-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Only what the build reads (BuildKit then sends only these, not .stack/ or target/).
@@ -22,9 +23,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 # ---- runtime ----------------------------------------------------------------------------------
 FROM debian:bookworm-slim
-# curl: the compose healthcheck; ca-certificates: TLS to external brokers/registries.
+# curl: the compose healthcheck; ca-certificates: TLS to external brokers/registries;
+# libssl3: librdkafka's OpenSSL.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl \
+ && apt-get install -y --no-install-recommends ca-certificates curl libssl3 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /etc/stocksvr stocksvr
 COPY --from=build /usr/local/bin/stocksvr /usr/local/bin/stocksvr

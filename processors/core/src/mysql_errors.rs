@@ -19,6 +19,9 @@ pub enum Kind {
     /// A privilege this build needs is missing: a deployment problem too, which waiting
     /// does not repair.
     Denied,
+    /// The server refused the login itself (a wrong password, a user that must connect
+    /// over TLS): repaired outside the process, by the credentials or the server.
+    Refused,
 }
 
 /// Lock wait timeout (`ER_LOCK_WAIT_TIMEOUT`).
@@ -42,6 +45,9 @@ pub const fn kind(number: u16) -> Option<Kind> {
         // No privilege on a table (1142), a column (1143), a database (1044), or a global
         // one such as PROCESS (1227).
         1142 | 1143 | 1044 | 1227 => Some(Kind::Denied),
+        // Access denied for the user (1045; MariaDB's answer to a plaintext login of a
+        // `REQUIRE SSL` user too), MySQL's refusal of an insecure transport (3159).
+        1045 | 3159 => Some(Kind::Refused),
         _ => None,
     }
 }
@@ -67,6 +73,7 @@ mod tests {
         assert_eq!(kind(1062), Some(Kind::BadData));
         assert_eq!(kind(1146), Some(Kind::SchemaBehind));
         assert_eq!(kind(1142), Some(Kind::Denied));
+        assert_eq!(kind(1045), Some(Kind::Refused));
         assert_eq!(kind(1), None);
     }
 }

@@ -47,7 +47,10 @@ pub fn replay_producer(settings: &KafkaSettings) -> Result<Producer, KafkaError>
             "message.timeout.ms",
             DELIVERY_TIMEOUT.as_millis().to_string(),
         );
-    Producer::new(&config)
+    Producer::with_context(
+        &config,
+        kafka::KafkaContext::new(settings, "dead-letter-replay"),
+    )
 }
 
 /// Produces the parked record of `id` to its original topic and partition, with its

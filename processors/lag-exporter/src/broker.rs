@@ -18,7 +18,17 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use stocksvr_pipeline::config::KafkaSettings;
-use stocksvr_pipeline::kafka::client_config;
+use stocksvr_pipeline::kafka::{client_config, KafkaContext};
+
+/// A consumer whose refusals (a missing ACL, a wrong password) are said once.
+type Handle = BaseConsumer<KafkaContext>;
+
+/// The group id of the exporter's record reader: `<group_prefix>.lag-exporter-reader`. It
+/// is never joined and never commits, so it never exists on the broker nor shows among the
+/// exported groups.
+pub fn reader_group(settings: &KafkaSettings) -> String {
+    format!("{}.lag-exporter-reader", settings.group_prefix)
+}
 
 /// The broker-side state one exporter keeps between rounds.
 pub struct Reader {
@@ -27,9 +37,9 @@ pub struct Reader {
     timeout: Duration,
     fetch_timeout: Duration,
     /// Metadata, group listing, watermarks and the first unconsumed records.
-    reader: BaseConsumer,
+    reader: Handle,
     /// One committed-offsets handle per group, kept while the group is listed.
-    groups: BTreeMap<String, BaseConsumer>,
+    groups: BTreeMap<String, Handle>,
     cache: TimestampCache,
 }
 
@@ -37,11 +47,10 @@ impl Reader {
     pub fn new(settings: &KafkaSettings, config: &LagExporterConfig) -> Result<Self, KafkaError> {
         let reader = client_config(settings, "lag-exporter")
             // librdkafka refuses assign() without a group id. This one is never subscribed,
-            // never commits and so never exists on the broker.
-            .set(
-                "group.id",
-                format!("{}-lag-exporter-reader", settings.client_id),
-            )
+            // never commits and so never exists on the broker; librdkafka still asks for its
+            // coordinator, so it lives under the group prefix, where the ACLs of the
+            // deployment's groups already reach (`stocksvr acls print`).
+            .set("group.id", reader_group(settings))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "false")
@@ -53,7 +62,7 @@ impl Reader {
             .set("fetch.wait.max.ms", "100")
             .set("max.partition.fetch.bytes", "65536")
             .set("queued.min.messages", "1")
-            .create()?;
+            .create_with_context(KafkaContext::new(settings, "lag-exporter"))?;
         Ok(Self {
             settings: settings.clone(),
             prefix: config.effective_prefix(settings),
@@ -107,6 +116,10 @@ impl Reader {
             scrape.partitions.push(row);
         }
         self.cache.retain(&lagging);
+        if scrape.problems.is_empty() {
+            // Every group and partition was read: nothing refuses the exporter any more.
+            self.reader.context().fetched();
+        }
         // Where a round's time goes, for an operator who sees the broker busy every interval.
         tracing::debug!(
             groups = scrape.groups.len(),
@@ -225,11 +238,11 @@ impl Reader {
         partitions: &BTreeMap<String, Vec<i32>>,
     ) -> Result<BTreeMap<(String, i32), Option<i64>>, KafkaError> {
         if !self.groups.contains_key(group) {
-            let handle: BaseConsumer = client_config(&self.settings, "lag-exporter")
+            let handle: Handle = client_config(&self.settings, "lag-exporter")
                 .set("group.id", group)
                 .set("enable.auto.commit", "false")
                 .set("enable.auto.offset.store", "false")
-                .create()?;
+                .create_with_context(self.reader.context().as_ref().clone())?;
             self.groups.insert(group.to_string(), handle);
         }
         let Some(handle) = self.groups.get(group) else {
@@ -292,6 +305,8 @@ impl Reader {
             let answered = match self.reader.poll(left) {
                 None => None,
                 Some(Err(e)) => {
+                    // A refusal (a missing Read ACL) is also said once, for /readyz.
+                    self.reader.context().refused(&e, &e.to_string(), "");
                     problems.push(format!("reading first unconsumed records: {e}"));
                     None
                 }

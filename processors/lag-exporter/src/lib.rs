@@ -109,6 +109,10 @@ pub async fn run(
     );
     export::register();
     let mut publisher = Publisher::default();
+    // What the last round could not read: a round's problems are logged when they change,
+    // not at every round while the same refusal (a missing ACL) or outage lasts.
+    let mut last_problems = String::new();
+    let mut failing: Option<String> = None;
     let mut ticks = tokio::time::interval(config.interval());
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -137,20 +141,31 @@ pub async fn run(
         };
         match round {
             Ok(scrape) => {
+                if failing.take().is_some() {
+                    tracing::info!("lag exporter rounds succeed again");
+                }
                 publisher.publish(&scrape);
                 // A group left unread is an error; a record timestamp that did not arrive in
                 // time only leaves one lag in seconds at its last value (logged below).
                 export::record_round(scrape.unread_groups.is_empty());
-                if !scrape.problems.is_empty() {
-                    tracing::warn!(
-                        problems = %scrape.problems.join("; "),
-                        "lag exporter round incomplete"
-                    );
+                let problems = scrape.problems.join("; ");
+                if problems != last_problems {
+                    if problems.is_empty() {
+                        tracing::info!("lag exporter rounds complete again");
+                    } else {
+                        tracing::warn!(%problems, "lag exporter round incomplete (said again when it changes)");
+                    }
+                    last_problems = problems;
                 }
             }
             Err(e) => {
                 export::record_round(false);
-                tracing::warn!(error = %e, "lag exporter round failed; the next round retries");
+                // Said when it changes, not at every round while the same outage lasts.
+                let error = e.to_string();
+                if failing.as_deref() != Some(error.as_str()) {
+                    tracing::warn!(%error, "lag exporter round failed; the next rounds retry (said again when the error changes)");
+                    failing = Some(error);
+                }
             }
         }
     }

@@ -8,7 +8,10 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use std::time::Duration;
 use stocksvr_pipeline::catalog::{Catalog, EventSchema};
+use stocksvr_pipeline::causes;
 use stocksvr_pipeline::codec::AvroCodec;
+use stocksvr_pipeline::failure::Dependency;
+use stocksvr_pipeline::kafka::KafkaContext;
 use stocksvr_pipeline::producer::{DeliveryFuture, Producer};
 use stocksvr_pipeline::topics::Namespace;
 use tokio::time::Instant;
@@ -42,6 +45,9 @@ pub enum RowFailure {
     Encode(String),
     /// The broker (or the local producer) refused the record.
     Delivery(String),
+    /// The cluster refuses this process (a missing Write ACL, a refused password): said
+    /// once for the whole relay ([`stocksvr_pipeline::causes`]), not per row.
+    Refused(String),
     /// No acknowledgement within the publish timeout.
     Timeout(Duration),
 }
@@ -53,7 +59,7 @@ impl RowFailure {
     pub fn label(&self) -> &'static str {
         match self {
             RowFailure::Encode(_) => "encode",
-            RowFailure::Delivery(_) => "delivery",
+            RowFailure::Delivery(_) | RowFailure::Refused(_) => "delivery",
             RowFailure::Timeout(_) => "timeout",
         }
     }
@@ -62,7 +68,7 @@ impl RowFailure {
     pub fn reason(&self) -> String {
         match self {
             RowFailure::Encode(r) => format!("encode: {r}"),
-            RowFailure::Delivery(r) => format!("delivery: {r}"),
+            RowFailure::Delivery(r) | RowFailure::Refused(r) => format!("delivery: {r}"),
             RowFailure::Timeout(t) => format!("delivery: no acknowledgement within {t:?}"),
         }
     }
@@ -119,6 +125,8 @@ pub async fn encode(
 /// share.
 pub struct Enqueued {
     deliveries: Vec<Result<DeliveryFuture, RowFailure>>,
+    /// Each row's topic, in the rows' order.
+    topics: Vec<String>,
     deadline: Instant,
     timeout: Duration,
 }
@@ -130,11 +138,25 @@ impl Enqueued {
     /// event_id).
     pub async fn acknowledged(self) -> Vec<Result<Acked, RowFailure>> {
         let (deadline, timeout) = (self.deadline, self.timeout);
-        join_all(self.deliveries.into_iter().map(|delivery| async move {
+        let rows = self.deliveries.into_iter().zip(self.topics);
+        join_all(rows.map(|(delivery, topic)| async move {
             let future = delivery?;
             match tokio::time::timeout_at(deadline, future).await {
-                Ok(Ok(Ok(_delivered))) => Ok(Acked { at: Utc::now() }),
-                Ok(Ok(Err((e, _message)))) => Err(RowFailure::Delivery(e.to_string())),
+                Ok(Ok(Ok(_delivered))) => {
+                    // A refused write of this topic (said once, kept for /readyz) is gone.
+                    causes::ruled_out(Dependency::Kafka, |c| {
+                        c.strip_prefix("topic authorization failed for ") == Some(topic.as_str())
+                    });
+                    Ok(Acked { at: Utc::now() })
+                }
+                Ok(Ok(Err((e, _message)))) => {
+                    let text = e.to_string();
+                    if KafkaContext::default().refused(&e, &text, &topic) {
+                        Err(RowFailure::Refused(text))
+                    } else {
+                        Err(RowFailure::Delivery(text))
+                    }
+                }
                 Ok(Err(_canceled)) => Err(RowFailure::Delivery("producer was shut down".into())),
                 Err(_elapsed) => Err(RowFailure::Timeout(timeout)),
             }
@@ -197,6 +219,7 @@ pub async fn enqueue_batch(
     }
     Enqueued {
         deliveries,
+        topics,
         deadline,
         timeout,
     }
@@ -263,6 +286,7 @@ mod tests {
         for f in [
             RowFailure::Encode(String::new()),
             RowFailure::Delivery(String::new()),
+            RowFailure::Refused(String::new()),
             f.clone(),
         ] {
             assert!(RowFailure::LABELS.contains(&f.label()));

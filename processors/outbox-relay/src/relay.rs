@@ -279,7 +279,11 @@ impl OutboxRelay {
         let batch = self.config.batch_size as usize;
         let cadence = Cadence::adaptive(self.config.min_poll, self.config.max_poll)
             .with_linger(self.config.linger);
-        periodic::run("outbox relay", cadence, Some(&self.wake), stop, || async {
+        // A round that keeps failing (MySQL refusing or down) is said when its error
+        // changes, not at every backoff.
+        let said = stocksvr_pipeline::causes::OnChange::default();
+        let said = &said;
+        periodic::run("outbox relay", cadence, Some(&self.wake), stop, || async move {
             let drained = self.drain_counting(DRAIN_ROUNDS).await;
             if let Ok((r, read)) = &drained {
                 let moved = r.claimed.max(*read) as u64;
@@ -292,12 +296,18 @@ impl OutboxRelay {
                     }
                 }
             }
+            if drained.is_ok() && said.recovered() {
+                tracing::info!("outbox relay rounds succeed again");
+            }
             match drained {
                 Ok((r, read)) if r.claimed.max(read) >= batch * DRAIN_ROUNDS => Ok(Round::Full),
                 Ok((r, read)) if r.claimed.max(read) > 0 => Ok(Round::Partial),
                 Ok(_) => Ok(Round::Empty),
                 Err(e) if e.is_retryable() => {
-                    tracing::warn!(error = %e, "outbox relay round failed; backing off");
+                    let error = e.to_string();
+                    if said.failed(&error) {
+                        tracing::warn!(%error, "outbox relay round failed; backing off (said again when the error changes)");
+                    }
                     Ok(Round::Failed)
                 }
                 Err(e) => Err(e),

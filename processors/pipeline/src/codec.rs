@@ -242,6 +242,11 @@ impl AvroCodec {
             if e.retriable {
                 // The cache keeps non-retriable errors only; a retriable one is re-asked.
                 DecodeError::RegistryUnavailable { id, reason }
+            } else if registry_refused(&e) {
+                // The registry refused this process (credentials, a proxy's 5xx), not the
+                // id: forget the cached refusal so the next attempt asks again, and wait.
+                self.decoder.remove_errors_from_cache();
+                DecodeError::RegistryUnavailable { id, reason }
             } else {
                 DecodeError::UnknownSchemaId { id, reason }
             }
@@ -411,10 +416,26 @@ fn strategy(topic: &str, full_name: &str, schema_text: &str) -> SubjectNameStrat
 fn sr_settings(settings: &RegistrySettings) -> Result<SrSettings, SRCError> {
     let mut builder = SrSettings::new_builder(settings.url.clone());
     builder.set_timeout(Duration::from_millis(settings.timeout_ms));
-    if let Some(user) = &settings.username {
+    if let Some(token) = &settings.token {
+        builder.set_token_authorization(token.expose());
+    } else if let Some(user) = &settings.username {
         builder.set_basic_authorization(user, settings.password.as_ref().map(|p| p.expose()));
     }
-    builder.build()
+    let http = crate::tls::registry_http(settings)
+        .map_err(|e| SRCError::new(&e.to_string(), None, false))?;
+    builder.build_with(http)
+}
+
+/// True when schema_registry_converter's non-retriable error is the registry refusing the
+/// request rather than not knowing the schema: 401 and 403 (credentials, a role), 408 and
+/// 429 (a proxy or a limit), and any 5xx the crate does not already call retriable. The
+/// crate says the status only in its message (`... failed with status 401 Unauthorized`).
+fn registry_refused(e: &SRCError) -> bool {
+    let Some((_, rest)) = e.error.split_once("failed with status ") else {
+        return false;
+    };
+    let code: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    matches!(code.parse::<u16>(), Ok(401 | 403 | 408 | 429 | 500..=599))
 }
 
 #[cfg(test)]
@@ -437,6 +458,24 @@ mod tests {
             ("s".into(), Value::String("hello".into())),
         ]);
         apache_avro::to_avro_datum(&schema(), value).expect("encodes")
+    }
+
+    #[test]
+    fn a_refused_request_is_told_from_an_unknown_schema() {
+        let refused = |m: &str| registry_refused(&SRCError::new(m, None, false));
+        assert!(refused(
+            "HTTP request to schema registry failed with status 401 Unauthorized"
+        ));
+        assert!(refused(
+            "HTTP request to schema registry failed with status 403 Forbidden"
+        ));
+        assert!(refused(
+            "HTTP request to schema registry failed with status 500 Internal Server Error"
+        ));
+        assert!(!refused(
+            "HTTP request to schema registry failed with status 404 Not Found"
+        ));
+        assert!(!refused("could not parse to RawRegisteredSchema"));
     }
 
     #[test]

@@ -12,9 +12,14 @@ use std::path::Path;
 use std::time::Duration;
 
 mod http;
+mod security;
 pub use self::http::{
     parse_clients_file, ClientAuth, HttpAuthSettings, HttpClient, HttpSettings, HttpTlsSettings,
     Scope, RESERVED_CLIENT_NAMES,
+};
+pub use security::{
+    read_secret_file, resolve_connections, LoadedTls, SaslMechanism, SaslSettings,
+    SecurityProtocol, TlsFiles,
 };
 
 /// Environment variable prefix; `STOCKSVR__MYSQL__URL` sets `mysql.url`.
@@ -143,9 +148,18 @@ pub struct KafkaSettings {
     pub topics_environment: String,
     /// Timeout of admin and metadata requests, in milliseconds.
     pub request_timeout_ms: u64,
-    /// Extra librdkafka properties for every client, with `_` standing for `.` so a key can
-    /// also come from an environment variable (`security_protocol` is `security.protocol`;
-    /// librdkafka names contain no underscores). Values are secrets and never printed.
+    /// `plaintext` (the default, for a trusted network), `ssl`, `sasl_plaintext` or
+    /// `sasl_ssl`: librdkafka's `security.protocol`, for every Kafka client of the process.
+    pub security_protocol: SecurityProtocol,
+    /// TLS of `ssl` and `sasl_ssl`: the CA that verifies the brokers (their host names are
+    /// checked), and a client certificate and key for mutual TLS.
+    pub tls: TlsFiles,
+    /// SASL of `sasl_plaintext` and `sasl_ssl`: mechanism, user and password.
+    pub sasl: SaslSettings,
+    /// Extra librdkafka properties for every client, applied after the settings above (so
+    /// they win), with `_` standing for `.` so a key can also come from an environment
+    /// variable (`broker_address_family` is `broker.address.family`; librdkafka names
+    /// contain no underscores). Values are secrets and never printed.
     pub properties: BTreeMap<String, Secret>,
 }
 
@@ -159,6 +173,9 @@ impl Default for KafkaSettings {
             topic_namespace: String::new(),
             topics_environment: String::new(),
             request_timeout_ms: 10_000,
+            security_protocol: SecurityProtocol::default(),
+            tls: TlsFiles::default(),
+            sasl: SaslSettings::default(),
             properties: BTreeMap::new(),
         }
     }
@@ -235,12 +252,22 @@ impl Namespace {
 #[serde(deny_unknown_fields, default)]
 pub struct RegistrySettings {
     /// Base URL of a Confluent-compatible schema registry API (for Apicurio 3:
-    /// `http://host:8081/apis/ccompat/v7`).
+    /// `http://host:8081/apis/ccompat/v7`); `https://` for TLS.
     pub url: String,
+    /// TLS of an `https://` URL: the CA that verifies the registry (its host name is
+    /// checked), and a client certificate and key for mutual TLS.
+    pub tls: TlsFiles,
     /// Basic-auth user, if the registry requires one.
     pub username: Option<String>,
-    /// Basic-auth password.
+    /// Basic-auth password. Prefer `password_file`.
     pub password: Option<Secret>,
+    /// A file holding the basic-auth password (read at start; a trailing line break is
+    /// dropped).
+    pub password_file: Option<std::path::PathBuf>,
+    /// Bearer token (`Authorization: Bearer`), instead of basic auth. Prefer `token_file`.
+    pub token: Option<Secret>,
+    /// A file holding the bearer token (read at start).
+    pub token_file: Option<std::path::PathBuf>,
     /// Timeout of one registry request, in milliseconds.
     pub timeout_ms: u64,
 }
@@ -249,8 +276,12 @@ impl Default for RegistrySettings {
     fn default() -> Self {
         Self {
             url: "http://127.0.0.1:8081/apis/ccompat/v7".into(),
+            tls: TlsFiles::default(),
             username: None,
             password: None,
+            password_file: None,
+            token: None,
+            token_file: None,
             timeout_ms: 5_000,
         }
     }
@@ -259,8 +290,14 @@ impl Default for RegistrySettings {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MysqlSettings {
-    /// `mysql://user:password@host:port/database`; MariaDB 10.11+ or MySQL 8.0+.
+    /// `mysql://user:password@host:port/database`; MariaDB 10.11+ or MySQL 8.0+. TLS is
+    /// set in the query as sqlx reads it: `?ssl-mode=VERIFY_IDENTITY&ssl-ca=<ca.pem>` (the
+    /// server's certificate and host name checked), plus `&ssl-cert=..&ssl-key=..` for a
+    /// `REQUIRE X509` user. `ssl-mode=REQUIRED` encrypts without checking the server.
     pub url: Secret,
+    /// A file holding the password, which replaces the URL's (read at start; a trailing
+    /// line break is dropped).
+    pub password_file: Option<std::path::PathBuf>,
     /// Upper bound of the connection pool.
     pub max_connections: u32,
     /// How long to wait for a pooled connection, in milliseconds.
@@ -283,6 +320,7 @@ impl Default for MysqlSettings {
     fn default() -> Self {
         Self {
             url: Secret::new("mysql://stocksvr:stocksvr@127.0.0.1:3307/stocksvr"),
+            password_file: None,
             max_connections: 16,
             acquire_timeout_ms: 5_000,
             statement_timeout_ms: 5_000,
@@ -297,8 +335,15 @@ pub struct RedisSettings {
     /// `standalone`: one server at `url`. `cluster`: a Redis Cluster reached through `nodes`
     /// (every script call touches one bucket's hash tag, so one slot).
     pub mode: RedisMode,
-    /// `redis://[:password@]host:port/db`; the server in `standalone` mode, unused in `cluster`.
+    /// `redis://[user[:password]@]host:port/db`, `rediss://` for TLS; the server in
+    /// `standalone` mode, unused in `cluster`.
     pub url: Secret,
+    /// A file holding the password of `url`'s user (or of every seed's in `cluster` mode),
+    /// which replaces the URL's (read at start; a trailing line break is dropped).
+    pub password_file: Option<std::path::PathBuf>,
+    /// TLS of `rediss://` URLs: the CA that verifies the servers (their host names or IPs
+    /// are checked), and a client certificate and key for `tls-auth-clients`.
+    pub tls: TlsFiles,
     /// Seed nodes of the cluster, `redis://[:password@]host:port` each (any reachable one is
     /// enough: the client learns the others from the cluster). Only read in `cluster` mode. As
     /// a variable: `STOCKSVR__REDIS__NODES=redis://h1:7000,redis://h2:7001`.
@@ -358,6 +403,8 @@ impl Default for RedisSettings {
         Self {
             mode: RedisMode::Standalone,
             url: Secret::new("redis://127.0.0.1:6380/"),
+            password_file: None,
+            tls: TlsFiles::default(),
             nodes: Vec::new(),
             wait_replicas: None,
             wait_timeout_ms: 500,
@@ -426,9 +473,15 @@ pub fn load_layered<T: serde::de::DeserializeOwned>(
 impl InfraSettings {
     /// Defaults, then `file`, then the environment (see [`load_layered`]).
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        let settings: Self = load_layered(file, None)?;
+        let mut settings: Self = load_layered(file, None)?;
         settings.kafka.validate().map_err(ConfigError::Invalid)?;
         settings.redis.validate()?;
+        resolve_connections(
+            &mut settings.kafka,
+            &mut settings.registry,
+            &mut settings.mysql,
+            &mut settings.redis,
+        )?;
         Ok(settings)
     }
 }

@@ -282,6 +282,10 @@ fn subscribe(
         ("max.partition.fetch.bytes", "262144"),
         ("fetch.queue.backoff.ms", "20"),
         ("fetch.wait.max.ms", fetch_wait.as_str()),
+        // The end of a partition is a fetch that succeeded: after a refused one (a missing
+        // ACL, reported once by librdkafka) it is the only sign, without new records, that
+        // the refusal is gone (`KafkaContext::fetched`).
+        ("enable.partition.eof", "true"),
     ] {
         if client.get(key).is_none() {
             client.set(key, value);
@@ -300,6 +304,7 @@ fn subscribe(
         .create_with_context(LoopContext {
             name: config.name,
             paused,
+            kafka: kafka::KafkaContext::new(settings, config.name).reading(&config.topics, group),
         })?;
     let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
@@ -336,10 +341,19 @@ async fn consume(
             m = consumer.recv() => m,
         };
         let first = match first {
-            Ok(m) => worker.received(&m),
+            Ok(m) => {
+                consumer.context().kafka.fetched();
+                worker.received(&m)
+            }
+            Err(KafkaError::PartitionEOF(_)) => {
+                consumer.context().kafka.fetched();
+                continue;
+            }
             Err(e) => {
-                // Transport errors surface here; librdkafka reconnects by itself.
-                tracing::warn!(processor = worker.config.name, error = %e, "consume error");
+                // Transport errors surface here; librdkafka reconnects by itself. A refusal
+                // (a missing ACL, a wrong password) or an outage comes back at every fetch
+                // or join attempt: it is said once, not at each.
+                consumer.context().kafka.report(&e, "");
                 continue;
             }
         };
@@ -347,6 +361,7 @@ async fn consume(
         while pending.len() < worker.config.max_batch {
             match consumer.recv().now_or_never() {
                 Some(Ok(m)) => pending.push_back(worker.received(&m)),
+                Some(Err(KafkaError::PartitionEOF(_))) => continue,
                 _ => break,
             }
         }

@@ -4,8 +4,11 @@
 //! registry or Kafka is down or stalled: wait, never dead-letter), or the failure is **fatal**
 //! (a bug or a lost invariant: stop without committing past it). Processors map their own
 //! errors onto these with the classifiers here, so MariaDB's error 1213 means the same thing
-//! to the projector, the relay and the order-lifecycle processor.
+//! to the projector, the relay and the order-lifecycle processor, and a Kafka cluster that
+//! refuses this process (a wrong password, an untrusted certificate, a missing ACL) means
+//! waiting to all of them.
 
+use rdkafka::types::RDKafkaErrorCode;
 use std::fmt;
 use stocksvr_core::mysql_errors::{self, Kind};
 
@@ -110,6 +113,12 @@ pub fn sqlx_class(e: &sqlx::Error) -> Class {
             match mysql_number(e).and_then(mysql_errors::kind) {
                 Some(Kind::BadData) => Class::Invalid,
                 Some(Kind::SchemaBehind | Kind::Denied) => Class::Fatal,
+                // A refused login (wrong password, a user that must come over TLS): fixed
+                // outside the process, after which the pool's next connection succeeds. A
+                // missing privilege (Denied) stays fatal: it fails one statement with the
+                // server's own words, where exiting names it at once, while a refused login
+                // fails every connection and `/readyz` names it.
+                Some(Kind::Refused) => Class::Unavailable,
                 // A number the list does not know is taken for an outage: waiting is safe,
                 // dead-lettering a record the server could store later is not.
                 Some(Kind::Transient) | None => Class::Unavailable,
@@ -151,9 +160,152 @@ pub fn is_lock_conflict(e: &sqlx::Error) -> bool {
     mysql_number(e).is_some_and(mysql_errors::is_lock_conflict)
 }
 
+/// How a Kafka cluster refused this process: the causes [`crate::causes`] names once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The SASL password (or mechanism) was not accepted.
+    Authentication,
+    /// The TLS handshake failed: a broker certificate this process does not trust, a host
+    /// name it does not carry, a client certificate the broker refuses.
+    Tls,
+    /// An ACL is missing; names the resource kind (`topic`, `group`, `cluster`,
+    /// `transactional id`).
+    Authorization(&'static str),
+}
+
+/// The refusal a librdkafka error code (with the text that came with it) stands for.
+pub fn kafka_refusal(code: RDKafkaErrorCode, text: &str) -> Option<Refusal> {
+    use RDKafkaErrorCode as C;
+    match code {
+        C::Authentication | C::SaslAuthenticationFailed => Some(Refusal::Authentication),
+        C::SSL => Some(Refusal::Tls),
+        // librdkafka reports a failed handshake as a transport failure.
+        C::BrokerTransportFailure if text.contains("SSL handshake failed") => Some(Refusal::Tls),
+        C::TopicAuthorizationFailed => Some(Refusal::Authorization("topic")),
+        C::GroupAuthorizationFailed => Some(Refusal::Authorization("group")),
+        C::ClusterAuthorizationFailed => Some(Refusal::Authorization("cluster")),
+        C::TransactionalIdAuthorizationFailed => Some(Refusal::Authorization("transactional id")),
+        _ => None,
+    }
+}
+
+/// Kafka errors (of a produce, a fetch, a metadata or admin request) by what waiting can
+/// do about them.
+///
+/// - Unavailable: the cluster is unreachable, stalled, electing leaders or rebalancing;
+///   and also every refusal ([`kafka_refusal`]): a wrong password, an untrusted
+///   certificate, a missing ACL. A refusal is fixed outside this process (the password
+///   rotated back, the ACL added again), after which librdkafka's own retries succeed with
+///   nothing restarted, so the processors wait with their offsets where they are, `/readyz`
+///   and one log line name the cause, and nothing is dead-lettered. Stopping instead would
+///   take the Try API down with the processor (`stocksvr all`) for what an operator fixes
+///   in a minute, and restart into the same refusal.
+/// - Invalid: a record the broker can never take as it is (too large, corrupt).
+/// - Fatal: the client itself is unusable (its configuration refused, the idempotent
+///   producer fenced or in librdkafka's fatal state): a new process is the only way on.
+///
+/// A code this list does not name is taken for an outage, as for MySQL: waiting is safe,
+/// dead-lettering a record the cluster could take later is not.
+pub fn kafka_class(code: RDKafkaErrorCode) -> Class {
+    use RDKafkaErrorCode as C;
+    match code {
+        C::MessageSizeTooLarge | C::InvalidMessage | C::InvalidRecord => Class::Invalid,
+        C::Fatal
+        | C::Fenced
+        | C::ProducerFenced
+        | C::InvalidConfig
+        | C::InvalidArgument
+        | C::UnsupportedVersion => Class::Fatal,
+        _ => Class::Unavailable,
+    }
+}
+
+/// The class of a rust-rdkafka error: by its code when it has one; a client that could
+/// not be made or configured is fatal, anything else without a code is an outage.
+pub fn kafka_error_class(e: &rdkafka::error::KafkaError) -> Class {
+    use rdkafka::error::KafkaError as E;
+    match e {
+        E::ClientConfig(..) | E::ClientCreation(_) | E::Nul(_) => Class::Fatal,
+        _ => e
+            .rdkafka_error_code()
+            .map_or(Class::Unavailable, kafka_class),
+    }
+}
+
+/// A MySQL error in one line that names its cause, for `/readyz` and the one log line of
+/// an outage: `TLS: invalid peer certificate: UnknownIssuer`, the server's own message for
+/// a refused login, sqlx's text otherwise.
+pub fn describe_sqlx(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Tls(inner) => format!("TLS: {inner}"),
+        sqlx::Error::Database(db) => match mysql_number(e) {
+            Some(n) => format!("{} ({n})", db.message()),
+            None => db.message().to_string(),
+        },
+        // sqlx hands rustls' verdict on the server's certificate over as an I/O error.
+        sqlx::Error::Io(io) => match io.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+            Some(tls) => format!("TLS: {tls}"),
+            None => format!("connection: {io}"),
+        },
+        other => other.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kafka_refusals_are_waited_out_and_named() {
+        use RDKafkaErrorCode as C;
+        for code in [
+            C::Authentication,
+            C::SSL,
+            C::TopicAuthorizationFailed,
+            C::GroupAuthorizationFailed,
+            C::BrokerTransportFailure,
+            C::AllBrokersDown,
+            C::MessageTimedOut,
+        ] {
+            assert_eq!(kafka_class(code), Class::Unavailable, "{code:?}");
+        }
+        assert_eq!(kafka_class(C::MessageSizeTooLarge), Class::Invalid);
+        assert_eq!(kafka_class(C::ProducerFenced), Class::Fatal);
+        assert_eq!(
+            kafka_refusal(C::Authentication, ""),
+            Some(Refusal::Authentication)
+        );
+        assert_eq!(
+            kafka_refusal(C::BrokerTransportFailure, "x: SSL handshake failed: y"),
+            Some(Refusal::Tls)
+        );
+        assert_eq!(
+            kafka_refusal(C::BrokerTransportFailure, "Connection refused"),
+            None
+        );
+        assert_eq!(
+            kafka_refusal(C::GroupAuthorizationFailed, ""),
+            Some(Refusal::Authorization("group"))
+        );
+        let creation = rdkafka::error::KafkaError::ClientCreation("bad".into());
+        assert_eq!(kafka_error_class(&creation), Class::Fatal);
+    }
+
+    #[test]
+    fn a_mysql_failure_is_described_by_its_cause() {
+        let untrusted = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            untrusted,
+        ));
+        assert_eq!(
+            describe_sqlx(&io),
+            "TLS: invalid peer certificate: UnknownIssuer"
+        );
+        assert_eq!(sqlx_class(&io), Class::Unavailable);
+        let refused = sqlx::Error::Io(std::io::ErrorKind::ConnectionRefused.into());
+        assert!(describe_sqlx(&refused).starts_with("connection: "));
+    }
 
     #[test]
     fn transport_failures_are_outages() {

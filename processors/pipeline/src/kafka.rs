@@ -1,32 +1,77 @@
-//! Kafka client construction shared by every processor and admin command.
+//! Kafka client construction shared by every processor and admin command: one function
+//! ([`client_config`]) gives every client of the process the same brokers, security settings
+//! (TLS, SASL) and reconnect pacing, and [`KafkaContext`] reports what refuses it.
+
+pub mod context;
 
 use crate::config::KafkaSettings;
 use crate::producer::Producer;
+pub use context::KafkaContext;
 use rdkafka::admin::AdminClient;
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-/// Base configuration: brokers, a client id naming the role, and the operator's extra
-/// properties (security settings and the like) applied last so they win.
+/// Base configuration: brokers, a client id naming the role, the security settings, and
+/// the operator's extra properties (`kafka.properties`) applied last so they win. Every
+/// Kafka client of stocksvr starts from here: the processors' consumers, the producer, the
+/// admin client, the lag exporter, dead-letter replay and `stocksvr produce`.
 pub fn client_config(settings: &KafkaSettings, role: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", &settings.brokers)
         .set("client.id", format!("{}-{}", settings.client_id, role))
-        .set("socket.timeout.ms", settings.request_timeout_ms.to_string());
+        .set("socket.timeout.ms", settings.request_timeout_ms.to_string())
+        // A refused connection (a wrong password, an untrusted certificate) is retried
+        // from 0.5 s, doubling to 10 s, instead of from librdkafka's 100 ms: the refusal is
+        // not going to change in a tenth of a second, and a broker that restarts is back
+        // in no less. 10 s is librdkafka's own cap.
+        .set("reconnect.backoff.ms", "500")
+        .set("reconnect.backoff.max.ms", "10000");
+    security(&mut config, settings);
     for (key, value) in &settings.properties {
         config.set(key.replace('_', "."), value.expose());
     }
     config
 }
 
-pub fn admin_client(
-    settings: &KafkaSettings,
-) -> Result<AdminClient<DefaultClientContext>, KafkaError> {
-    client_config(settings, "admin").create()
+/// `security.protocol`, TLS files and SASL credentials, as the settings say (checked at
+/// load: `kafka.sasl.*` only with a SASL protocol, `kafka.tls.*` only with a TLS one).
+fn security(config: &mut ClientConfig, settings: &KafkaSettings) {
+    let protocol = settings.security_protocol;
+    config.set("security.protocol", protocol.librdkafka());
+    if protocol.uses_tls() {
+        // librdkafka's default since 2.0, set so no property file can have turned it off
+        // unnoticed: the broker's certificate must carry the name it is reached by.
+        config.set("ssl.endpoint.identification.algorithm", "https");
+        let tls = &settings.tls;
+        for (key, path) in [
+            ("ssl.ca.location", &tls.ca_file),
+            ("ssl.certificate.location", &tls.cert_file),
+            ("ssl.key.location", &tls.key_file),
+        ] {
+            if let Some(path) = path {
+                config.set(key, path.display().to_string());
+            }
+        }
+    }
+    if protocol.uses_sasl() {
+        let sasl = &settings.sasl;
+        if let Some(mechanism) = sasl.mechanism {
+            config.set("sasl.mechanism", mechanism.librdkafka());
+        }
+        if let Some(user) = &sasl.username {
+            config.set("sasl.username", user);
+        }
+        if let Some(password) = &sasl.password {
+            config.set("sasl.password", password.expose());
+        }
+    }
+}
+
+pub fn admin_client(settings: &KafkaSettings) -> Result<AdminClient<KafkaContext>, KafkaError> {
+    client_config(settings, "admin").create_with_context(KafkaContext::new(settings, "admin"))
 }
 
 /// An idempotent producer (`enable.idempotence`, `acks=all`): a retried send after a lost
@@ -58,7 +103,7 @@ pub fn producer(settings: &KafkaSettings, role: &str) -> Result<Producer, KafkaE
         return Ok(producer.clone());
     }
     tracing::debug!(role, "making the process's Kafka producer");
-    let producer = Producer::new(&config)?;
+    let producer = Producer::with_context(&config, KafkaContext::new(settings, role))?;
     shared.insert(key, producer.clone());
     Ok(producer)
 }
@@ -72,6 +117,37 @@ pub async fn fetch_metadata(
     tokio::task::spawn_blocking(move || admin.inner().fetch_metadata(None, timeout))
         .await
         .map_err(|_| KafkaError::Canceled)?
+}
+
+/// Asks for one topic by name, as a consumer (which never makes the broker create it):
+/// `Ok` when it is there; otherwise why not, in one line (`topic authorization failed for
+/// <topic>`, or that it does not exist). Blocking: run it off the async runtime.
+pub fn describe_topic(settings: &KafkaSettings, topic: &str) -> Result<(), String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let context = KafkaContext::new(settings, "readiness");
+    let consumer: BaseConsumer<KafkaContext> = client_config(settings, "readiness")
+        .set("allow.auto.create.topics", "false")
+        .create_with_context(context.clone())
+        .map_err(|e| e.to_string())?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), settings.request_timeout())
+        .map_err(|e| e.to_string())?;
+    let code = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .and_then(|t| t.error())
+        .map(rdkafka::types::RDKafkaErrorCode::from);
+    match code {
+        None => Ok(()),
+        Some(rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition) => Err(format!(
+            "topic {topic} does not exist (`stocksvr topics apply` creates it)"
+        )),
+        Some(code) => match crate::failure::kafka_refusal(code, "") {
+            Some(refusal) => Err(context.describe(refusal, "", topic)),
+            None => Err(format!("topic {topic}: {code}")),
+        },
+    }
 }
 
 #[cfg(test)]

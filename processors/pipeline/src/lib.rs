@@ -1,8 +1,9 @@
 //! What every stocksvr processor shares: configuration, the event catalog and Avro codec,
-//! Kafka clients and topic administration, the schema registry, metrics and the HTTP
-//! health listener.
+//! Kafka clients and topic administration, the schema registry, metrics, the HTTP health
+//! listener, and the TLS and credentials of every connection.
 
 pub mod catalog;
+pub mod causes;
 pub mod codec;
 pub mod config;
 pub mod consumer;
@@ -16,4 +17,5 @@ pub mod periodic;
 pub mod producer;
 pub mod registry;
 pub mod telemetry;
+pub mod tls;
 pub mod topics;

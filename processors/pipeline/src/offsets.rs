@@ -164,14 +164,17 @@ pub fn decide(
 
 /// A consumer carrying the group's id that only ever reads or commits offsets: it is never
 /// subscribed, so it never joins the group, and it never commits on its own.
-fn offsets_consumer(settings: &KafkaSettings, group: &str) -> Result<BaseConsumer, KafkaError> {
+fn offsets_consumer(settings: &KafkaSettings, group: &str) -> Result<GroupHandle, KafkaError> {
     crate::kafka::client_config(settings, "offsets")
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("allow.auto.create.topics", "false")
-        .create()
+        .create_with_context(crate::kafka::KafkaContext::new(settings, "offsets"))
 }
+
+/// A consumer carrying a group's id; its refusals are said once.
+type GroupHandle = BaseConsumer<crate::kafka::KafkaContext>;
 
 /// Runs blocking rdkafka calls off the async runtime.
 async fn blocking<T: Send + 'static>(
@@ -206,7 +209,7 @@ fn is_internal(topic: &str) -> bool {
 
 /// The group's committed offsets of `partitions` (topic, partition), `None` where it has none.
 fn committed(
-    consumer: &BaseConsumer,
+    consumer: &GroupHandle,
     partitions: &[(String, i32)],
     timeout: Duration,
 ) -> Result<BTreeMap<(String, i32), Option<i64>>, OffsetsError> {
@@ -228,7 +231,7 @@ fn committed(
 }
 
 fn watermarks(
-    consumer: &BaseConsumer,
+    consumer: &GroupHandle,
     topic: &str,
     partition: i32,
     timeout: Duration,
@@ -364,7 +367,7 @@ pub async fn plan_reset(
 /// The offset of the first record at or after `ms` in each partition; `None` where no record
 /// is that late (the broker answers "end").
 fn offsets_for_time(
-    consumer: &BaseConsumer,
+    consumer: &GroupHandle,
     topic: &str,
     partitions: &[i32],
     ms: i64,
@@ -402,7 +405,7 @@ pub async fn active_members(
 }
 
 fn members(
-    consumer: &BaseConsumer,
+    consumer: &GroupHandle,
     group: &str,
     timeout: Duration,
 ) -> Result<Vec<GroupMember>, OffsetsError> {

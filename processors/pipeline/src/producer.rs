@@ -8,8 +8,9 @@
 //! polls with [`POLL_TIMEOUT`]. A poll returns at the first event, so acknowledgements are
 //! handed over as soon as they arrive; the long timeout only delays the thread's exit.
 
+use crate::kafka::context::{self, KafkaContext};
 use rdkafka::client::{Client, ClientContext};
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage, Timestamp, ToBytes};
 use rdkafka::producer::future_producer::{Delivery, OwnedDeliveryResult};
@@ -30,10 +31,19 @@ const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(100);
 /// What a dropped producer waits for records still in flight.
 const FLUSH_ON_DROP: Duration = Duration::from_millis(500);
 
-/// Hands each delivery report to the future of its record.
-pub struct Deliveries;
+/// Hands each delivery report to the future of its record; logs and errors go through the
+/// process's [`KafkaContext`] (a refusal said once).
+pub struct Deliveries(KafkaContext);
 
-impl ClientContext for Deliveries {}
+impl ClientContext for Deliveries {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        context::log_line(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        context::report_error(&self.0, &error, reason);
+    }
+}
 
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = Box<oneshot::Sender<OwnedDeliveryResult>>;
@@ -89,8 +99,13 @@ pub struct Producer {
 impl Producer {
     /// Makes the librdkafka producer and starts its polling thread.
     pub fn new(config: &ClientConfig) -> KafkaResult<Producer> {
+        Self::with_context(config, KafkaContext::default())
+    }
+
+    /// As [`Producer::new`], naming refusals with `context` (its SASL user, its role).
+    pub fn with_context(config: &ClientConfig, context: KafkaContext) -> KafkaResult<Producer> {
         let base: BaseProducer<Deliveries, NoCustomPartitioner> =
-            config.create_with_context(Deliveries)?;
+            config.create_with_context(Deliveries(context))?;
         let base = Arc::new(base);
         let stop = Arc::new(AtomicBool::new(false));
         let (thread_base, thread_stop) = (Arc::clone(&base), Arc::clone(&stop));

@@ -7,7 +7,6 @@ use crate::config::RegistrySettings;
 use apache_avro::Schema;
 use serde::Deserialize;
 use serde_json::json;
-use std::time::Duration;
 
 const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
 /// New versions must be able to read data written with the previous one, so consumers can
@@ -16,8 +15,10 @@ pub const COMPATIBILITY: &str = "BACKWARD";
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    #[error("schema registry unreachable at {url}: {source}")]
+    #[error("schema registry unreachable at {url}: {}", describe_reqwest(source))]
     Unreachable { url: String, source: reqwest::Error },
+    #[error("schema registry client: {0}")]
+    Config(String),
     #[error("schema registry answered {status} for {what}: {body}")]
     Status {
         what: String,
@@ -44,6 +45,22 @@ pub enum SubjectState {
     Compatible { latest_version: u32 },
     /// Differs and the registry would refuse it.
     Incompatible { messages: Vec<String> },
+}
+
+/// A transport error with its causes, so a TLS failure says why (`invalid peer certificate:
+/// UnknownIssuer`) instead of only "error sending request".
+pub fn describe_reqwest(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,8 +104,8 @@ struct ConfigAnswer {
 
 impl RegistryClient {
     pub fn new(settings: &RegistrySettings) -> Result<Self, RegistryError> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_millis(settings.timeout_ms))
+        let http = crate::tls::registry_http(settings)
+            .map_err(|e| RegistryError::Config(e.to_string()))?
             .build()
             .map_err(|source| RegistryError::Unreachable {
                 url: settings.url.clone(),
@@ -106,7 +123,9 @@ impl RegistryClient {
             .http
             .request(method, format!("{}{}", self.base, path))
             .header(reqwest::header::ACCEPT, CONTENT_TYPE);
-        if let Some(user) = &self.settings.username {
+        if let Some(token) = &self.settings.token {
+            req = req.bearer_auth(token.expose());
+        } else if let Some(user) = &self.settings.username {
             req = req.basic_auth(user, self.settings.password.as_ref().map(|p| p.expose()));
         }
         req

@@ -16,7 +16,9 @@ use std::time::Duration;
 use stocksvr_api::ApiState;
 use stocksvr_core::retry::RetryPolicy;
 use stocksvr_core::snowflake::SnowflakeGenerator;
+use stocksvr_pipeline::causes;
 use stocksvr_pipeline::codec::AvroCodec;
+use stocksvr_pipeline::failure::{describe_sqlx, Dependency};
 use stocksvr_reservation::{ReservationService, ServiceConfig};
 use stocksvr_schedule::{ScheduleConfig, TimeWheel};
 use stocksvr_store::lua::LuaExecutor;
@@ -119,16 +121,26 @@ async fn connect_redis(
     stop: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<Option<RedisConn>> {
     let target = crate::settings::redis_target(&settings.redis);
+    let tls = crate::settings::redis_tls(&settings.redis)?;
     let timeout = Duration::from_millis(settings.redis.response_timeout_ms);
+    // Said once per cause (a refused password, an untrusted certificate, a server down),
+    // not at every retry; /readyz names it meanwhile.
     let connect = START_RETRY.run(
-        || stocksvr_store::connect_redis(&target, timeout),
+        || stocksvr_store::connect_redis_tls(&target, tls.as_ref(), timeout),
         |_| true,
-        |e, after| tracing::warn!(error = %e, ?after, "redis not reachable; the Try API stays unavailable"),
+        |e, _| {
+            causes::seen(
+                Dependency::Redis,
+                &format!("not connected, the Try API waits for it: {e}"),
+            )
+        },
     );
-    tokio::select! {
-        _ = stopped(stop) => Ok(None),
-        c = connect => Ok(Some(c?)),
-    }
+    let conn = tokio::select! {
+        _ = stopped(stop) => return Ok(None),
+        c = connect => c?,
+    };
+    causes::ruled_out(Dependency::Redis, |_| true);
+    Ok(Some(conn))
 }
 
 /// Leases a snowflake worker id from MySQL, trying until one is free; `None` when
@@ -141,12 +153,25 @@ async fn lease_worker_id(
     let acquire = START_RETRY.run(
         || WorkerLease::acquire(pool, &owner, LEASE_TTL),
         |_| true,
-        |e, after| tracing::warn!(error = %e, ?after, "cannot lease a snowflake worker id yet"),
+        |e, _| {
+            let cause = match e {
+                stocksvr_store::worker_lease::LeaseError::Mysql(e) => describe_sqlx(e),
+                other => other.to_string(),
+            };
+            causes::seen(
+                Dependency::Mysql,
+                &format!("no snowflake worker id leased yet: {cause}"),
+            )
+        },
     );
-    tokio::select! {
-        _ = stopped(stop) => Ok(None),
-        l = acquire => Ok(Some(l?)),
-    }
+    let lease = tokio::select! {
+        _ = stopped(stop) => return Ok(None),
+        l = acquire => l?,
+    };
+    causes::ruled_out(Dependency::Mysql, |c| {
+        c.starts_with("no snowflake worker id")
+    });
+    Ok(Some(lease))
 }
 
 /// The reservation service on Redis and MySQL, and the time wheel of scheduled confirms

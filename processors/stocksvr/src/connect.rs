@@ -25,8 +25,9 @@ pub async fn connect_with(
     stocksvr_store::ping_mysql(&pool)
         .await
         .with_context(|| format!("connecting to {}", redact_url(url)))?;
-    let redis = stocksvr_store::connect_redis(
+    let redis = stocksvr_store::connect_redis_tls(
         &stocksvr::settings::redis_target(&settings.redis),
+        stocksvr::settings::redis_tls(&settings.redis)?.as_ref(),
         Duration::from_millis(settings.redis.response_timeout_ms),
     )
     .await

@@ -6,6 +6,7 @@
 // default 128 levels of trait queries.
 #![recursion_limit = "256"]
 
+pub mod acls;
 mod boot;
 mod callers;
 mod listener;

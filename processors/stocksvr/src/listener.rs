@@ -5,7 +5,7 @@
 use crate::callers::{self, ClientsFile};
 use crate::reload::{Reloader, Watched};
 use crate::settings::{Access, AdminAccess};
-use crate::tls::{TlsFiles, TlsState};
+use crate::tls::{ListenerTls, TlsState};
 use anyhow::Context;
 use axum::Router;
 use std::path::PathBuf;
@@ -24,7 +24,7 @@ pub struct Front {
 
 /// `http.tls`'s files, applied to the listener's TLS configuration.
 struct TlsReload {
-    files: TlsFiles,
+    files: ListenerTls,
     state: Arc<TlsState>,
 }
 
@@ -68,7 +68,7 @@ impl Front {
                 files: vec![PathBuf::from(file)],
             }));
         }
-        let tls = TlsFiles::from_settings(http).map(|files| {
+        let tls = ListenerTls::from_settings(http).map(|files| {
             let state = Arc::new(TlsState::default());
             watched.push(Box::new(TlsReload {
                 files,

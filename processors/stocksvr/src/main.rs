@@ -128,6 +128,25 @@ enum Command {
         #[command(subcommand)]
         action: token_cmd::TokenAction,
     },
+    /// The least-privilege Kafka ACLs of this deployment's roles.
+    Acls {
+        #[command(subcommand)]
+        action: AclsAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum AclsAction {
+    /// Print them as `kafka-acls` commands (the form `scripts/stack acls apply` reads).
+    Print {
+        /// The role whose ACLs to print.
+        #[arg(long, value_enum, default_value = "all")]
+        role: stocksvr::acls::Role,
+        /// The principal's name (`User:<name>`) instead of the role's default; not with
+        /// `--role all`.
+        #[arg(long)]
+        principal: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -146,8 +165,21 @@ enum SchemasAction {
     Check,
 }
 
+/// `stocksvr acls print`.
+fn acls(settings: &Settings, action: AclsAction) -> anyhow::Result<std::process::ExitCode> {
+    let AclsAction::Print { role, principal } = action;
+    if principal.is_some() && role == stocksvr::acls::Role::All {
+        anyhow::bail!("--principal names one role's principal: give --role too");
+    }
+    let text = stocksvr::acls::print(role, &settings.kafka, principal.as_deref())?;
+    print!("{text}");
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // Before any TLS client exists: the one rustls provider (see stocksvr_pipeline::tls).
+    stocksvr_pipeline::tls::install_crypto_provider();
     let cli = Cli::parse();
     let settings = match Settings::load(cli.config.as_deref()) {
         Ok(s) => s,
@@ -261,6 +293,7 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
         }
         Command::Offsets { action } => offsets_cmd::run(&settings, action).await,
         Command::Token { action } => token_cmd::run(action),
+        Command::Acls { action } => acls(&settings, action),
         Command::Config => {
             println!("{}", serde_json::to_string_pretty(&settings)?);
             Ok(ExitCode::SUCCESS)

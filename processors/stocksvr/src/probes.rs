@@ -1,13 +1,67 @@
-//! Readiness probes of the four dependencies behind `/readyz`.
+//! Readiness probes of the four dependencies behind `/readyz`. Each names the cause of a
+//! failure in one line: what the check itself met, and for Kafka also what refuses the
+//! process's other clients ([`stocksvr_pipeline::causes`]: a refused password, a missing
+//! ACL), which a metadata request alone does not see.
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use sqlx::MySqlPool;
+use stocksvr_pipeline::causes;
 use stocksvr_pipeline::config::KafkaSettings;
+use stocksvr_pipeline::failure::{describe_sqlx, Dependency};
 use stocksvr_pipeline::http::{Advisory, Probe};
 use stocksvr_pipeline::registry::RegistryClient;
 
-pub struct KafkaProbe(pub KafkaSettings);
+pub struct KafkaProbe {
+    pub settings: KafkaSettings,
+    /// How long the metadata request may take: less than the readiness timeout, so a
+    /// refusal known from the other clients is answered instead of a timeout.
+    pub within: std::time::Duration,
+    /// The deployment's topics (dead-letter topics included), each of which must be
+    /// visible to this process.
+    pub topics: Vec<String>,
+}
+
+impl KafkaProbe {
+    pub fn new(settings: &KafkaSettings, readiness_timeout: std::time::Duration) -> Self {
+        let topics = stocksvr_pipeline::topics::for_deployment(settings)
+            .map(|specs| specs.into_iter().map(|s| s.name).collect())
+            .unwrap_or_default();
+        Self {
+            settings: settings.clone(),
+            within: readiness_timeout * 3 / 4,
+            topics,
+        }
+    }
+
+    /// Metadata of the cluster, with every declared topic in it.
+    async fn metadata(&self) -> Result<(), String> {
+        let metadata = stocksvr_pipeline::kafka::fetch_metadata(&self.settings)
+            .await
+            .map_err(|e| e.to_string())?;
+        if metadata.brokers().is_empty() {
+            return Err("metadata lists no broker".into());
+        }
+        // The request authenticated over TLS with the process's credentials.
+        causes::ruled_out(Dependency::Kafka, |c| {
+            c.starts_with("SASL") || c.starts_with("TLS")
+        });
+        let listed: std::collections::HashSet<&str> =
+            metadata.topics().iter().map(|t| t.name()).collect();
+        let Some(missing) = self.topics.iter().find(|t| !listed.contains(t.as_str())) else {
+            return Ok(());
+        };
+        // A topic this principal may not Describe is left out of the list just like one
+        // that does not exist; asking for it by name tells which.
+        let settings = self.settings.clone();
+        let topic = missing.clone();
+        tokio::task::spawn_blocking(move || {
+            stocksvr_pipeline::kafka::describe_topic(&settings, &topic)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+}
 
 impl Probe for KafkaProbe {
     fn name(&self) -> &'static str {
@@ -15,13 +69,17 @@ impl Probe for KafkaProbe {
     }
     fn check(&self) -> BoxFuture<'_, Result<(), String>> {
         async move {
-            let metadata = stocksvr_pipeline::kafka::fetch_metadata(&self.0)
-                .await
-                .map_err(|e| e.to_string())?;
-            if metadata.brokers().is_empty() {
-                return Err("metadata lists no broker".into());
+            let checked = match tokio::time::timeout(self.within, self.metadata()).await {
+                Ok(checked) => checked,
+                Err(_) => Err(format!("no metadata within {} ms", self.within.as_millis())),
+            };
+            let refusals = causes::current(Dependency::Kafka);
+            match (checked, refusals.is_empty()) {
+                (Ok(()), true) => Ok(()),
+                (Err(e), true) => Err(e),
+                // A refusal says more than the timeout it causes here.
+                (_, false) => Err(refusals.join("; ")),
             }
-            Ok(())
         }
         .boxed()
     }
@@ -55,7 +113,10 @@ impl Probe for MysqlProbe {
         async move {
             stocksvr_store::ping_mysql(&self.0)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| match e {
+                    stocksvr_store::StoreError::Mysql(e) => describe_sqlx(&e),
+                    other => other.to_string(),
+                })
         }
         .boxed()
     }
@@ -67,6 +128,8 @@ impl Probe for MysqlProbe {
 /// and not yet replaced makes the service not ready.
 pub struct RedisProbe {
     pub target: stocksvr_store::RedisTarget,
+    /// CA and client certificate of `rediss://` (`redis.tls.*`).
+    pub tls: Option<redis::TlsCertificates>,
     pub timeout: std::time::Duration,
 }
 
@@ -79,7 +142,8 @@ impl Probe for RedisProbe {
             let mut conn: stocksvr_store::RedisConn = match &self.target {
                 // A plain connection: the manager would retry a dead server inside the check.
                 stocksvr_store::RedisTarget::Standalone { url } => {
-                    let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+                    let client = stocksvr_store::redis_conn::client(url, self.tls.as_ref())
+                        .map_err(|e| e.to_string())?;
                     let conn = client
                         .get_multiplexed_async_connection()
                         .await
@@ -95,7 +159,7 @@ impl Probe for RedisProbe {
                     };
                 }
                 target @ stocksvr_store::RedisTarget::Cluster { .. } => {
-                    stocksvr_store::connect_redis(target, self.timeout)
+                    stocksvr_store::connect_redis_tls(target, self.tls.as_ref(), self.timeout)
                         .await
                         .map_err(|e| e.to_string())?
                 }

@@ -167,7 +167,7 @@ pub async fn run(
     let catalog = Arc::new(Catalog::for_deployment(&settings.kafka)?);
     let registry = RegistryClient::new(&settings.registry)?;
     let pool = mysql_pool(&settings).await?;
-    let health = HealthState::new(probes(&settings, registry, &pool), &settings.http, metrics)
+    let health = HealthState::new(probes(&settings, registry, &pool)?, &settings.http, metrics)
         .with_advisories(vec![Arc::new(probes::LostBuckets(pool.clone()))]);
     let api = stocksvr_api::ApiState::new()
         .with_reconcile_config(settings.reconcile.reconcile_config())
@@ -260,17 +260,21 @@ fn probes(
     settings: &Settings,
     registry: RegistryClient,
     pool: &sqlx::MySqlPool,
-) -> Vec<Arc<dyn Probe>> {
+) -> anyhow::Result<Vec<Arc<dyn Probe>>> {
     let redis = probes::RedisProbe {
         target: crate::settings::redis_target(&settings.redis),
+        tls: crate::settings::redis_tls(&settings.redis)?,
         timeout: Duration::from_millis(settings.http.readiness_timeout_ms),
     };
-    vec![
-        Arc::new(probes::KafkaProbe(settings.kafka.clone())),
+    Ok(vec![
+        Arc::new(probes::KafkaProbe::new(
+            &settings.kafka,
+            Duration::from_millis(settings.http.readiness_timeout_ms),
+        )),
         Arc::new(probes::RegistryProbe(registry)),
         Arc::new(probes::MysqlProbe(pool.clone())),
         Arc::new(redis),
-    ]
+    ])
 }
 
 /// Health, the Try API and the admin endpoints (as `access` decided for `bound`); the caller
@@ -499,6 +503,7 @@ mod tests {
     }
 
     async fn call(method: reqwest::Method, url: String, token: Option<&str>) -> (u16, String) {
+        stocksvr_pipeline::tls::install_crypto_provider();
         let mut req = reqwest::Client::new().request(method, url);
         if let Some(t) = token {
             req = req.bearer_auth(t);

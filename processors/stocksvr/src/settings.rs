@@ -7,14 +7,14 @@
 //! field is documented at its declaration and in `config/stocksvr.example.toml`. Unknown keys
 //! are rejected, so a typo in a variable name fails at start instead of being ignored.
 //! Credentials are held in `Secret`, so neither `Debug` output nor `stocksvr config` shows
-//! them.
+//! them; a credential given as a file (`*_file`) is read at load.
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use stocksvr_api::auth::Guard;
 use stocksvr_pipeline::config::{
-    load_layered, ConfigError, ConsumerSettings, HttpSettings, InfraSettings, KafkaSettings,
-    LogSettings, MysqlSettings, RedisSettings, RegistrySettings,
+    load_layered, resolve_connections, ConfigError, ConsumerSettings, HttpSettings, InfraSettings,
+    KafkaSettings, LoadedTls, LogSettings, MysqlSettings, RedisSettings, RegistrySettings,
 };
 use stocksvr_pipeline::config::{redact_url, RedisMode};
 use stocksvr_reconciler::ReconcileSettings;
@@ -51,10 +51,18 @@ impl Settings {
         file: Option<&Path>,
         env: Option<std::collections::HashMap<String, String>>,
     ) -> Result<Self, ConfigError> {
-        let settings: Self = load_layered(file, env)?;
+        let mut settings: Self = load_layered(file, env)?;
         settings.kafka.validate().map_err(ConfigError::Invalid)?;
         settings.redis.validate()?;
         settings.http.validate().map_err(ConfigError::Invalid)?;
+        let Self {
+            kafka,
+            registry,
+            mysql,
+            redis,
+            ..
+        } = &mut settings;
+        resolve_connections(kafka, registry, mysql, redis)?;
         Ok(settings)
     }
 
@@ -148,6 +156,22 @@ pub fn redis_target(redis: &RedisSettings) -> stocksvr_store::RedisTarget {
             nodes: redis.exposed_nodes(),
         },
     }
+}
+
+/// The CA and client certificate of `rediss://` (`redis.tls.*`), read now; `None` without
+/// TLS files.
+pub fn redis_tls(redis: &RedisSettings) -> Result<Option<redis::TlsCertificates>, ConfigError> {
+    if redis.tls.is_empty() {
+        return Ok(None);
+    }
+    let LoadedTls { ca, client } = redis.tls.read("redis.tls")?;
+    Ok(Some(redis::TlsCertificates {
+        client_tls: client.map(|(client_cert, client_key)| redis::ClientTlsConfig {
+            client_cert,
+            client_key,
+        }),
+        root_cert: ca,
+    }))
 }
 
 /// The replication wait of the Lua executor (`redis.wait_replicas`, `redis.wait_timeout_ms`).

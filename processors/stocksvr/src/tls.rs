@@ -32,14 +32,14 @@ const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
 /// Longest a caller may take to send a request's headers on an open connection.
 const HEADERS_WITHIN: Duration = Duration::from_secs(30);
 
-/// The files of `http.tls`, in the order [`TlsFiles::server_config`] takes their contents.
+/// The files of `http.tls`, in the order [`ListenerTls::server_config`] takes their contents.
 #[derive(Debug, Clone)]
-pub struct TlsFiles {
+pub struct ListenerTls {
     pub files: Vec<PathBuf>,
     client_auth: Option<ClientAuth>,
 }
 
-impl TlsFiles {
+impl ListenerTls {
     /// `None` when the listener speaks plain HTTP.
     pub fn from_settings(http: &HttpSettings) -> Option<Self> {
         let tls = &http.tls;

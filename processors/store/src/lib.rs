@@ -150,6 +150,15 @@ pub async fn connect_redis(
     Ok(redis_conn::connect(target, response_timeout).await?)
 }
 
+/// As [`connect_redis`], over TLS with the CA and client certificate of `tls`.
+pub async fn connect_redis_tls(
+    target: &RedisTarget,
+    tls: Option<&redis::TlsCertificates>,
+    response_timeout: Duration,
+) -> Result<RedisConn, StoreError> {
+    Ok(redis_conn::connect_tls(target, tls, response_timeout).await?)
+}
+
 /// `PING`: the readiness probe of Redis. In cluster mode redis-rs sends it to every master and
 /// fails if one does not answer, so `/readyz` reports a slot without a master.
 pub async fn ping_redis(conn: &mut RedisConn) -> Result<(), StoreError> {

@@ -326,9 +326,28 @@ impl RedisConn {
 /// `response_timeout`, so a slot whose master is down fails the call within it (an UNKNOWN
 /// outcome for a script: the caller keeps its row intermediate and retries with the same id).
 pub async fn connect(target: &RedisTarget, response_timeout: Duration) -> RedisResult<RedisConn> {
+    connect_tls(target, None, response_timeout).await
+}
+
+/// The client of one server: with `tls`, a `rediss://` URL verified against its CA (then
+/// the only trusted one) and presenting its client certificate; without, as the URL says
+/// (`rediss://` then trusts the system's store).
+pub fn client(url: &str, tls: Option<&redis::TlsCertificates>) -> RedisResult<redis::Client> {
+    match tls {
+        Some(certs) => redis::Client::build_with_tls(url, certs.clone()),
+        None => redis::Client::open(url),
+    }
+}
+
+/// As [`connect`], over TLS with `tls`'s CA and client certificate (`redis.tls.*`).
+pub async fn connect_tls(
+    target: &RedisTarget,
+    tls: Option<&redis::TlsCertificates>,
+    response_timeout: Duration,
+) -> RedisResult<RedisConn> {
     match target {
         RedisTarget::Standalone { url } => {
-            let client = redis::Client::open(url.as_str())?;
+            let client = client(url, tls)?;
             let config = redis::aio::ConnectionManagerConfig::new()
                 .set_response_timeout(Some(response_timeout))
                 .set_connection_timeout(Some(response_timeout));
@@ -337,11 +356,16 @@ pub async fn connect(target: &RedisTarget, response_timeout: Duration) -> RedisR
                 .into())
         }
         RedisTarget::Cluster { nodes } => {
-            let client =
+            let mut builder =
                 redis::cluster::ClusterClientBuilder::new(nodes.iter().map(String::as_str))
                     .response_timeout(response_timeout)
-                    .connection_timeout(response_timeout)
-                    .build()?;
+                    .connection_timeout(response_timeout);
+            if let Some(certs) = tls {
+                // The nodes a cluster announces are IPs (CLUSTER SLOTS): their certificates
+                // must carry them as IP names.
+                builder = builder.certs(certs.clone());
+            }
+            let client = builder.build()?;
             let conn = client.get_async_connection().await?;
             Ok(RedisConn::Cluster(Arc::new(ClusterHandle {
                 client,

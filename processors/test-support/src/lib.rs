@@ -13,6 +13,7 @@ mod ids;
 mod kafka;
 mod private_stack;
 mod process;
+mod secure_stack;
 mod stack;
 pub mod zone;
 
@@ -21,6 +22,7 @@ pub use ids::{unique, unique_id};
 pub use kafka::{read_at, records_of, TestNamespace, TestTopic};
 pub use private_stack::PrivateStack;
 pub use process::{output_within, ChildGuard};
+pub use secure_stack::{secure_stack, SecureDb};
 pub use stack::{infra, repo_root};
 
 use std::future::Future;

@@ -1,6 +1,7 @@
 //! Servers of a test's own, started by `scripts/stack` on ports nobody else uses, for the
 //! tests that stop (SIGSTOP) or kill a server: doing that to the shared stack would fail
-//! every test running beside them. Stopped and deleted when the guard drops.
+//! every test running beside them, and for a secure stack (`up --secure`, see
+//! [`crate::secure_stack`]). Stopped and deleted when the guard drops.
 
 use crate::repo_root;
 use std::net::TcpListener;
@@ -9,16 +10,31 @@ use std::process::Command;
 use std::time::Duration;
 
 pub struct PrivateStack {
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     base: u16,
     cache: PathBuf,
     services: Vec<String>,
+    /// Every server with TLS and per-role credentials (`STACK_SECURE=1`).
+    secure: bool,
+    /// What `scripts/stack env` exports, read once.
+    pub(crate) exports: std::sync::OnceLock<Vec<(String, String)>>,
 }
 
 impl PrivateStack {
     /// Starts `services` (e.g. `["mariadb"]`) of a private stack and waits until they are
     /// ready. Downloads come from the shared cache (`STACK_CACHE`, else `.stack/cache`).
     pub fn start(services: &[&str]) -> Self {
+        Self::start_with(services, false)
+    }
+
+    /// As [`PrivateStack::start`], secure (`scripts/stack up --secure`): a CA of its own,
+    /// Kafka on SASL_SSL with ACLs, the registry on HTTPS with users, MariaDB requiring TLS,
+    /// Redis on TLS with an ACL user.
+    pub fn start_secure(services: &[&str]) -> Self {
+        Self::start_with(services, true)
+    }
+
+    fn start_with(services: &[&str], secure: bool) -> Self {
         let root = repo_root();
         let cache = std::env::var("STACK_CACHE")
             .map(PathBuf::from)
@@ -30,6 +46,8 @@ impl PrivateStack {
             base,
             cache,
             services: services.iter().map(|s| s.to_string()).collect(),
+            secure,
+            exports: std::sync::OnceLock::new(),
         };
         let out = crate::output_within(
             stack.command().arg("up").args(services),
@@ -44,11 +62,16 @@ impl PrivateStack {
         stack
     }
 
-    fn command(&self) -> Command {
+    pub(crate) fn command(&self) -> Command {
         let mut cmd = Command::new(repo_root().join("scripts/stack"));
         cmd.env("STACK_DIR", &self.dir)
             .env("STACK_PORT_BASE", self.base.to_string())
-            .env("STACK_CACHE", &self.cache);
+            .env("STACK_CACHE", &self.cache)
+            .env("STACK_SECURE", if self.secure { "1" } else { "0" })
+            // The shape of this stack is its own, whatever the caller's shell exported.
+            .env_remove("STACK_KAFKA_BROKERS")
+            .env_remove("STACK_REDIS_CLUSTER")
+            .env_remove("STACK_SERVICES");
         cmd
     }
 
@@ -160,15 +183,42 @@ impl Drop for PrivateStack {
     }
 }
 
-/// A port base whose stack ports (base+7 .. base+93) are all free now.
+/// The stack ports above the base: MariaDB, Redis, the registry (and its management port),
+/// stocksvr, Prometheus, Kafka (client, controller, and the secure stack's inter-broker).
+const OFFSETS: [u16; 9] = [7, 80, 81, 82, 88, 90, 92, 93, 95];
+
+/// A port base whose stack ports are all free now: within `STOCKSVR_TEST_PORT_RANGE`
+/// (`27000-27499`: the ports agreed for one user of a shared machine; stacks 100 apart, as
+/// a private stack uses its base + 7 to + 95) when set, else anywhere from 20000.
 fn free_base() -> u16 {
-    for _ in 0..50 {
-        let base = 20_000 + (rand_u16() % 200) * 200;
-        let offsets = [7u16, 80, 81, 82, 88, 90, 92, 93];
-        if offsets
+    let free = |base: u16| {
+        OFFSETS
             .iter()
             .all(|o| TcpListener::bind(("127.0.0.1", base + o)).is_ok())
-        {
+    };
+    let (low, slots, step) = match std::env::var("STOCKSVR_TEST_PORT_RANGE") {
+        Ok(range) => {
+            let bounds = range
+                .split_once('-')
+                .and_then(|(lo, hi)| {
+                    Some((
+                        lo.trim().parse::<u16>().ok()?,
+                        hi.trim().parse::<u16>().ok()?,
+                    ))
+                })
+                .filter(|(lo, hi)| hi.saturating_sub(*lo) >= 99);
+            let Some((lo, hi)) = bounds else {
+                panic!("STOCKSVR_TEST_PORT_RANGE={range}: expected LOW-HIGH, at least 100 ports");
+            };
+            (lo, (hi - lo + 1) / 100, 100)
+        }
+        Err(_) => (20_000, 200, 200),
+    };
+    // Random order: tests starting stacks at once rarely try the same base first.
+    let first = rand_u16() % slots;
+    for k in 0..slots {
+        let base = low + ((first + k) % slots) * step;
+        if free(base) {
             return base;
         }
     }

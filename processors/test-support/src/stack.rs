@@ -4,8 +4,11 @@
 use std::path::PathBuf;
 use stocksvr_pipeline::config::InfraSettings;
 
-/// The server connections of the local stack.
+/// The server connections of the local stack. Installs the process's rustls provider first
+/// (`stocksvr_pipeline::tls`): every test that reaches a server comes here before it builds
+/// an HTTP client, whose TLS set-up needs it even for `http://`.
 pub fn infra() -> InfraSettings {
+    stocksvr_pipeline::tls::install_crypto_provider();
     InfraSettings::load(None).expect("the STOCKSVR__ variables form a valid configuration")
 }
 

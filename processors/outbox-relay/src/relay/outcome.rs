@@ -77,6 +77,11 @@ impl OutboxRelay {
                 topic = %row.topic, retry_count = row.retry_count, error = %reason,
                 "outbox row cannot be encoded; it stays in RETRY"
             ),
+            // Said once for the relay (the cause), not once per row and retry.
+            RowFailure::Refused(_) => tracing::debug!(
+                outbox_id = row.id, topic = %row.topic, retry_count = row.retry_count,
+                error = %reason, "outbox row refused by the cluster; it will be retried"
+            ),
             _ => tracing::warn!(
                 outbox_id = row.id, event_id = %row.event_id, topic = %row.topic,
                 retry_count = row.retry_count, error = %reason,

@@ -48,11 +48,19 @@ impl OutboxRelay {
 
     pub(super) async fn purge_loop(&self, stop: watch::Receiver<bool>) -> Result<(), RelayError> {
         let cadence = Cadence::fixed(self.config.purge_every);
-        periodic::run("outbox purge", cadence, None, stop, || async {
+        let said = stocksvr_pipeline::causes::OnChange::default();
+        let said = &said;
+        periodic::run("outbox purge", cadence, None, stop, || async move {
             match self.purge_once().await {
-                Ok(_) => Ok(Round::Partial),
+                Ok(_) => {
+                    said.recovered();
+                    Ok(Round::Partial)
+                }
                 Err(e) if e.is_retryable() => {
-                    tracing::warn!(error = %e, "outbox purge failed; trying at the next interval");
+                    let error = e.to_string();
+                    if said.failed(&error) {
+                        tracing::warn!(%error, "outbox purge failed; trying at the next interval (said again when the error changes)");
+                    }
                     Ok(Round::Failed)
                 }
                 Err(e) => Err(e),
@@ -66,18 +74,27 @@ impl OutboxRelay {
     /// first round that moves rows ends it at once.
     pub(super) async fn gauge_loop(&self, stop: watch::Receiver<bool>) -> Result<(), RelayError> {
         let cadence = Cadence::adaptive(self.config.gauge_every, self.config.gauge_idle_every);
+        let said = stocksvr_pipeline::causes::OnChange::default();
+        let said = &said;
         periodic::run(
             "outbox gauges",
             cadence,
             Some(&self.gauge_wake),
             stop,
-            || async {
+            || async move {
                 let moved = self.moved.swap(0, Ordering::Relaxed);
-                // A gauge is best effort: a failed read leaves the last value and is logged.
+                // A gauge is best effort: a failed read leaves the last value and is logged
+                // when the error changes.
                 let round = match self.refresh_backlog().await {
-                    Ok(backlog) => gauge_round(&backlog, moved),
+                    Ok(backlog) => {
+                        said.recovered();
+                        gauge_round(&backlog, moved)
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "reading the outbox backlog failed");
+                        let error = e.to_string();
+                        if said.failed(&error) {
+                            tracing::warn!(%error, "reading the outbox backlog failed (said again when the error changes)");
+                        }
                         Round::Failed
                     }
                 };

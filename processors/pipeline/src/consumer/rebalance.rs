@@ -1,7 +1,9 @@
 //! The consumer's rebalance callbacks: commit finished work on revoke, keep partitions
 //! assigned during an outage paused.
 
+use crate::kafka::{context, KafkaContext};
 use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,9 +16,19 @@ pub(super) struct LoopContext {
     pub(super) name: &'static str,
     /// True while the loop waits out an outage: newly assigned partitions start paused.
     pub(super) paused: Arc<AtomicBool>,
+    /// Names what refuses the consumer (a wrong password, a missing ACL), once.
+    pub(super) kafka: KafkaContext,
 }
 
-impl ClientContext for LoopContext {}
+impl ClientContext for LoopContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        context::log_line(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        context::report_error(&self.kafka, &error, reason);
+    }
+}
 
 impl ConsumerContext for LoopContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -38,6 +50,7 @@ impl ConsumerContext for LoopContext {
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance {
+            self.kafka.joined();
             if self.paused.load(Ordering::SeqCst) {
                 // The outage goes on: nothing may be fetched behind the waiting record.
                 if let Err(e) = consumer.pause(partitions) {

@@ -5,7 +5,7 @@ use super::rebalance::LoopContext;
 use super::{Applied, Failure, Handler, LoopConfig, LoopError, Record};
 use crate::codec::{AvroCodec, DecodeError, Decoded};
 use crate::deadletter::{self, ErrorClass};
-use crate::failure::Dependency;
+use crate::failure::{kafka_error_class, Class, Dependency};
 use crate::telemetry::names;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage, Timestamp};
@@ -118,7 +118,8 @@ impl Worker {
                     _ = &mut sleep => break,
                     m = consumer.recv() => match m {
                         Ok(m) => pending.push_back(self.received(&m)),
-                        Err(e) => tracing::debug!(processor = self.config.name, error = %e, "consume error while paused"),
+                        Err(rdkafka::error::KafkaError::PartitionEOF(_)) => {}
+                        Err(e) => consumer.context().kafka.report(&e, ""),
                     },
                 }
             }
@@ -214,8 +215,12 @@ impl Worker {
                     if !records.is_empty() {
                         break;
                     }
-                    self.dead_letter(message, ErrorClass::Undecodable, &describe(&e))
+                    let outage = self
+                        .dead_letter(message, ErrorClass::Undecodable, &describe(&e))
                         .await?;
+                    if outage.is_some() {
+                        return Ok(Progress { settled, outage });
+                    }
                     settled += 1;
                 }
             }
@@ -254,22 +259,10 @@ impl Worker {
                         settled,
                         outage: Some((dependency, reason)),
                     },
-                    Err(failure) => {
-                        self.fail(&records[0], failure).await?;
-                        Progress {
-                            settled: settled + 1,
-                            outage: None,
-                        }
-                    }
+                    Err(failure) => self.failed_first(&records[0], failure, settled).await?,
                 }
             }
-            Err(failure) => {
-                self.fail(&records[0], failure).await?;
-                Progress {
-                    settled: settled + 1,
-                    outage: None,
-                }
-            }
+            Err(failure) => self.failed_first(&records[0], failure, settled).await?,
         };
         metrics::histogram!(names::PROCESSING_SECONDS, "processor" => self.config.name)
             .record(started.elapsed().as_secs_f64());
@@ -308,7 +301,14 @@ impl Worker {
                         outage: Some((dependency, reason)),
                     })
                 }
-                Err(failure) => self.fail(record, failure).await?,
+                Err(failure) => {
+                    if let Some(outage) = self.fail(record, failure).await? {
+                        return Ok(Progress {
+                            settled,
+                            outage: Some(outage),
+                        });
+                    }
+                }
             }
             settled += 1;
         }
@@ -318,13 +318,38 @@ impl Worker {
         })
     }
 
-    async fn fail(&self, record: &Record, failure: Failure) -> Result<(), LoopError> {
+    /// The progress after the batch's first record failed as a whole batch does.
+    async fn failed_first(
+        &self,
+        record: &Record,
+        failure: Failure,
+        settled: usize,
+    ) -> Result<Progress, LoopError> {
+        Ok(match self.fail(record, failure).await? {
+            Some(outage) => Progress {
+                settled,
+                outage: Some(outage),
+            },
+            None => Progress {
+                settled: settled + 1,
+                outage: None,
+            },
+        })
+    }
+
+    /// Settles a failed record: dead-lettered when invalid, an error when fatal. `Some` when
+    /// Kafka could not take the dead letter now: the record waits as for any outage.
+    async fn fail(
+        &self,
+        record: &Record,
+        failure: Failure,
+    ) -> Result<Option<(Dependency, String)>, LoopError> {
         match failure {
             Failure::Invalid(reason) => {
                 self.dead_letter(&record.message, ErrorClass::Invalid, &reason)
                     .await
             }
-            Failure::Unavailable { .. } => Ok(()),
+            Failure::Unavailable { .. } => Ok(None),
             Failure::Fatal(reason) => Err(LoopError::Fatal {
                 topic: record.topic().to_string(),
                 partition: record.partition(),
@@ -334,13 +359,16 @@ impl Worker {
         }
     }
 
+    /// Writes the dead letter of `message`. `Ok(Some(outage))` when Kafka cannot take it
+    /// now (unreachable, or refusing: a missing ACL on the `.dlt` topic): the record waits
+    /// and is tried again, nothing is skipped. Only a fatal or invalid answer is an error.
     async fn dead_letter(
         &self,
         message: &OwnedMessage,
         class: ErrorClass,
         reason: &str,
-    ) -> Result<(), LoopError> {
-        let (dlt, partition, offset) = deadletter::send(
+    ) -> Result<Option<(Dependency, String)>, LoopError> {
+        let sent = deadletter::send(
             &self.producer,
             message,
             &self.group,
@@ -348,13 +376,36 @@ impl Worker {
             class,
             reason,
         )
-        .await
-        .map_err(|source| LoopError::DeadLetter {
-            topic: message.topic().to_string(),
-            partition: message.partition(),
-            offset: message.offset(),
-            source,
-        })?;
+        .await;
+        let (dlt, partition, offset) = match sent {
+            Ok(written) => {
+                let topic = &written.0;
+                crate::causes::ruled_out(Dependency::Kafka, |c| {
+                    c.strip_prefix("topic authorization failed for ") == Some(topic.as_str())
+                });
+                written
+            }
+            Err(source) if kafka_error_class(&source) == Class::Unavailable => {
+                let topic = deadletter::dead_letter_topic(message.topic());
+                let text = source.to_string();
+                let kafka = crate::kafka::KafkaContext::default();
+                if !kafka.refused(&source, &text, &topic) {
+                    tracing::debug!(processor = self.config.name, error = %source, "dead letter not written yet");
+                }
+                return Ok(Some((
+                    Dependency::Kafka,
+                    format!("dead letter to {topic} not written: {text}"),
+                )));
+            }
+            Err(source) => {
+                return Err(LoopError::DeadLetter {
+                    topic: message.topic().to_string(),
+                    partition: message.partition(),
+                    offset: message.offset(),
+                    source,
+                })
+            }
+        };
         tracing::warn!(
             processor = self.config.name,
             topic = message.topic(),
@@ -365,7 +416,7 @@ impl Worker {
             dead_letter = %format!("{dlt}/{partition}@{offset}"),
             "record dead-lettered"
         );
-        Ok(())
+        Ok(None)
     }
 }
 

@@ -8,7 +8,6 @@ use rdkafka::admin::{
     AdminClient, AdminOptions, AlterConfig, ConfigSource, NewPartitions, NewTopic,
     ResourceSpecifier, TopicReplication,
 };
-use rdkafka::client::DefaultClientContext;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use stocksvr_core::retry::{wait_until, RetryPolicy};
@@ -121,7 +120,7 @@ pub async fn apply(
     Ok((changes, drift))
 }
 
-type Admin = AdminClient<DefaultClientContext>;
+type Admin = AdminClient<crate::kafka::KafkaContext>;
 
 /// Creates the missing topics and waits until the cluster's metadata shows them. A topic a
 /// concurrent `apply` created meanwhile is dropped from `changes`: not this run's change.

@@ -39,8 +39,8 @@ impl Ca {
     }
 }
 
-fn files(client_auth: Option<ClientAuth>) -> TlsFiles {
-    TlsFiles {
+fn files(client_auth: Option<ClientAuth>) -> ListenerTls {
+    ListenerTls {
         files: Vec::new(),
         client_auth,
     }

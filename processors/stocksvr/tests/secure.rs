@@ -1,0 +1,420 @@
+//! stocksvr with every connection secured at once, against a secure private stack
+//! (`scripts/stack up --secure`, started once for this test binary and shared by its tests):
+//! Kafka over SASL_SSL with SCRAM-SHA-512 and a client certificate, the registry over HTTPS
+//! with basic auth (the commands) and a bearer token (the service), MariaDB with `ssl-mode=VERIFY_IDENTITY` as a DML-only user, Redis over
+//! TLS as an ACL user; every secret from a file; and in Kafka only the ACLs `stocksvr acls
+//! print` prints.
+//!
+//! - The order flow goes through: a Try, an OrderCreated produced by the order service's own
+//!   principal, CONFIRMED and projected, then a refund; a dead letter is parked and replayed.
+//! - A missing ACL, a wrong Kafka password and an untrusted MySQL certificate each give one
+//!   clear line naming the dependency and the cause, `/readyz` names it, nothing is retried
+//!   into a log storm or dead-lettered, and with the ACL added back the waiting order goes
+//!   through by itself.
+//! - No password or token of the stack appears in any output of any of it.
+
+#[path = "secure/deployment.rs"]
+mod deployment;
+
+use deployment::{Deployment, Service};
+use serde_json::{json, Value};
+use std::time::Duration;
+use stocksvr_test_support::{unique, unique_id, zone};
+
+const DISH: u64 = 31;
+
+/// A merchant of the test's own with today's bucket of `total` for [`DISH`], made with the
+/// operator command (MySQL and Redis over TLS).
+fn merchant(deployment: &Deployment, total: u32) -> u64 {
+    let merchant = unique_id(3_000_000);
+    deployment.run(
+        &[
+            "bucket",
+            "init",
+            "--merchant-id",
+            &merchant.to_string(),
+            "--dish-id",
+            &DISH.to_string(),
+            "--total",
+            &total.to_string(),
+            "--timezone",
+            zone::zone_name(),
+        ],
+        &[],
+    );
+    merchant
+}
+
+/// A Try through the API; the reservation id.
+async fn try_one(service: &Service, merchant: u64, order_id: u64, quantity: u32) -> String {
+    let body = json!({"order_id": order_id, "order_item_id": order_id * 10, "merchant_id": merchant,
+                      "dish_id": DISH, "quantity": quantity, "order_type": "INSTANT"});
+    let (status, reply) = service.post("/v1/reservations", &body).await;
+    assert_eq!(status, 201, "{reply}; log:\n{}", service.log());
+    assert_eq!(reply["reservation"]["status"], "RESERVED", "{reply}");
+    reply["reservation"]["reservation_id"]
+        .as_str()
+        .expect("id")
+        .to_string()
+}
+
+/// Produces an order event as the order service does it: its own Kafka principal (which
+/// may only write the order topic), through the secure listener.
+fn produce_as_order_service(deployment: &Deployment, kind: &str, order_id: u64, data: Value) {
+    let event = json!({
+        "event_id": unique(&format!("evt-{kind}")), "event_type": kind, "schema_version": 1,
+        "occurred_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "producer": "order-service", "trace_id": null, "partition_key": order_id.to_string(),
+        "data": data,
+    });
+    // `stocksvr produce` takes the event name from the file name up to its first dot.
+    let file = std::env::temp_dir().join(format!("{kind}.{}.json", unique("payload")));
+    std::fs::write(&file, event.to_string()).expect("payload written");
+    let principal = deployment.stack.kafka_principal_env("ORDER_SERVICE");
+    let said = deployment.run(&["produce", &file.display().to_string()], &principal);
+    assert!(
+        said.contains(&deployment.topic("order.lifecycle.v1")),
+        "{said}"
+    );
+    let _ = std::fs::remove_file(file);
+}
+
+fn order_created(merchant: u64, order_id: u64, reservation_id: &str) -> Value {
+    json!({"order_id": order_id, "merchant_id": merchant, "order_type": "INSTANT",
+           "processing_time": null, "inventory_reservation_ids": [reservation_id.parse::<u64>().expect("id")]})
+}
+
+/// Parked dead letters of this deployment, as the operator command lists them.
+fn parked(deployment: &Deployment) -> String {
+    deployment.run(&["dlq", "list"], &[])
+}
+
+/// The id of the first dead letter parked in this deployment's database, once there is one.
+async fn parked_id(deployment: &Deployment, within: Duration) -> String {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let listing = parked(deployment);
+        // The header, then one row per dead letter with its id first.
+        if let Some(row) = listing.lines().nth(1) {
+            return row.split_whitespace().next().expect("an id").to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing parked: {listing}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// True when the dead-letter processor parked nothing in this deployment's database.
+fn none_parked(deployment: &Deployment) -> bool {
+    parked(deployment).trim() == "no dead letters match"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_order_flow_runs_with_every_connection_secured_and_only_the_printed_acls() {
+    let deployment = Deployment::new("").await;
+    let merchant = merchant(&deployment, 10);
+    // The registry with the service's bearer token this time (basic auth set everything up).
+    let service = deployment.start_with(&deployment.registry_token_env());
+    let ready = service
+        .readyz_until(
+            "every secured dependency answers",
+            Duration::from_secs(90),
+            |code, _| code == 200,
+        )
+        .await;
+    for dep in ["kafka", "schema_registry", "mysql", "redis"] {
+        assert_eq!(ready["dependencies"][dep]["ok"], true, "{ready}");
+    }
+
+    let order_id = unique_id(700_000_000);
+    let reservation = try_one(&service, merchant, order_id, 2).await;
+    produce_as_order_service(
+        &deployment,
+        "OrderCreated",
+        order_id,
+        order_created(merchant, order_id, &reservation),
+    );
+    service
+        .wait_for_status(&reservation, "CONFIRMED", Duration::from_secs(60))
+        .await;
+
+    // Projected: the relay published the stock changes, the projector folded them into the
+    // snapshot, which converges on Redis (2 sold).
+    let stock_path = format!("/v1/stock/{merchant}/{DISH}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut stock = Value::Null;
+    while std::time::Instant::now() < deadline {
+        stock = service.get(&stock_path).await.1;
+        if !stock["snapshot"].is_null() && stock["snapshot"]["version"] == stock["redis"]["version"]
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for field in ["total", "available", "reserved", "sold", "version"] {
+        assert_eq!(
+            stock["snapshot"][field], stock["redis"][field],
+            "snapshot {field}: {stock}"
+        );
+    }
+    assert_eq!(stock["redis"]["sold"], 2, "{stock}");
+
+    produce_as_order_service(
+        &deployment,
+        "RefundRequested",
+        order_id,
+        json!({"order_id": order_id, "merchant_id": merchant, "refund_id": unique("rfd"),
+               "items": [{"inventory_reservation_id": reservation.parse::<u64>().expect("id"), "quantity": 2}],
+               "reason": null}),
+    );
+    service
+        .wait_for_status(&reservation, "REFUNDED", Duration::from_secs(60))
+        .await;
+
+    assert!(none_parked(&deployment), "{}", parked(&deployment));
+
+    // A cancel naming this reservation under another order: dead-lettered (written to the
+    // .dlt topic through the secure listener), parked by the dead-letter processor (which
+    // reads it), and replayed to its topic by the operator command.
+    let other = unique_id(720_000_000);
+    produce_as_order_service(
+        &deployment,
+        "OrderCanceled",
+        other,
+        json!({"order_id": other, "merchant_id": merchant,
+               "inventory_reservation_ids": [reservation.parse::<u64>().expect("id")], "reason": null}),
+    );
+    let id = parked_id(&deployment, Duration::from_secs(60)).await;
+    let replayed = deployment.run(&["dlq", "replay", &id], &[]);
+    assert!(
+        replayed.contains(&format!(
+            "replayed dead letter {id} to {}/",
+            deployment.topic("order.lifecycle.v1")
+        )),
+        "{replayed}"
+    );
+    let (code, ready) = service.get("/readyz").await;
+    assert_eq!(
+        code, 200,
+        "the lag exporter and every processor still served: {ready}"
+    );
+    assert!(
+        service
+            .complaints()
+            .iter()
+            .all(|l| !l.contains("authorization failed")),
+        "{}",
+        service.log()
+    );
+    deployment.assert_no_secret_in_any_output(&[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_acl_is_named_once_waited_out_and_the_order_goes_through_once_it_is_added() {
+    // Everything but the service's Read on its topics: it may write them (so it still sees
+    // them in metadata) but not fetch from them.
+    let withheld = "User:stocksvr --operation Read --topic";
+    let deployment = Deployment::new(withheld).await;
+    let merchant = merchant(&deployment, 10);
+    let service = deployment.start(&[]);
+    let cause = format!(
+        "topic authorization failed for {}",
+        deployment.topic("order.lifecycle.v1")
+    );
+    let ready = service
+        .readyz_until(
+            "the refused fetch named",
+            Duration::from_secs(90),
+            |code, body| {
+                code == 503
+                    && body["dependencies"]["kafka"]["error"]
+                        .as_str()
+                        .is_some_and(|e| e.contains(&cause))
+            },
+        )
+        .await;
+    assert_eq!(ready["dependencies"]["mysql"]["ok"], true, "{ready}");
+
+    // The Try API serves; the order event waits in Kafka, unread.
+    let order_id = unique_id(710_000_000);
+    let reservation = try_one(&service, merchant, order_id, 1).await;
+    produce_as_order_service(
+        &deployment,
+        "OrderCreated",
+        order_id,
+        order_created(merchant, order_id, &reservation),
+    );
+    // Still refused a few seconds on (the processors retry by themselves), still RESERVED.
+    service
+        .readyz_until(
+            "the refusal still named",
+            Duration::from_secs(30),
+            |code, body| {
+                code == 503
+                    && body["dependencies"]["kafka"]["error"]
+                        .as_str()
+                        .is_some_and(|e| e.contains(&cause))
+            },
+        )
+        .await;
+    let (_, now) = service
+        .get(&format!("/v1/reservations/{reservation}"))
+        .await;
+    assert_eq!(now["status"], "RESERVED", "{now}");
+
+    let printed = deployment.run(&["acls", "print", "--role", "stocksvr"], &[]);
+    deployment.apply_acls(&printed);
+    service
+        .wait_for_status(&reservation, "CONFIRMED", Duration::from_secs(60))
+        .await;
+    service
+        .readyz_until(
+            "ready once the ACL is there",
+            Duration::from_secs(60),
+            |code, _| code == 200,
+        )
+        .await;
+
+    let complaints = service.complaints();
+    let said = format!("kafka: {cause} ");
+    let told: Vec<&String> = complaints.iter().filter(|l| l.contains(&said)).collect();
+    assert_eq!(told.len(), 1, "said once, not at every retry: {told:#?}");
+    assert!(told[0].contains("kafka: "), "{}", told[0]);
+    assert!(
+        complaints.len() <= 12,
+        "no retry storm: {} complaints:\n{}",
+        complaints.len(),
+        complaints.join("\n")
+    );
+    assert!(
+        service
+            .log()
+            .contains(&format!("kafka: no longer refused: {cause}")),
+        "{}",
+        service.log()
+    );
+    assert!(
+        none_parked(&deployment),
+        "nothing dead-lettered: {}",
+        parked(&deployment)
+    );
+    deployment.assert_no_secret_in_any_output(&[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_kafka_password_is_named_once_without_a_retry_storm() {
+    let deployment = Deployment::new("").await;
+    let wrong = format!("not-{}", unique("the-password"));
+    let file = std::env::temp_dir().join(unique("wrong-kafka-password"));
+    std::fs::write(&file, format!("{wrong}\n")).expect("password file");
+    let service = deployment.start(&[(
+        "STOCKSVR__KAFKA__SASL__PASSWORD_FILE".into(),
+        file.display().to_string(),
+    )]);
+    let cause = "SASL authentication failed for user stocksvr";
+    let ready = service
+        .readyz_until(
+            "the refused password named",
+            Duration::from_secs(90),
+            |code, body| code == 503 && body["dependencies"]["kafka"]["error"] == cause,
+        )
+        .await;
+    assert_eq!(ready["dependencies"]["mysql"]["ok"], true, "{ready}");
+    // Twenty seconds more of librdkafka retrying the login at every reconnect (its backoff
+    // grows to 10 s), all of it kept out of the log.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let (_, still) = service.get("/readyz").await;
+    assert_eq!(still["dependencies"]["kafka"]["error"], cause, "{still}");
+    let complaints = service.complaints();
+    let told = complaints.iter().filter(|l| l.contains(cause)).count();
+    assert_eq!(told, 1, "said once:\n{}", complaints.join("\n"));
+    assert!(
+        complaints.len() <= 6,
+        "no retry storm: {} complaints:\n{}",
+        complaints.len(),
+        complaints.join("\n")
+    );
+    let _ = std::fs::remove_file(&file);
+    deployment.assert_no_secret_in_any_output(&[&wrong]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_mysql_certificate_is_named_once() {
+    let deployment = Deployment::new("").await;
+    // A CA of its own that signed nothing the stack runs.
+    let dir = std::env::temp_dir().join(unique("other-ca"));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let ca = dir.join("ca.crt");
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-new",
+            "-nodes",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=not-the-stack-ca",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+        ])
+        .arg("-keyout")
+        .arg(dir.join("ca.key"))
+        .arg("-out")
+        .arg(&ca)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let url = deployment.db.url.replace(
+        &format!(
+            "ssl-ca={}",
+            deployment.stack.export("STACK_TLS_DIR") + "/ca.crt"
+        ),
+        &format!("ssl-ca={}", ca.display()),
+    );
+    assert_ne!(url, deployment.db.url, "the CA was swapped");
+    let service = deployment.start(&[("STOCKSVR__MYSQL__URL".into(), url)]);
+    let cause = "TLS: invalid peer certificate: UnknownIssuer";
+    let ready = service
+        .readyz_until(
+            "the untrusted certificate named",
+            Duration::from_secs(90),
+            |code, body| code == 503 && body["dependencies"]["mysql"]["error"] == cause,
+        )
+        .await;
+    assert_eq!(ready["dependencies"]["kafka"]["ok"], true, "{ready}");
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let complaints = service.complaints();
+    // One line per part that needs MySQL at start (the schema check, the relay's three
+    // loops, the worker-id lease), none repeated.
+    let mut distinct = complaints
+        .iter()
+        .map(|l| {
+            l.split_once('Z')
+                .map_or(l.as_str(), |(_, rest)| rest)
+                .to_string()
+        })
+        .collect::<Vec<_>>();
+    let all = distinct.len();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        all,
+        distinct.len(),
+        "nothing said twice:\n{}",
+        complaints.join("\n")
+    );
+    assert!(all <= 8, "no retry storm:\n{}", complaints.join("\n"));
+    let _ = std::fs::remove_dir_all(&dir);
+    deployment.assert_no_secret_in_any_output(&[]);
+}
