@@ -28,6 +28,10 @@ pub use stack::{infra, repo_root};
 use std::future::Future;
 use std::time::Duration;
 
+/// How often the waits below look again: often enough that a test wakes within moments of
+/// its condition, seldom enough not to load the servers it polls.
+const POLL: Duration = Duration::from_millis(50);
+
 /// Polls `check` every 50 ms until it returns true or `within` has passed. True if it held:
 /// callers assert on the result with their own message, instead of sleeping and hoping.
 pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
@@ -35,15 +39,75 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
+    eventually_some(within, || {
+        let held = check();
+        async move { held.await.then_some(()) }
+    })
+    .await
+    .is_some()
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, and returns that value; `None` once
+/// `within` has passed. For a wait whose result the test goes on with.
+pub async fn eventually_some<T, F, Fut>(within: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_ok(within, || {
+        let found = check();
+        async move { found.await.ok_or(()) }
+    })
+    .await
+    .ok()
+}
+
+/// Polls `check` every 50 ms until it returns `Ok`, and returns that; once `within` has passed,
+/// the last `Err`: what was seen instead, for the caller's message (or its fallback).
+pub async fn eventually_ok<T, E, F, Fut>(within: Duration, mut check: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        if check().await {
-            return true;
+        match check().await {
+            Ok(found) => return Ok(found),
+            Err(seen) if tokio::time::Instant::now() >= deadline => return Err(seen),
+            Err(_) => tokio::time::sleep(POLL).await,
         }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
+    }
+}
+
+/// Like [`eventually_ok`], but a wait that ends without its condition panics, naming `what`
+/// it waited for, how long, and the last thing seen instead (the `Err`).
+pub async fn wait_for<T, E, F, Fut>(what: &str, within: Duration, check: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    match eventually_ok(within, check).await {
+        Ok(found) => found,
+        Err(seen) => panic!("waited {within:?} for {what}; last seen: {seen}"),
+    }
+}
+
+/// [`eventually_some`] for code that runs outside a runtime or must not yield (a child
+/// process's guard, a synchronous helper): blocks the thread between looks.
+pub fn eventually_some_blocking<T>(
+    within: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(found) = check() {
+            return Some(found);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(POLL);
     }
 }
 
@@ -104,5 +168,64 @@ where
         Ok(Ok(())) => {}
         Ok(Err(e)) => eprintln!("test cleanup of {what} failed: {e}"),
         Err(_) => eprintln!("test cleanup of {what} panicked"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    #[tokio::test]
+    async fn eventually_some_returns_the_first_value_found() {
+        let looks = AtomicU32::new(0);
+        let found = eventually_some(Duration::from_secs(5), || async {
+            let n = looks.fetch_add(1, Ordering::Relaxed) + 1;
+            (n >= 3).then_some(n)
+        })
+        .await;
+        assert_eq!(found, Some(3));
+    }
+
+    #[tokio::test]
+    async fn eventually_ok_gives_the_last_thing_seen_when_the_time_is_up() {
+        let looks = AtomicU32::new(0);
+        let started = std::time::Instant::now();
+        let seen: Result<(), u32> = eventually_ok(Duration::from_millis(200), || async {
+            Err(looks.fetch_add(1, Ordering::Relaxed) + 1)
+        })
+        .await;
+        let last = seen.expect_err("never Ok");
+        assert!(last >= 2, "looked again until the time was up: {last}");
+        assert_eq!(last, looks.load(Ordering::Relaxed), "the last look's");
+        assert!(started.elapsed() >= Duration::from_millis(200));
+    }
+
+    #[tokio::test]
+    async fn eventually_looks_once_more_at_the_deadline_and_says_false() {
+        assert!(eventually(Duration::ZERO, || async { true }).await);
+        assert!(!eventually(Duration::from_millis(100), || async { false }).await);
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "for the answer; last seen: 41")]
+    async fn wait_for_names_what_it_waited_for() {
+        wait_for("the answer", Duration::from_millis(100), || async {
+            Err::<(), _>(41)
+        })
+        .await;
+    }
+
+    #[test]
+    fn eventually_some_blocking_waits_on_the_thread() {
+        let started = std::time::Instant::now();
+        let found = eventually_some_blocking(Duration::from_secs(5), || {
+            (started.elapsed() >= Duration::from_millis(120)).then_some("done")
+        });
+        assert_eq!(found, Some("done"));
+        assert_eq!(
+            eventually_some_blocking(Duration::from_millis(60), || None::<()>),
+            None
+        );
     }
 }

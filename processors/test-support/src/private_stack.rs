@@ -139,15 +139,12 @@ impl PrivateStack {
     pub fn restart_empty(&self, service: &str) {
         self.signal(service, "-KILL");
         let pidfile = self.dir.join("run").join(format!("{service}.pid"));
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         // The pid file stays behind a killed process; wait for the process itself to go.
-        while std::path::Path::new(&format!("/proc/{}", self.pid_or_zero(service))).exists() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{service} did not die"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let gone = crate::eventually_some_blocking(Duration::from_secs(30), || {
+            let proc = format!("/proc/{}", self.pid_or_zero(service));
+            (!std::path::Path::new(&proc).exists()).then_some(())
+        });
+        assert!(gone.is_some(), "{service} did not die");
         let _ = std::fs::remove_file(pidfile);
         let data = self.dir.join("data").join(service);
         let _ = std::fs::remove_dir_all(&data);

@@ -1,7 +1,7 @@
 //! Child processes that never outlive their test.
 
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A child process killed (SIGKILL) when the guard drops, pass or fail: a panicking test
 /// must not leave a processor running after the suite.
@@ -52,17 +52,12 @@ impl ChildGuard {
     /// SIGTERM, then waits up to `within` for the exit; SIGKILL and a panic past it.
     pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
         self.signal("-TERM");
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child().try_wait().expect("wait") {
-                return status;
-            }
-            if Instant::now() > deadline {
-                self.kill9();
-                panic!("{} did not stop within {within:?} of SIGTERM", self.what);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let exited =
+            crate::eventually_some_blocking(within, || self.child().try_wait().expect("wait"));
+        exited.unwrap_or_else(|| {
+            self.kill9();
+            panic!("{} did not stop within {within:?} of SIGTERM", self.what)
+        })
     }
 
     /// Whether the child is still running.
@@ -110,20 +105,14 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = guard.child().try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            guard.kill9();
-            let err = stderr.join().unwrap_or_default();
-            panic!(
-                "{what} did not finish within {limit:?}; its stderr:\n{}",
-                String::from_utf8_lossy(&err)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let exited = crate::eventually_some_blocking(limit, || guard.child().try_wait().expect("wait"));
+    let Some(status) = exited else {
+        guard.kill9();
+        let err = stderr.join().unwrap_or_default();
+        panic!(
+            "{what} did not finish within {limit:?}; its stderr:\n{}",
+            String::from_utf8_lossy(&err)
+        );
     };
     Output {
         status,
