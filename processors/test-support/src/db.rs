@@ -54,13 +54,33 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         // The pool is not closed here: its connections belong to the test's runtime, which
         // is blocked in this drop, so `close()` from the cleanup's runtime waited out its
-        // 30 s for them. Idle connections do not hold the DROP back, and they close with the
-        // test's runtime.
+        // 30 s for them. They close with the test's runtime.
         let (name, server_url) = (self.name.clone(), self.server_url.clone());
         block_on_cleanup(format!("database {name}"), async move {
             let admin = stocksvr_store::mysql_pool(&server_url, 1, Duration::from_secs(10))
                 .map_err(|e| e.to_string())?;
             let mut conn = admin.acquire().await.map_err(|e| e.to_string())?;
+            // A session of the test may still hold a transaction, and with it metadata locks
+            // that hold the DROP back: sqlx sends the ROLLBACK of a dropped transaction from a
+            // task of the test's runtime, which is blocked here, so it never goes out (a test
+            // whose last statement was refused inside a transaction waited out the whole
+            // lock_wait_timeout, and its database stayed behind). The test is over: end every
+            // session still in its database, the test's pool and any child process's.
+            let sessions: Vec<(i64,)> = sqlx::query_as(
+                "SELECT id FROM information_schema.processlist \
+                 WHERE db = ? AND id <> CONNECTION_ID()",
+            )
+            .bind(&name)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())?;
+            for (id,) in sessions {
+                // Gone by itself meanwhile is as good.
+                let _ = sqlx::query("KILL CONNECTION ?")
+                    .bind(id)
+                    .execute(&mut *conn)
+                    .await;
+            }
             // A child process killed mid-transaction may still hold a metadata lock for a
             // moment; do not wait the server's default (a year) for it.
             sqlx::query("SET SESSION lock_wait_timeout = 20")
