@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use stocksvr_lag_exporter::{Exporter, LagExporterConfig, Publisher, Scrape};
 use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::kafka;
-use stocksvr_test_support::TestTopic;
+use stocksvr_test_support::{eventually, wait_for, TestTopic};
 
 fn settings() -> KafkaSettings {
     stocksvr_test_support::infra().kafka
@@ -155,6 +155,8 @@ async fn known_offsets_of_groups_without_members_on_three_partitions() {
     // The group moves on partition 0; partition 2 stays put: its lag in seconds grows with
     // the clock from the cached timestamp.
     commit(&behind, &topic, &[(0, 7)]);
+    // A fixed wait on the wall clock the exporter measures lag in seconds on: partition 2's
+    // must have grown by then.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let (again, before, after) = timed_scrape(&exporter).await;
     assert!(again.problems.is_empty(), "{:?}", again.problems);
@@ -264,11 +266,15 @@ async fn a_group_whose_member_left_keeps_being_reported_and_its_lag_grows() {
     drop(member);
     let written = now_ms();
     produce(&topic, 0, &[written, written + 1]).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let first = loop {
-        let (scrape, before, after) = timed_scrape(&exporter).await;
-        let members = scrape.group(&group).map(|g| g.members);
-        if members == Some(0) {
+    let first = wait_for(
+        "the member to leave the group",
+        Duration::from_secs(60),
+        || async {
+            let (scrape, before, after) = timed_scrape(&exporter).await;
+            let members = scrape.group(&group).map(|g| g.members);
+            if members != Some(0) {
+                return Err(format!("{members:?} members"));
+            }
             let p0 = scrape.partition(&group, &topic, 0).expect("partition 0");
             assert_eq!((p0.committed, p0.high_watermark, p0.lag), (Some(3), 5, 2));
             assert_seconds(
@@ -278,14 +284,11 @@ async fn a_group_whose_member_left_keeps_being_reported_and_its_lag_grows() {
                 after,
                 "after the member left",
             );
-            break p0.lag_seconds.unwrap_or_default();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the group still has {members:?} members"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+            Ok(p0.lag_seconds.unwrap_or_default())
+        },
+    )
+    .await;
+    // A fixed wait on the wall clock the exporter measures lag in seconds on.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (later, before, after) = timed_scrape(&exporter).await;
     assert_eq!(later.group(&group).map(|g| g.members), Some(0));
@@ -321,25 +324,23 @@ async fn run_exports_every_interval_and_stops_on_the_signal() {
     let lag_line = format!(
         "stocksvr_consumer_group_lag{{group=\"{group}\",topic=\"{topic}\",partition=\"0\"}} 1"
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
     let rounds = |text: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix("stocksvr_lag_exporter_scrapes_total{outcome=\"ok\"} "))
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0)
     };
-    loop {
+    let exported = eventually(Duration::from_secs(30), || async {
         let text = handle.render();
-        if text.lines().any(|l| l == lag_line) && rounds(&text) >= 2.0 {
-            assert!(
-                text.contains("stocksvr_lag_exporter_scrapes_total{outcome=\"error\"} 0"),
-                "{text}"
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "no two rounds exported:\n{text}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        text.lines().any(|l| l == lag_line) && rounds(&text) >= 2.0
+    })
+    .await;
+    let text = handle.render();
+    assert!(exported, "no two rounds exported:\n{text}");
+    assert!(
+        text.contains("stocksvr_lag_exporter_scrapes_total{outcome=\"error\"} 0"),
+        "{text}"
+    );
     stop_tx.send(true).expect("exporter listens");
     tokio::time::timeout(Duration::from_secs(10), task)
         .await

@@ -244,23 +244,29 @@ async fn concurrent_retry_claims_never_overlap() -> Result<()> {
         let pool = stack.pool.clone();
         tasks.push(tokio::spawn(async move {
             start.wait().await;
-            let mut claimed = 0;
-            loop {
-                let report = relay.retry_once().await?;
-                assert_eq!(report.sent, report.claimed);
-                claimed += report.claimed;
-                if report.claimed == 0 {
-                    let unsent: i64 = sqlx::query_scalar(
-                        "SELECT COUNT(*) FROM inventory_outbox WHERE status <> 30",
-                    )
-                    .fetch_one(&pool)
-                    .await?;
-                    if unsent == 0 {
-                        return anyhow::Ok(claimed);
+            let claimed = std::sync::atomic::AtomicUsize::new(0);
+            // Rounds back to back while they claim anything; once one claims nothing, the
+            // rest is in the other relay's hands (or due again soon): look again until every
+            // row is sent.
+            let all_sent = eventually(Duration::from_secs(60), || async {
+                loop {
+                    let report = relay.retry_once().await.expect("retry round");
+                    assert_eq!(report.sent, report.claimed);
+                    if report.claimed == 0 {
+                        break;
                     }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    claimed.fetch_add(report.claimed, std::sync::atomic::Ordering::Relaxed);
                 }
-            }
+                let unsent: i64 =
+                    sqlx::query_scalar("SELECT COUNT(*) FROM inventory_outbox WHERE status <> 30")
+                        .fetch_one(&pool)
+                        .await
+                        .expect("unsent rows");
+                unsent == 0
+            })
+            .await;
+            anyhow::ensure!(all_sent, "rows left unsent after 60 s");
+            anyhow::Ok(claimed.into_inner())
         }));
     }
     let mut claims = Vec::new();
@@ -542,14 +548,27 @@ async fn a_notification_publishes_at_once_despite_a_long_poll() -> Result<()> {
         ..fast_config()
     })?;
     let waker = relay.waker();
+    let owner = relay.owner().to_string();
     let (stop, stopped) = watch::channel(false);
     let running = tokio::spawn(relay.run(stopped));
-    // Let the first (empty) round finish so the relay is asleep.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The first (empty) round takes the lead; moments later the relay sleeps its 30 s. (Were
+    // it still in that round, the row below would be sent and the check after it fail.)
+    let leading = eventually(Duration::from_secs(10), || async {
+        let holder: Option<String> =
+            sqlx::query_scalar("SELECT owner FROM inventory_outbox_relay WHERE id = 1")
+                .fetch_one(&stack.pool)
+                .await
+                .expect("relay lease row");
+        holder.as_deref() == Some(owner.as_str())
+    })
+    .await;
+    assert!(leading, "the relay never took the lead");
 
     let unannounced = stack.row("InventoryReserved")?;
     stack.insert(std::slice::from_ref(&unannounced)).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Something that must not happen: a publish without a notification. Half a second is
+    // many of the polls a relay that was not asleep would make (fast_config: 20-200 ms).
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !stack.is_sent(&unannounced.event_id).await?,
         "the relay should be asleep; the test proves nothing otherwise"
@@ -594,7 +613,8 @@ async fn the_mark_waits_below_a_row_whose_transaction_is_still_open() -> Result<
     let first_id = stack.id_of(&first.event_id).await?;
     assert_eq!(stack.hwm().await?, first_id, "the mark passed an open gap");
     // Past the delay after which a gap is judged against INNODB_TRX: the open transaction
-    // is listed, so the gap stays open however many rounds run.
+    // is listed, so the gap stays open however many rounds run. A fixed wait on the relay's
+    // clock (TRX_READING_DELAY, 500 ms from the gap's first sighting).
     tokio::time::sleep(Duration::from_millis(700)).await;
     for _ in 0..3 {
         assert_eq!(relay.relay_once().await?.claimed, 0);

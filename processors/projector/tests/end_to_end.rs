@@ -9,10 +9,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stocksvr_pipeline::consumer;
 use stocksvr_projector::{group_name, loop_config, Projector};
-use stocksvr_test_support::TestNamespace;
+use stocksvr_test_support::{eventually, TestNamespace};
 use support::*;
 use tokio::sync::watch;
 
@@ -69,16 +69,18 @@ async fn the_loop_projects_produced_events_and_commits_after_the_effects() -> Re
         consumer::run(&kafka, codec, config, Arc::new(projector), stopped).await
     });
 
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let projected = eventually(Duration::from_secs(60), || async {
+        assert!(!running.is_finished(), "the loop stopped early");
+        let inbox = count(&pool, "inventory_consumer_inbox")
+            .await
+            .expect("inbox");
+        let snapshot = snapshot(&pool, BUCKET).await.expect("snapshot");
+        inbox == 4 && snapshot.is_some_and(|s| s.5 == 410)
+    })
+    .await;
+    if !projected {
         let inbox = count(&pool, "inventory_consumer_inbox").await?;
-        if inbox == 4 && snapshot(&pool, BUCKET).await?.is_some_and(|s| s.5 == 410) {
-            break;
-        }
-        if running.is_finished() || Instant::now() > deadline {
-            bail!("not projected in time: inbox {inbox}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        bail!("not projected in time: inbox {inbox}");
     }
     stop.send(true)?;
     tokio::time::timeout(Duration::from_secs(30), running)

@@ -86,13 +86,15 @@ fn owner(masters: &BTreeMap<u16, Vec<(u16, u16)>>, slot: u16) -> Option<u16> {
         .map(|(port, _)| *port)
 }
 
-/// Polls `check` every 100 ms until it holds or `within` passes.
+/// Polls `check` until it holds, failing past `within`; how long that took.
 async fn wait_for(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> Duration {
     let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let held = stocksvr_test_support::eventually(within, || {
+        let held = check();
+        async move { held }
+    })
+    .await;
+    assert!(held, "{what}: not within {within:?}");
     start.elapsed()
 }
 
@@ -191,35 +193,32 @@ async fn a_master_killed_under_load_loses_no_acknowledged_try() {
         tasks.push(tokio::spawn(async move {
             // A client repeats a Try that got no definite answer (503): the same request, so
             // the same operation id, resumes it.
-            let deadline = Instant::now() + Duration::from_secs(240);
-            loop {
-                match service.try_reserve(&req).await {
-                    Ok(reply) => {
-                        answered.fetch_add(1, Ordering::Relaxed);
-                        return (
-                            req.dish_id,
-                            reply.reservation.id,
-                            reply.reservation.status_name().to_string(),
-                        );
+            let settled =
+                stocksvr_test_support::eventually_ok(Duration::from_secs(240), || async {
+                    match service.try_reserve(&req).await {
+                        Ok(reply) => Ok(reply),
+                        Err(e) => {
+                            assert!(
+                                matches!(
+                                    e,
+                                    ServiceError::OutcomeUnknown { .. } | ServiceError::Mysql(_)
+                                ) || e.to_string().contains("redis"),
+                                "only unavailability is acceptable, got {e}"
+                            );
+                            retried.fetch_add(1, Ordering::Relaxed);
+                            Err(e)
+                        }
                     }
-                    Err(e) => {
-                        assert!(
-                            matches!(
-                                e,
-                                ServiceError::OutcomeUnknown { .. } | ServiceError::Mysql(_)
-                            ) || e.to_string().contains("redis"),
-                            "only unavailability is acceptable, got {e}"
-                        );
-                        assert!(
-                            Instant::now() < deadline,
-                            "Try {} never settled: {e}",
-                            req.order_item_id
-                        );
-                        retried.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                }
-            }
+                })
+                .await;
+            let reply =
+                settled.unwrap_or_else(|e| panic!("Try {} never settled: {e}", req.order_item_id));
+            answered.fetch_add(1, Ordering::Relaxed);
+            (
+                req.dish_id,
+                reply.reservation.id,
+                reply.reservation.status_name().to_string(),
+            )
         }));
     }
 

@@ -14,6 +14,7 @@ use stocksvr_reservation::operations::{self, init_operation_id};
 use stocksvr_reservation::{OpsConfig, OpsError, ServiceError};
 use stocksvr_store::lua::Step;
 use stocksvr_store::wal::{self, Refusal};
+use stocksvr_test_support::{eventually, eventually_ok};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_concurrent_first_trys_initialise_the_bucket_once() {
@@ -403,8 +404,7 @@ async fn an_operation_that_cannot_succeed_goes_dead_with_an_alert_and_can_be_ret
         .expect("settle by hand");
     let first = f.service.ops().archive(&bucket).await.expect("archive");
     assert_eq!(first.status, "RETRY", "{first:?}");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let dead = loop {
+    let dead = eventually_ok(Duration::from_secs(10), || async {
         f.service.ops().work_once(10).await.expect("round");
         let v = f
             .service
@@ -413,11 +413,13 @@ async fn an_operation_that_cannot_succeed_goes_dead_with_an_alert_and_can_be_ret
             .await
             .expect("find");
         if v.status == "DEAD" {
-            break v;
+            Ok(v)
+        } else {
+            Err(v)
         }
-        assert!(tokio::time::Instant::now() < deadline, "never dead: {v:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await
+    .unwrap_or_else(|v| panic!("never dead: {v:?}"));
     assert_eq!(dead.retry_count, 2);
     assert!(dead
         .last_error
@@ -621,24 +623,30 @@ async fn a_lost_mark_made_elsewhere_refuses_trys_here_within_the_lists_age() {
         .await
         .expect("mark"));
     let marked = std::time::Instant::now();
-    let mut item = 2;
-    loop {
+    // Each look is a Try of a new item; one that succeeds after the cache's age fails the test.
+    let item = std::cell::Cell::new(1);
+    let refused = eventually(age + Duration::from_secs(10), || async {
         let started = std::time::Instant::now();
-        match f.service.try_reserve(&f.request(item, 1)).await {
-            Ok(_) => assert!(
-                started < marked + age,
-                "a Try started {:?} after the mark was taken",
-                started - marked
-            ),
+        item.set(item.get() + 1);
+        match f.service.try_reserve(&f.request(item.get(), 1)).await {
+            Ok(_) => {
+                assert!(
+                    started < marked + age,
+                    "a Try started {:?} after the mark was taken",
+                    started - marked
+                );
+                false
+            }
             Err(ServiceError::BucketLost { bucket: lost }) => {
                 assert_eq!(lost, bucket);
-                break;
+                true
             }
             Err(other) => panic!("{other:?}"),
         }
-        item += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(refused, "never refused");
+    let item = item.get();
     match f.service.try_reserve(&f.request(item + 1, 1)).await {
         Err(ServiceError::BucketLost { .. }) => {}
         other => panic!("once refused, refused: {other:?}"),
@@ -647,24 +655,28 @@ async fn a_lost_mark_made_elsewhere_refuses_trys_here_within_the_lists_age() {
         .await
         .expect("clear"));
     let cleared = std::time::Instant::now();
-    let mut item = item + 2;
-    loop {
+    let item = std::cell::Cell::new(item + 1);
+    let reserved = eventually(age + Duration::from_secs(10), || async {
         let started = std::time::Instant::now();
-        match f.service.try_reserve(&f.request(item, 1)).await {
+        item.set(item.get() + 1);
+        match f.service.try_reserve(&f.request(item.get(), 1)).await {
             Ok(reply) => {
                 assert!(reply.created);
-                break;
+                true
             }
-            Err(ServiceError::BucketLost { .. }) => assert!(
-                started < cleared + age,
-                "refused {:?} after the clear",
-                started - cleared
-            ),
+            Err(ServiceError::BucketLost { .. }) => {
+                assert!(
+                    started < cleared + age,
+                    "refused {:?} after the clear",
+                    started - cleared
+                );
+                false
+            }
             Err(other) => panic!("{other:?}"),
         }
-        item += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(reserved, "never reserved again");
 }
 
 async fn reservation_rows(pool: &sqlx::MySqlPool) -> i64 {

@@ -663,15 +663,16 @@ async fn a_backlog_of_stale_reservations_is_alerted_batch_after_batch() {
         .expect("count");
         n
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while alerted(f.pool.clone()).await < 7 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "only {} of 7 stale reservations alerted in 20 s (batches of 2)",
-            alerted(f.pool.clone()).await
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let all_alerted =
+        stocksvr_test_support::eventually(std::time::Duration::from_secs(20), || async {
+            alerted(f.pool.clone()).await >= 7
+        })
+        .await;
+    assert!(
+        all_alerted,
+        "only {} of 7 stale reservations alerted in 20 s (batches of 2)",
+        alerted(f.pool.clone()).await
+    );
     stop_tx.send(true).expect("stop");
     watcher.await.expect("join").expect("watcher");
     assert_eq!(
@@ -717,6 +718,7 @@ async fn the_order_fence_and_a_racing_try_never_leave_stock_held() {
             } else {
                 (head_start, std::time::Duration::ZERO)
             };
+            // Not waits: the head starts that place the two sides against each other.
             let try_task = tokio::spawn(async move {
                 tokio::time::sleep(try_delay).await;
                 a.try_reserve(&req).await

@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_core::events::OrderType;
 use stocksvr_core::snowflake::SnowflakeGenerator;
@@ -17,7 +17,7 @@ use stocksvr_schedule::ScheduleSettings;
 use stocksvr_schedule::{ScheduleConfig, TimeWheel};
 use stocksvr_store::baselines::Baseline;
 use stocksvr_store::lua::LuaExecutor;
-use stocksvr_test_support::{zone, TestDb};
+use stocksvr_test_support::{eventually, zone, TestDb};
 
 /// Distinct for every call: the two tests of this file start together and share Redis, and
 /// a seed of the clock and the pid alone once gave both the same merchant (one test's
@@ -169,15 +169,11 @@ async fn a_due_entry_is_emitted_once_even_when_its_claimant_dies() {
 
     let early = poller.tick_once().await.expect("tick");
     assert_eq!(early.emitted, 0, "not due yet");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let report = poller.tick_once().await.expect("tick");
-        if report.emitted == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never fired");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let fired = eventually(Duration::from_secs(15), || async {
+        poller.tick_once().await.expect("tick").emitted == 1
+    })
+    .await;
+    assert!(fired, "never fired");
     assert!(Utc::now() >= due, "fired at or after the due time");
     assert_eq!(f.outbox(id, "InventoryConfirmDue").await, 1);
     assert_eq!(f.wheel.score(id).await.expect("score"), None, "released");
@@ -208,16 +204,16 @@ async fn a_due_entry_is_emitted_once_even_when_its_claimant_dies() {
             .expect("the claimed entry's lease is on the wheel");
         assert!(lease_end <= Duration::from_secs(1), "{hidden:?}");
     }
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
+    let fired_again = eventually(Duration::from_secs(15), || async {
         let report = poller.tick_once().await.expect("tick");
         if report.already_emitted == 1 {
             assert_eq!(report.emitted, 0);
-            break;
+            return true;
         }
-        assert!(Instant::now() < deadline, "never fired again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        false
+    })
+    .await;
+    assert!(fired_again, "never fired again");
     assert_eq!(f.outbox(id, "InventoryConfirmDue").await, 1);
     assert_eq!(f.wheel.score(id).await.expect("score"), None);
     assert_eq!(

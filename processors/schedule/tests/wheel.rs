@@ -5,8 +5,9 @@
 
 use chrono::{TimeDelta, Utc};
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stocksvr_schedule::TimeWheel;
+use stocksvr_test_support::eventually_some;
 
 async fn wheel(test: &str, shards: u16) -> TimeWheel {
     let settings = stocksvr_test_support::infra();
@@ -50,15 +51,12 @@ async fn an_entry_is_claimed_once_per_lease_and_released_only_by_its_claimant() 
     assert!(hidden.members.is_empty(), "claimed entries are hidden");
 
     // The claimant "dies": after the timeout the entry is due again, under a new lease.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let second = loop {
+    let second = eventually_some(Duration::from_secs(10), || async {
         let c = wheel.claim(&key, 10, timeout).await.expect("claim");
-        if !c.members.is_empty() {
-            break c;
-        }
-        assert!(Instant::now() < deadline, "the entry never fell due again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        (!c.members.is_empty()).then_some(c)
+    })
+    .await
+    .expect("the entry never fell due again");
     assert_eq!(second.members, vec!["12".to_string()]);
     assert!(second.lease > first.lease);
     assert!(
@@ -173,19 +171,13 @@ async fn peek_names_exactly_the_shards_with_a_due_head() {
     assert_eq!(claim.members, vec!["1".to_string()]);
     assert!(wheel.peek().await.expect("peek").due.is_empty());
     // ... until the lease runs out by the server's clock: then it is due again.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let due = eventually_some(Duration::from_secs(10), || async {
         let due = wheel.peek().await.expect("peek").due;
-        if !due.is_empty() {
-            assert_eq!(due, vec![wheel.key_for(1)]);
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the claimed entry never fell due again"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (!due.is_empty()).then_some(due)
+    })
+    .await
+    .expect("the claimed entry never fell due again");
+    assert_eq!(due, vec![wheel.key_for(1)]);
     let again = wheel
         .claim(&wheel.key_for(1), 10, lease)
         .await

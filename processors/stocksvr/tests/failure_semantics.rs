@@ -20,7 +20,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use stocksvr_core::events::topics::ORDER_LIFECYCLE;
-use stocksvr_test_support::PrivateStack;
+use stocksvr_test_support::{eventually_ok, PrivateStack};
 
 /// How long a dependency stays stopped; `STOCKSVR_TEST_STALL_SECS` shortens it for a quick
 /// local run (the issue asks for 90 s: well past every retry bound the loop ever had).
@@ -71,6 +71,7 @@ async fn outage_while_events_stream(stopped: &str) {
     server.wait_for_log("the pause", stall(), |log| {
         log.contains("paused: a dependency is unavailable")
     });
+    // A fixed wait: the outage itself (see `stall`).
     tokio::time::sleep(stall().saturating_sub(stopped_at.elapsed())).await;
     private.signal(stopped, "-CONT");
 
@@ -366,20 +367,21 @@ async fn a_replay_of_every_topic_from_the_earliest_offset_changes_nothing() {
     .await;
     let late = json!({"order_id": base + 4, "order_item_id": (base + 4) * 10 + 1, "merchant_id": shop.merchant_id,
                       "dish_id": shop.dish_id, "quantity": 1, "order_type": "INSTANT"});
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let refused = eventually_ok(Duration::from_secs(60), || async {
         let (status, reply) = post(&server, "/v1/reservations", &late.to_string()).await;
         if status == 409 {
             assert_eq!(reply["error"], "order_failed", "{reply}");
-            break;
+            Ok(())
+        } else {
+            // 201 RESERVED is not acceptable once the fence is written; before it, the Try
+            // could still go through and would be cancelled below, so only a 409 ends the
+            // wait.
+            Err(reply)
         }
-        // 201 RESERVED is not acceptable once the fence is written; before it, the Try
-        // could still go through and would be cancelled below, so only a 409 ends the wait.
-        assert!(
-            Instant::now() < deadline,
-            "the fence never refused the late Try: {reply}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    })
+    .await;
+    if let Err(reply) = refused {
+        panic!("the fence never refused the late Try: {reply}");
     }
     // Quiescent: every reservation settled, the outbox sent, the projection caught up.
     let unsent = common::flow::unsent_outbox_sql();

@@ -12,10 +12,11 @@ use common::server::Server;
 use rdkafka::producer::FutureRecord;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::json::json_to_avro;
+use stocksvr_test_support::eventually_ok;
 
 const ORDERS: u64 = 60;
 
@@ -78,16 +79,18 @@ async fn wait_for_count(
     within: Duration,
     what: &str,
 ) {
-    let deadline = Instant::now() + within;
-    let mut n = 0;
-    while Instant::now() < deadline {
-        n = count_status(pool, status).await;
+    let counted = eventually_ok(within, || async {
+        let n = count_status(pool, status).await;
         if n >= want {
-            return;
+            Ok(())
+        } else {
+            Err(n)
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    })
+    .await;
+    if let Err(n) = counted {
+        panic!("{what}: {n} of {want} within {within:?}");
     }
-    panic!("{what}: {n} of {want} within {within:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,9 +213,7 @@ async fn processors_survive_kill_9_and_rebalance_without_double_effects() {
     // The relay published every row and the projector converged on Redis with one ledger
     // row per operation: the bucket's lazy init (first Try), 60 Trys, 60 Confirms, 60 Refunds.
     let operations = 3 * ORDERS as i64 + 1;
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let mut state = (0i64, 0i64, Value::Null);
-    while Instant::now() < deadline {
+    let state = eventually_ok(Duration::from_secs(90), || async {
         let unsent = common::flow::unsent_outbox(&pool).await;
         // The Trys' own bucket: near midnight the daily job also prepares tomorrow's
         // bucket of the dish, and that initialisation is booked too.
@@ -231,12 +232,16 @@ async fn processors_survive_kill_9_and_rebalance_without_double_effects() {
         .await
         .1["snapshot"]
             .clone();
-        state = (unsent, ledger, snapshot);
+        let state = (unsent, ledger, snapshot);
         if state.0 == 0 && state.1 == operations && state.2["available"] == 1000 {
-            break;
+            Ok(state)
+        } else {
+            Err(state)
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    })
+    .await
+    // Not converged: the assertions below say in what.
+    .unwrap_or_else(|last| last);
     assert_eq!(state.0, 0, "unsent outbox rows remain");
     assert_eq!(state.1, operations, "one ledger row per Redis operation");
     assert_eq!(

@@ -11,7 +11,7 @@ use rdkafka::producer::FutureRecord;
 use rdkafka::{Offset, TopicPartitionList};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stocksvr_pipeline::kafka;
 use stocksvr_pipeline::offsets::{self, OffsetsError, PartitionOffsets, ResetPlan, ResetTarget};
 
@@ -311,20 +311,21 @@ impl Drop for Member {
 }
 
 async fn wait_for_members(group: &str, count: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let members = offsets::active_members(&settings().kafka, group)
-            .await
-            .expect("describe group");
-        if members.len() == count {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "group {group} has {members:?}, expected {count} member(s)"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    stocksvr_test_support::wait_for(
+        &format!("{count} member(s) in group {group}"),
+        Duration::from_secs(30),
+        || async {
+            let members = offsets::active_members(&settings().kafka, group)
+                .await
+                .expect("describe group");
+            if members.len() == count {
+                Ok(())
+            } else {
+                Err(format!("{members:?}"))
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test]

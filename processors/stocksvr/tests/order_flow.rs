@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use stocksvr_core::events::topics::ORDER_LIFECYCLE;
+use stocksvr_test_support::{eventually, eventually_ok, eventually_some};
 
 fn python() -> String {
     let out = Command::new("bash")
@@ -138,20 +139,22 @@ async fn wait_for_status(server: &Server, id: u64, status: &str) -> Value {
 
 /// [`wait_for_status`] with a bound of the caller's: a test of how soon something applies.
 async fn wait_for_status_within(server: &Server, id: u64, status: &str, within: Duration) -> Value {
-    let deadline = Instant::now() + within;
-    let mut last = Value::Null;
-    while Instant::now() < deadline {
-        let (code, body) = get(server, &format!("/v1/reservations/{id}")).await;
+    let path = format!("/v1/reservations/{id}");
+    let reached = eventually_ok(within, || async {
+        let (code, body) = get(server, &path).await;
         if code == 200 && body["status"] == status {
-            return body;
+            Ok(body)
+        } else {
+            Err(body)
         }
-        last = body;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!(
-        "reservation {id} never reached {status}: last {last}; log:\n{}",
-        server.log()
-    );
+    })
+    .await;
+    reached.unwrap_or_else(|last| {
+        panic!(
+            "reservation {id} never reached {status}: last {last}; log:\n{}",
+            server.log()
+        )
+    })
 }
 
 async fn redis_numbers(server: &Server, shop: &Shop) -> (i64, i64, i64) {
@@ -265,16 +268,21 @@ async fn order_events_from_a_python_producer_drive_reservations() {
     wait_for_status(&server, r5, "CONFIRMED").await;
 
     let held = wait_for_status(&server, r4, "CREATED_RESERVED").await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut refunded = held["refunded_quantity"].as_u64();
-    while refunded != Some(1) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        refunded =
-            get(&server, &format!("/v1/reservations/{r4}")).await.1["refunded_quantity"].as_u64();
-    }
+    let refunded = if held["refunded_quantity"] == 1 {
+        Ok(())
+    } else {
+        eventually_ok(Duration::from_secs(30), || async {
+            let now = get(&server, &format!("/v1/reservations/{r4}")).await.1;
+            match now["refunded_quantity"].as_u64() {
+                Some(1) => Ok(()),
+                other => Err(other),
+            }
+        })
+        .await
+    };
     assert_eq!(
         refunded,
-        Some(1),
+        Ok(()),
         "the repeated RefundRequested refunded once"
     );
 
@@ -310,21 +318,19 @@ async fn order_events_from_a_python_producer_drive_reservations() {
     // The relay publishes every outbox row, the projector folds the stock-change events into
     // the snapshot: it converges on Redis, with one ledger row per Redis operation. (The topic
     // is shared with other tests, whose events this projector books too: count this shop's.)
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut stock = Value::Null;
-    while Instant::now() < deadline {
-        stock = get(
-            &server,
-            &format!("/v1/stock/{}/{}", shop.merchant_id, shop.dish_id),
-        )
-        .await
-        .1;
+    let stock_path = format!("/v1/stock/{}/{}", shop.merchant_id, shop.dish_id);
+    let stock = eventually_ok(Duration::from_secs(60), || async {
+        let stock = get(&server, &stock_path).await.1;
         if !stock["snapshot"].is_null() && stock["snapshot"]["version"] == stock["redis"]["version"]
         {
-            break;
+            Ok(stock)
+        } else {
+            Err(stock)
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await
+    // Not converged: the field comparison below fails with what was seen.
+    .unwrap_or_else(|last| last);
     for field in ["total", "available", "reserved", "sold", "version"] {
         assert_eq!(
             stock["snapshot"][field], stock["redis"][field],
@@ -522,8 +528,7 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
         json!({"order_id": order_id, "merchant_id": shop.merchant_id,
         "order_type": "INSTANT", "processing_time": null, "inventory_reservation_ids": [reservation_id]}),
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let parked: u64 = loop {
+    let parked: u64 = eventually_some(Duration::from_secs(60), || async {
         let row: Option<(u64,)> = sqlx::query_as(
             "SELECT id FROM inventory_dead_letter WHERE original_topic = ? AND error_message LIKE ?",
         )
@@ -532,12 +537,10 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
         .fetch_optional(&pool)
         .await
         .expect("query");
-        if let Some((id,)) = row {
-            break id;
-        }
-        assert!(Instant::now() < deadline, "never parked");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+        row.map(|(id,)| id)
+    })
+    .await
+    .expect("never parked");
 
     // The reservation appears (a PREPARING row whose Try is then repeated through the API).
     insert_preparing(&pool, &shop, order_id, reservation_id, 3).await;
@@ -569,26 +572,19 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
 
     // A forced second replay is delivered and processed, and changes nothing.
     assert_eq!(replay(true).await.expect("replay").status().as_u16(), 200);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let processed = eventually(Duration::from_secs(60), || async {
         let metrics = reqwest::get(format!("{}/metrics", server.base))
             .await
             .expect("metrics")
             .text()
             .await
             .expect("text");
-        if metrics
+        metrics
             .lines()
             .any(|l| l.starts_with("stocksvr_events_applied_total{processor=\"order-lifecycle\",outcome=\"duplicate\"}"))
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the forced replay was never processed"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await;
+    assert!(processed, "the forced replay was never processed");
     let (_, stock) = get(
         &server,
         &format!("/v1/stock/{}/{}", shop.merchant_id, shop.dish_id),
@@ -644,6 +640,9 @@ async fn a_parked_event_applies_soon_after_another_process_settles_what_it_waite
     .await
     .expect("to CONFIRMING");
     assert_eq!(moved.rows_affected(), 1);
+    // A fixed wait on the re-driver's clock: its idle rounds, which back off from 0.5 s
+    // (a cadence of the server's own, not a setting), must be 16 s apart by the time the
+    // event is parked.
     let idle = Duration::from_secs(17);
     if let Some(left) = idle.checked_sub(started.elapsed()) {
         tokio::time::sleep(left).await;
@@ -654,8 +653,7 @@ async fn a_parked_event_applies_soon_after_another_process_settles_what_it_waite
         json!({"order_id": order_id, "merchant_id": m, "inventory_reservation_ids": [r],
                "reason": "user canceled"}),
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let parked = eventually(Duration::from_secs(60), || async {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM inventory_deferred_event WHERE order_id = ? AND status = 10",
         )
@@ -663,16 +661,10 @@ async fn a_parked_event_applies_soon_after_another_process_settles_what_it_waite
         .fetch_one(&pool)
         .await
         .expect("parked events");
-        if waiting == 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never parked; log:\n{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        waiting == 1
+    })
+    .await;
+    assert!(parked, "never parked; log:\n{}", server.log());
     let parked_at = started.elapsed();
     assert!(
         parked_at < Duration::from_secs(22),

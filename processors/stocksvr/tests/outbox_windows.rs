@@ -14,7 +14,7 @@ use common::api::shop;
 use futures::future::{BoxFuture, FutureExt};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_core::events::topics;
 use stocksvr_core::reservation::{
@@ -31,6 +31,7 @@ use stocksvr_reservation::{
     IntentOutcome, ReservationService, ServiceConfig, TryReply, TryRequest,
 };
 use stocksvr_store::lua::LuaExecutor;
+use stocksvr_test_support::eventually;
 use tokio::sync::watch;
 
 /// Partitions of the test namespace's topics (see `common::TestEnv`).
@@ -291,16 +292,16 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
         let (codec, tally) = (codec.clone(), tally.clone());
         tokio::spawn(async move { consumer::run(&kafka, codec, loop_config, tally, stopped).await })
     };
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while (tally.answers().len() as i64) < 2 * stock_rows {
+    let projected = eventually(Duration::from_secs(90), || async {
         assert!(!running.is_finished(), "the projector loop stopped early");
-        assert!(
-            Instant::now() < deadline,
-            "not every copy projected in time: {:?}",
-            tally.answers()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        tally.answers().len() as i64 >= 2 * stock_rows
+    })
+    .await;
+    assert!(
+        projected,
+        "not every copy projected in time: {:?}",
+        tally.answers()
+    );
     stop.send(true).expect("stop");
     tokio::time::timeout(Duration::from_secs(30), running)
         .await

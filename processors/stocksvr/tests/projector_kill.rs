@@ -9,10 +9,11 @@ use common::server::Server;
 use rdkafka::producer::FutureRecord;
 use serde_json::json;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
 use stocksvr_pipeline::json::json_to_avro;
+use stocksvr_test_support::eventually;
 
 // Four batches and more: the kill lands after a batch commit, not after the whole stream.
 const EVENTS: i64 = 2_000;
@@ -89,15 +90,11 @@ async fn projector_killed_mid_stream_books_every_event_once() {
 
     // Kill it once it has booked some but not all of them.
     let first = projector(&shop.env);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let n = booked(&pool, &bucket).await;
-        if n > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the projector booked nothing");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let booking = eventually(Duration::from_secs(90), || async {
+        booked(&pool, &bucket).await > 0
+    })
+    .await;
+    assert!(booking, "the projector booked nothing");
     first.kill9();
     let at_kill = booked(&pool, &bucket).await;
     eprintln!("killed with {at_kill} of {EVENTS} events booked");

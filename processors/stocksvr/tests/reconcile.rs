@@ -29,7 +29,7 @@ use common::TestEnv;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use stocksvr_core::bucket::BucketKey;
-use stocksvr_test_support::PrivateStack;
+use stocksvr_test_support::{eventually, eventually_ok, eventually_some, wait_for, PrivateStack};
 
 fn bucket_of(shop: &Shop) -> BucketKey {
     BucketKey::new(
@@ -111,20 +111,19 @@ async fn ledger_and_snapshot(
 /// Waits until the ledger's sums and the snapshot both equal Redis.
 async fn books_agree(server: &Server, shop: &Shop, pool: &sqlx::MySqlPool) -> (i64, i64, i64, i64) {
     let bucket = bucket_of(shop).stock_bucket_id();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
+    let agreed = eventually_ok(Duration::from_secs(90), || async {
         let redis = stock(server, shop).await;
         let (ledger, snapshot) = ledger_and_snapshot(pool, &bucket).await;
         if ledger == redis && snapshot == redis {
-            return redis;
+            Ok(redis)
+        } else {
+            Err(format!(
+                "redis {redis:?} ledger {ledger:?} snapshot {snapshot:?}"
+            ))
         }
-        assert!(
-            Instant::now() < deadline,
-            "redis {redis:?} ledger {ledger:?} snapshot {snapshot:?}; log:\n{}",
-            tail(&server.log(), 40)
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    })
+    .await;
+    agreed.unwrap_or_else(|seen| panic!("{seen}; log:\n{}", tail(&server.log(), 40)))
 }
 
 /// The order service's OrderCreatedFailed for `order_id`, then the wait until its one
@@ -371,14 +370,11 @@ async fn service_in(
 
 /// One scheduled pass over the only shard, waiting out a pass of the server's that holds it.
 async fn pass(reconciler: &stocksvr_reconciler::Reconciler) -> stocksvr_reconciler::PassReport {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(report) = reconciler.pass_once().await.expect("pass") {
-            return report;
-        }
-        assert!(Instant::now() < deadline, "the shard was never free");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_some(Duration::from_secs(30), || async {
+        reconciler.pass_once().await.expect("pass")
+    })
+    .await
+    .expect("the shard was never free")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -466,6 +462,8 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
         (1, 0),
         "skipped before the full check: {r:?}"
     );
+    // A fixed wait on the full-check clock (the reconciler's own, from its last full check):
+    // before it runs out the bucket is skipped, which is what was just asserted.
     tokio::time::sleep(full_check.saturating_sub(full_at.elapsed())).await;
     let started = Instant::now();
     let r = pass(&reconciler).await;
@@ -524,6 +522,8 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
         async move { pass(&slow).await }
     });
     let claimed = shard_claimed(&pool).await;
+    // A fixed wait on the lease clock (`lease_expire_at` against the reconciler's wall
+    // clock): half a second past the first lease's end.
     tokio::time::sleep(Duration::from_millis(1_500).saturating_sub(claimed.elapsed())).await;
     assert!(!running.is_finished(), "the paced pass ended within 1.5 s");
     let intruder = stocksvr_reconciler::queries::shards::claim_shard(
@@ -552,22 +552,17 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
 
 /// When a pass running in the background claimed the only shard (its lease taken).
 async fn shard_claimed(pool: &sqlx::MySqlPool) -> Instant {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let claimed = eventually(Duration::from_secs(30), || async {
         let owner: Option<String> =
             sqlx::query_scalar("SELECT lease_owner FROM inventory_reconcile_shard WHERE shard = 0")
                 .fetch_one(pool)
                 .await
                 .expect("shard row");
-        if owner.is_some() {
-            return Instant::now();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the pass never claimed the shard"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        owner.is_some()
+    })
+    .await;
+    assert!(claimed, "the pass never claimed the shard");
+    Instant::now()
 }
 
 /// A server whose own passes run once at its start and then not for an hour (one shard):
@@ -776,7 +771,11 @@ async fn a_reservation_cancelled_during_a_full_check_is_read_again_not_reported(
         async move { pass(&reconciler).await }
     });
     shard_claimed(&pool).await;
-    // The rows are read within moments of the claim; the first slice's rest lasts 10 s.
+    // The rows are read within moments of the claim; the first slice's rest lasts 10 s (the
+    // pass's pacing clock). The cancel is placed 1 s into that window, which nothing outside
+    // the pass can observe; both ends are asserted: a cancel before the rows were read
+    // leaves nothing to read again (`suspects_read_again` 0), one after the pass finds it
+    // finished.
     tokio::time::sleep(Duration::from_secs(1)).await;
     cancel_order(&server, &shop, &pool, last.0, last.1).await;
     assert!(
@@ -850,18 +849,15 @@ async fn a_suspected_difference_is_looked_at_again_after_settle_not_an_interval_
     if suspected_at.elapsed() < settle {
         assert_eq!(early, None, "due again before settle");
     }
+    // A fixed wait on the settle clock (the shard row's `recheck_at`, against the
+    // reconciler's wall clock): no pass may find the shard due before it (asserted above when
+    // there was time), so it is waited out, and then the pass it lets through is polled for.
     tokio::time::sleep(settle.saturating_sub(suspected_at.elapsed())).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let second = loop {
-        if let Some(report) = reconciler.pass_once().await.expect("pass") {
-            break report;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the suspicion was not looked at again within 10 s of settle (interval 1 h)"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let second = eventually_some(Duration::from_secs(10), || async {
+        reconciler.pass_once().await.expect("pass")
+    })
+    .await
+    .expect("the suspicion was not looked at again within 10 s of settle (interval 1 h)");
     assert_eq!((second.suspected, second.confirmed), (0, 1), "{second:?}");
     let status: Vec<i8> = sqlx::query_scalar(
         "SELECT status FROM inventory_reconcile_difference WHERE stock_bucket_id = ?",
@@ -871,6 +867,9 @@ async fn a_suspected_difference_is_looked_at_again_after_settle_not_an_interval_
     .await
     .expect("differences");
     assert_eq!(status, [20], "one difference, confirmed");
+    // Something that must not happen: a recheck `settle` after this pass. The wait runs out
+    // the settle clock (the reconciler's wall clock against `recheck_at`) with half a second
+    // to spare; past it, a shard made due again would be claimed.
     tokio::time::sleep(settle + Duration::from_millis(500)).await;
     assert_eq!(
         reconciler.pass_once().await.expect("pass"),
@@ -927,11 +926,11 @@ async fn a_repair_racing_five_hundred_trys_loses_its_version_and_is_computed_aga
             reply
         });
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while answered.load(std::sync::atomic::Ordering::SeqCst) < 20 {
-        assert!(Instant::now() < deadline, "no Try answered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let some_answered = eventually(Duration::from_secs(60), || async {
+        answered.load(std::sync::atomic::Ordering::SeqCst) >= 20
+    })
+    .await;
+    assert!(some_answered, "no Try answered");
     let view = service.ops().repair(&plan).await.expect("repair runs");
     assert_eq!(
         view.result.as_ref().and_then(|r| r["effect"].as_str()),
@@ -1133,21 +1132,19 @@ async fn redis_restarted_empty_fails_closed_and_the_rebuild_brings_every_order_b
     // Fail closed: 503 bucket_lost with Retry-After, and no row left behind (the first Try
     // finds out after its insert, fences its id and removes its row; the others are refused
     // before any write).
-    let deadline = Instant::now() + Duration::from_secs(60);
     for item in 1..=3u64 {
-        loop {
+        wait_for("503 bucket_lost", Duration::from_secs(60), || async {
             let (status, reply) =
                 try_item(&server, &shop, base + 50, (base + 50) * 10 + item, 1).await;
-            if status == 503 && reply["error"] == "bucket_lost" {
-                break;
+            // Any other 503: the Redis connection may still be re-establishing.
+            assert_eq!(status, 503, "{reply}");
+            if reply["error"] == "bucket_lost" {
+                Ok(())
+            } else {
+                Err(reply)
             }
-            // The Redis connection may still be re-establishing.
-            assert!(
-                status == 503 && Instant::now() < deadline,
-                "{status} {reply}"
-            );
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        })
+        .await;
     }
     assert_eq!(
         count(&pool, "SELECT COUNT(*) FROM inventory_reservation").await,

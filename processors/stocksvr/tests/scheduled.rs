@@ -15,11 +15,11 @@ use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 use common::api::{get, post, shop, wait_for_api, Shop};
 use common::server::Server;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
 use stocksvr_schedule::TimeWheel;
 use stocksvr_store::baselines::Baseline;
-use stocksvr_test_support::zone;
+use stocksvr_test_support::{eventually, eventually_ok, eventually_some, zone};
 
 struct Scheduled {
     shop: Shop,
@@ -218,26 +218,27 @@ async fn confirm_due(env: &common::TestEnv, reservation: &Value) {
 
 /// Polls the reservation until it reaches `status`, at most `within`.
 async fn wait_for_status(server: &Server, id: u64, status: &str, within: Duration) -> Value {
-    let deadline = Instant::now() + within;
-    let mut last = Value::Null;
-    while Instant::now() < deadline {
-        let (code, body) = get(server, &format!("/v1/reservations/{id}")).await;
+    let path = format!("/v1/reservations/{id}");
+    let reached = eventually_ok(within, || async {
+        let (code, body) = get(server, &path).await;
         if code == 200 && body["status"] == status {
-            return body;
+            Ok(body)
+        } else {
+            Err(body)
         }
-        last = body;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!(
-        "reservation {id} never reached {status} within {within:?}: last {last}; log:\n{}",
-        server.log()
-    );
+    })
+    .await;
+    reached.unwrap_or_else(|last| {
+        panic!(
+            "reservation {id} never reached {status} within {within:?}: last {last}; log:\n{}",
+            server.log()
+        )
+    })
 }
 
 /// Polls `/metrics` until the counter line `prefix` shows at least `want`.
 async fn wait_for_metric(server: &Server, prefix: &str, want: f64, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
+    let reached = eventually_ok(within, || async {
         let text = reqwest::get(format!("{}/metrics", server.base))
             .await
             .expect("metrics")
@@ -251,14 +252,17 @@ async fn wait_for_metric(server: &Server, prefix: &str, want: f64, within: Durat
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(0.0);
         if value >= want {
-            return;
+            Ok(())
+        } else {
+            Err(value)
         }
-        assert!(
-            Instant::now() < deadline,
+    })
+    .await;
+    if let Err(value) = reached {
+        panic!(
             "{prefix} stayed at {value} (want {want}); log:\n{}",
             server.log()
         );
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -295,14 +299,10 @@ async fn the_wheel_confirms_once_at_the_due_time_and_a_cancel_before_it_refunds_
     wait_for_status(&server, r2, "CREATED_RESERVED", Duration::from_secs(60)).await;
     // order-lifecycle put both on the wheel, due at their processing_time.
     for (id, due) in [(r1, due1), (r2, due2)] {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut score = None;
-        while score.is_none() && Instant::now() < deadline {
-            score = t.wheel.score(id).await.expect("score");
-            if score.is_none() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        let score = eventually_some(Duration::from_secs(10), || async {
+            t.wheel.score(id).await.expect("score")
+        })
+        .await;
         // Claimed already (due passed on a slow run) shows a later lease score instead.
         assert!(
             score.is_some_and(|s| s >= due.timestamp_millis()),
@@ -379,11 +379,11 @@ async fn the_wheel_confirms_once_at_the_due_time_and_a_cancel_before_it_refunds_
     .await;
 
     // r2's timer falls due after its refund: dropped without a trigger.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while t.wheel.score(r2).await.expect("score").is_some() {
-        assert!(Instant::now() < deadline, "r2's entry never left the wheel");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let left = eventually(Duration::from_secs(60), || async {
+        t.wheel.score(r2).await.expect("score").is_none()
+    })
+    .await;
+    assert!(left, "r2's entry never left the wheel");
     assert!(t.outbox(r2, "InventoryConfirmDue").await.is_empty());
     let (_, r2_now) = get(&server, &format!("/v1/reservations/{r2}")).await;
     assert_eq!(r2_now["status"], "REFUNDED");
@@ -440,22 +440,20 @@ async fn a_timer_lost_while_the_process_was_down_is_confirmed_by_the_scan_once()
         offset,
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while t.wheel.score(id).await.expect("score").is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "never armed (due {due}); log:\n{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let armed = eventually(Duration::from_secs(10), || async {
+        t.wheel.score(id).await.expect("score").is_some()
+    })
+    .await;
+    assert!(armed, "never armed (due {due}); log:\n{}", server.log());
 
     // The process dies before the due time and its timer is lost with it.
     let log = server.kill9();
     assert!(Utc::now() < due, "killed before the due time; log:\n{log}");
     assert!(t.wheel.remove(id).await.expect("remove"), "timer removed");
     // Stay down until the due time has passed, so the restart's load-ahead (which only
-    // re-arms future entries) cannot rebuild it: only the scan can confirm it now.
+    // re-arms future entries) cannot rebuild it: only the scan can confirm it now. A fixed
+    // wait on the wall clock the due time is set on (the restarted server compares
+    // processing_time with it).
     let wait = (due - Utc::now()).to_std().unwrap_or_default() + Duration::from_millis(500);
     tokio::time::sleep(wait).await;
 

@@ -8,6 +8,7 @@ use rdkafka::producer::FutureRecord;
 use std::time::Duration;
 use stocksvr_pipeline::deadletter::headers;
 use stocksvr_pipeline::kafka;
+use stocksvr_test_support::eventually_some;
 
 #[tokio::test]
 async fn all_serves_health_and_dead_letters_garbage() {
@@ -129,8 +130,7 @@ async fn all_serves_health_and_dead_letters_garbage() {
 
     // The dead-letter processor parks it in MySQL; operators see it through the admin API.
     let pool = stocksvr_store::mysql_pool(&shop.db_url, 1, Duration::from_secs(5)).expect("pool");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let id: u64 = loop {
+    let id: u64 = eventually_some(Duration::from_secs(60), || async {
         let row: Option<(u64,)> = sqlx::query_as(
             "SELECT id FROM inventory_dead_letter WHERE original_topic = ? AND original_partition = ? AND original_offset = ?",
         )
@@ -140,15 +140,10 @@ async fn all_serves_health_and_dead_letters_garbage() {
         .fetch_optional(&pool)
         .await
         .expect("query");
-        if let Some((id,)) = row {
-            break id;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the dead letter was never parked"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+        row.map(|(id,)| id)
+    })
+    .await
+    .expect("the dead letter was never parked");
     let parked: serde_json::Value = client
         .get(format!("{}/admin/dlq/{id}", server.base))
         .bearer_auth(token)

@@ -9,9 +9,9 @@ use common::server::Server;
 
 use common::api::{post, shop, wait_for_api};
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
-use stocksvr_test_support::zone;
+use stocksvr_test_support::{eventually_ok, zone};
 
 const TOKEN: &str = "ops-secret";
 
@@ -73,21 +73,23 @@ async fn operators_init_adjust_close_and_inspect_a_bucket() {
     assert_eq!(adj["result"]["after"]["available"], 0);
 
     // The projector books it: snapshot with the deficit next to Redis, and ledger rows.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let shown = loop {
+    let shown = eventually_ok(Duration::from_secs(60), || async {
         let (status, shown) =
             admin(&server, "GET", &format!("/admin/buckets/{bucket}"), None).await;
         assert_eq!(status, 200, "{shown}");
         if shown["snapshot"]["deficit"] == 2 {
-            break shown;
+            Ok(shown)
+        } else {
+            Err(shown)
         }
-        assert!(
-            Instant::now() < deadline,
+    })
+    .await
+    .unwrap_or_else(|shown| {
+        panic!(
             "snapshot never showed the deficit: {shown}\n{}",
             server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+        )
+    });
     assert_eq!(shown["redis"]["total"], 2);
     assert_eq!(shown["redis"]["reserved"], 4);
     assert_eq!(shown["redis"]["deficit"], 2);

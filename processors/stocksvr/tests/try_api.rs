@@ -8,7 +8,7 @@ use common::api::{get, post, shop, wait_for_api};
 use serde_json::{json, Value};
 use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
-use stocksvr_test_support::zone;
+use stocksvr_test_support::{eventually_some, zone};
 
 #[tokio::test]
 async fn try_api_reserves_repeats_and_reads() {
@@ -186,28 +186,23 @@ async fn an_unreachable_store_fails_closed_with_503() {
     let shop = shop(1).await;
     let server = shop.server(&[("STOCKSVR__REDIS__URL", "redis://127.0.0.1:1/")]);
     let body = json!({"order_id": 1, "order_item_id": 1, "merchant_id": 1, "dish_id": 1, "quantity": 1, "order_type": "INSTANT"}).to_string();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let reply = loop {
-        if let Ok(resp) = reqwest::Client::new()
+    let reply = eventually_some(Duration::from_secs(30), || async {
+        // Connection refused until the listener is bound.
+        let resp = reqwest::Client::new()
             .post(format!("{}/v1/reservations", server.base))
             .body(body.clone())
             .send()
             .await
-        {
-            let retry_after = resp.headers().get("retry-after").is_some();
-            break (
-                resp.status().as_u16(),
-                retry_after,
-                resp.json::<Value>().await.unwrap_or(Value::Null),
-            );
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "server never answered; log:\n{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+            .ok()?;
+        let retry_after = resp.headers().get("retry-after").is_some();
+        Some((
+            resp.status().as_u16(),
+            retry_after,
+            resp.json::<Value>().await.unwrap_or(Value::Null),
+        ))
+    })
+    .await
+    .unwrap_or_else(|| panic!("server never answered; log:\n{}", server.log()));
     assert_eq!((reply.0, reply.1), (503, true), "{:?}", reply.2);
     assert!(
         reply.2["message"]

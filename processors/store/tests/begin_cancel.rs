@@ -31,6 +31,7 @@ async fn delaying_proxy(upstream: String) -> u16 {
                     if n == 0 {
                         break;
                     }
+                    // Not a wait: the delay this proxy exists to add.
                     tokio::time::sleep(DELAY).await;
                     if client_write.write_all(&buf[..n]).await.is_err() {
                         break;

@@ -9,7 +9,7 @@ use futures::FutureExt;
 use rdkafka::message::{OwnedMessage, Timestamp};
 use sqlx::MySqlPool;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stocksvr_dead_letter::Parker;
 use stocksvr_pipeline::catalog::Catalog;
 use stocksvr_pipeline::codec::AvroCodec;
@@ -159,16 +159,16 @@ pub async fn run_processor(pool: &MySqlPool, source: &str, expected: usize) -> V
     let run = tokio::spawn(async move {
         consumer::run(&kafka_settings, codec, config, handler, stop_rx).await
     });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while seen.lock().expect("not poisoned").len() < expected {
-        assert!(
-            Instant::now() < deadline,
-            "the processor handled {} of {expected} dead letters within 60 s",
-            seen.lock().expect("not poisoned").len()
-        );
+    let handled = stocksvr_test_support::eventually(Duration::from_secs(60), || async {
         assert!(!run.is_finished(), "the processor stopped early");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        seen.lock().expect("not poisoned").len() >= expected
+    })
+    .await;
+    assert!(
+        handled,
+        "the processor handled {} of {expected} dead letters within 60 s",
+        seen.lock().expect("not poisoned").len()
+    );
     stop_tx.send(true).expect("processor listening");
     run.await
         .expect("processor task")

@@ -93,24 +93,26 @@ pub async fn wait_for_api(server: &Server) {
 
 /// [`wait_for_api`] for a service with caller authentication, as the client of `token`.
 pub async fn wait_for_api_as(server: &Server, token: Option<&str>) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let client = reqwest::Client::new();
-    while std::time::Instant::now() < deadline {
-        let mut req = client.get(format!("{}/v1/reservations/1", server.base));
+    let url = format!("{}/v1/reservations/1", server.base);
+    let up = stocksvr_test_support::eventually(Duration::from_secs(60), || async {
+        let mut req = client.get(&url);
         if let Some(token) = token {
             req = req.bearer_auth(token);
         }
         // Connection refused until the listener is bound; 503 until the service is installed.
-        if let Ok(resp) = req.send().await {
-            if resp.status().as_u16() == 404 {
-                let body: Value = resp.json().await.unwrap_or(Value::Null);
-                assert_eq!(body["error"], "reservation_not_found");
-                return;
-            }
+        let Ok(resp) = req.send().await else {
+            return false;
+        };
+        if resp.status().as_u16() != 404 {
+            return false;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("the Try API never came up; log:\n{}", server.log());
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        assert_eq!(body["error"], "reservation_not_found");
+        true
+    })
+    .await;
+    assert!(up, "the Try API never came up; log:\n{}", server.log());
 }
 
 /// An admin request with the bearer token.

@@ -4,7 +4,9 @@
 use super::api::{post, Shop};
 use super::server::Server;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use stocksvr_test_support::eventually_ok;
 
 /// A Try of one unit kind of `order_id` (item `order_id * 10 + 1`) that must reserve.
 pub async fn try_one(server: &Server, shop: &Shop, order_id: u64, quantity: u32) -> u64 {
@@ -39,22 +41,25 @@ pub async fn try_item_retried(
     order_item_id: u64,
     quantity: u32,
 ) -> (u16, Value) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut retried = false;
-    loop {
+    // Atomic only so the wait stays `Send` (tests spawn these Trys).
+    let retried = AtomicBool::new(false);
+    let answer = eventually_ok(Duration::from_secs(60), || async {
         let (status, reply) = try_item(server, shop, order_id, order_item_id, quantity).await;
-        if status == 200 && retried && reply["created"] == false {
+        if status == 200 && retried.load(Ordering::Relaxed) && reply["created"] == false {
             // The attempt that answered 503 did reserve (its outcome was decided after the
             // deadline): the repeat finds that reservation, which is the 201 the client did
             // not hear.
-            return (201, reply);
+            return Ok((201, reply));
         }
-        if status != 503 || Instant::now() >= deadline {
-            return (status, reply);
+        if status == 503 {
+            retried.store(true, Ordering::Relaxed);
+            return Err((status, reply));
         }
-        retried = true;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        Ok((status, reply))
+    })
+    .await;
+    // Still 503 after a minute: the caller sees that answer.
+    answer.unwrap_or_else(|last| last)
 }
 
 /// The reservation id of a Try reply (ids travel as strings).
@@ -124,18 +129,20 @@ pub async fn wait_count(
     want: i64,
     within: Duration,
 ) {
-    let deadline = Instant::now() + within;
-    loop {
+    let counted = eventually_ok(within, || async {
         let n = count(pool, sql).await;
         if n == want {
-            return;
+            Ok(())
+        } else {
+            Err(n)
         }
-        assert!(
-            Instant::now() < deadline,
+    })
+    .await;
+    if let Err(n) = counted {
+        panic!(
             "{sql}: {n}, want {want} within {within:?}; log tail:\n{}",
             tail(&server.log(), 60)
         );
-        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 

@@ -10,7 +10,7 @@ pub mod server;
 
 use rdkafka::message::OwnedMessage;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use stocksvr_pipeline::config::InfraSettings;
 #[allow(unused_imports)]
 pub use stocksvr_test_support::{repo_root, unique, TestDb, TestNamespace, TestTopic};
@@ -168,21 +168,11 @@ pub fn find_record(
     timeout: Duration,
     matches: impl Fn(&OwnedMessage) -> bool,
 ) -> Option<OwnedMessage> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        let found = stocksvr_test_support::records_of(
-            topic,
-            Duration::from_millis(500),
-            Duration::from_secs(5),
-        )
-        .into_iter()
-        .find(|m| matches(m));
-        if found.is_some() {
-            return found;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    None
+    stocksvr_test_support::eventually_some_blocking(timeout, || {
+        stocksvr_test_support::records_of(topic, Duration::from_millis(500), Duration::from_secs(5))
+            .into_iter()
+            .find(|m| matches(m))
+    })
 }
 
 impl TestEnv {
@@ -267,51 +257,53 @@ pub async fn wait_for_commit(group: &str, topic: &str, partition: i32, offset: i
             .expect("consumer");
     let mut tpl = rdkafka::TopicPartitionList::new();
     tpl.add_partition(topic, partition);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let committed = consumer
-            .committed_offsets(tpl.clone(), Duration::from_secs(5))
-            .ok()
-            .and_then(|c| {
-                c.find_partition(topic, partition)
-                    .and_then(|p| p.offset().to_raw())
-            });
-        if committed.is_some_and(|c| c > offset) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{group} never committed past {topic}/{partition}@{offset}: {committed:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    stocksvr_test_support::wait_for(
+        &format!("{group} to commit past {topic}/{partition}@{offset}"),
+        Duration::from_secs(90),
+        || async {
+            let committed = consumer
+                .committed_offsets(tpl.clone(), Duration::from_secs(5))
+                .ok()
+                .and_then(|c| {
+                    c.find_partition(topic, partition)
+                        .and_then(|p| p.offset().to_raw())
+                });
+            match committed {
+                Some(c) if c > offset => Ok(()),
+                other => Err(format!("committed {other:?}")),
+            }
+        },
+    )
+    .await;
 }
 
 /// Polls until `group` has committed the high watermark of every partition of `topic`:
 /// everything stored was read and handled.
 pub async fn wait_until_caught_up(group: &str, topic: &str, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let partitions = stocksvr_pipeline::offsets::show(&settings().kafka, group, Some(topic))
-            .await
-            .expect("offsets");
-        let behind: Vec<_> = partitions
-            .iter()
-            .filter(|p| p.committed != Some(p.high) && p.high > p.low)
-            .map(|p| {
-                format!(
-                    "{}: committed {:?} high {}",
-                    p.partition, p.committed, p.high
-                )
-            })
-            .collect();
-        if behind.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{group} never caught up with {topic}: {behind:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    stocksvr_test_support::wait_for(
+        &format!("{group} to catch up with {topic}"),
+        within,
+        || async {
+            let partitions =
+                stocksvr_pipeline::offsets::show(&settings().kafka, group, Some(topic))
+                    .await
+                    .expect("offsets");
+            let behind: Vec<_> = partitions
+                .iter()
+                .filter(|p| p.committed != Some(p.high) && p.high > p.low)
+                .map(|p| {
+                    format!(
+                        "{}: committed {:?} high {}",
+                        p.partition, p.committed, p.high
+                    )
+                })
+                .collect();
+            if behind.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("behind {behind:?}"))
+            }
+        },
+    )
+    .await;
 }

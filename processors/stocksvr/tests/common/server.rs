@@ -4,8 +4,8 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
-use stocksvr_test_support::ChildGuard;
+use std::time::Duration;
+use stocksvr_test_support::{eventually_ok, eventually_some_blocking, ChildGuard};
 
 pub struct Server {
     child: ChildGuard,
@@ -59,35 +59,34 @@ impl Server {
 
     /// Polls until `cond` holds on the log, failing with the log after `timeout`.
     pub fn wait_for_log(&self, what: &str, timeout: Duration, cond: impl Fn(&str) -> bool) {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if cond(&self.log()) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        panic!("{what} not seen within {timeout:?}; log:\n{}", self.log());
+        let seen = eventually_some_blocking(timeout, || cond(&self.log()).then_some(()));
+        assert!(
+            seen.is_some(),
+            "{what} not seen within {timeout:?}; log:\n{}",
+            self.log()
+        );
     }
 
     /// Polls `/readyz` until it answers `status`.
     pub async fn wait_for_readyz(&self, status: u16, timeout: Duration) -> serde_json::Value {
-        let deadline = Instant::now() + timeout;
-        let mut last = None;
-        while Instant::now() < deadline {
-            if let Ok(resp) = reqwest::get(format!("{}/readyz", self.base)).await {
-                let code = resp.status().as_u16();
-                let body: serde_json::Value = resp.json().await.expect("readyz JSON");
-                if code == status {
-                    return body;
-                }
-                last = Some((code, body));
+        let url = format!("{}/readyz", self.base);
+        let answered = eventually_ok(timeout, || async {
+            let resp = reqwest::get(&url).await.map_err(|e| e.to_string())?;
+            let code = resp.status().as_u16();
+            let body: serde_json::Value = resp.json().await.expect("readyz JSON");
+            if code == status {
+                Ok(body)
+            } else {
+                Err(format!("{code} {body}"))
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        panic!(
-            "/readyz never answered {status}: last {last:?}; log:\n{}",
-            self.log()
-        );
+        })
+        .await;
+        answered.unwrap_or_else(|last| {
+            panic!(
+                "/readyz never answered {status}: last {last}; log:\n{}",
+                self.log()
+            )
+        })
     }
 
     /// Sends a signal ("-STOP", "-CONT", ...) to the process.
