@@ -21,9 +21,24 @@ pub fn settings() -> InfraSettings {
 
 /// The stocksvr binary, run from the repo root so `topics.yaml` resolves.
 pub fn stocksvr() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stocksvr"));
+    let mut cmd = Command::new(stocksvr_bin());
     cmd.current_dir(repo_root());
     cmd
+}
+
+/// Where the binary is: Cargo tells the integration tests; an example (`examples/`, which
+/// shares these helpers and gets no such variable) finds it beside its own directory
+/// (`target/<profile>/examples/..`), built by the same `cargo build --bin stocksvr --example`.
+fn stocksvr_bin() -> std::path::PathBuf {
+    if let Some(bin) = option_env!("CARGO_BIN_EXE_stocksvr") {
+        return bin.into();
+    }
+    let example = std::env::current_exe().expect("the example's own path");
+    let profile_dir = example
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("target/<profile>/examples/<example>");
+    profile_dir.join("stocksvr")
 }
 
 /// See [`stocksvr_test_support::output_within`].
