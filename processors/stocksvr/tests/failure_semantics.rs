@@ -22,15 +22,42 @@ use std::time::{Duration, Instant};
 use stocksvr_core::events::topics::ORDER_LIFECYCLE;
 use stocksvr_test_support::{eventually_ok, PrivateStack};
 
-/// How long a dependency stays stopped; `STOCKSVR_TEST_STALL_SECS` shortens it for a quick
-/// local run (the issue asks for 90 s: well past every retry bound the loop ever had).
+/// The consumer bounds of the test's server, low so that a stall past all of them is short.
+/// One attempt at a batch gives up after `ATTEMPT_TIMEOUT_MS` (against a stopped MariaDB it
+/// ends at the 5 s statement deadline, against a stopped Redis at its 2 s response timeout);
+/// between attempts the loop backs off from `RETRY_MIN_BACKOFF_MS`, doubling up to
+/// `RETRY_MAX_BACKOFF_MS`, and polls Kafka; a consumer that did not poll for
+/// `MAX_POLL_INTERVAL_MS` is dropped from its group. librdkafka refuses a
+/// `max.poll.interval.ms` below `session.timeout.ms`, so the session timeout goes down to the
+/// broker's minimum, 6 s, with a heartbeat every second.
+const ATTEMPT_TIMEOUT_MS: u64 = 5_000;
+const RETRY_MIN_BACKOFF_MS: u64 = 500;
+const RETRY_MAX_BACKOFF_MS: u64 = 2_000;
+const MAX_POLL_INTERVAL_MS: u64 = 15_000;
+const SESSION_TIMEOUT_MS: u64 = 6_000;
+
+/// How long a dependency stays stopped: past every bound above and past the retry limit the
+/// loop once had. The longest of them:
+/// - group membership: a loop that stopped polling at the outage's first attempt would be
+///   dropped `MAX_POLL_INTERVAL_MS` after its last poll, at most one attempt and one backoff
+///   after the outage began: 15 + 5 + 2 = 22 s;
+/// - the old loop dead-lettered a record after 5 attempts: 5 attempts of up to 5 s and the
+///   4 backoffs between them (0.5 + 1 + 2 + 2 s) take 30.5 s;
+/// - the session timeout, 6 s, and the backoff cap, 2 s, are far below both.
+///
+/// The loop meets the outage with the first event produced after the stop, within about a
+/// second; 3.5 s more for that: 34 s. `STOCKSVR_TEST_STALL_SECS` sets another length.
 fn stall() -> Duration {
-    Duration::from_secs(
-        std::env::var("STOCKSVR_TEST_STALL_SECS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(90),
-    )
+    let membership = MAX_POLL_INTERVAL_MS + ATTEMPT_TIMEOUT_MS + RETRY_MAX_BACKOFF_MS;
+    let backoffs: u64 = (0..4)
+        .map(|n| (RETRY_MIN_BACKOFF_MS << n).min(RETRY_MAX_BACKOFF_MS))
+        .sum();
+    let old_retry_limit = 5 * ATTEMPT_TIMEOUT_MS + backoffs;
+    let bound = membership.max(old_retry_limit) + 3_500;
+    std::env::var("STOCKSVR_TEST_STALL_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_millis(bound), Duration::from_secs)
 }
 
 /// Orders with one Try of 2 units each, then OrderCreated and a refund of 1 unit per order
@@ -45,9 +72,31 @@ async fn outage_while_events_stream(stopped: &str) {
     };
     env.overrides.push((var, private.var(var)));
     let shop = shop_in(env, 1_000).await;
+    let setting = |ms: u64| ms.to_string();
+    let (attempt, min_backoff, max_backoff, poll, session) = (
+        setting(ATTEMPT_TIMEOUT_MS),
+        setting(RETRY_MIN_BACKOFF_MS),
+        setting(RETRY_MAX_BACKOFF_MS),
+        setting(MAX_POLL_INTERVAL_MS),
+        setting(SESSION_TIMEOUT_MS),
+    );
     let server = shop.server(&[
-        // Quick retries so the resume is seen soon after the server is back.
-        ("STOCKSVR__CONSUMER__RETRY_MAX_BACKOFF_MS", "2000"),
+        ("STOCKSVR__CONSUMER__ATTEMPT_TIMEOUT_MS", attempt.as_str()),
+        (
+            "STOCKSVR__CONSUMER__RETRY_MIN_BACKOFF_MS",
+            min_backoff.as_str(),
+        ),
+        // Quick retries also make the resume seen soon after the server is back.
+        (
+            "STOCKSVR__CONSUMER__RETRY_MAX_BACKOFF_MS",
+            max_backoff.as_str(),
+        ),
+        ("STOCKSVR__CONSUMER__MAX_POLL_INTERVAL_MS", poll.as_str()),
+        (
+            "STOCKSVR__KAFKA__PROPERTIES__SESSION_TIMEOUT_MS",
+            session.as_str(),
+        ),
+        ("STOCKSVR__KAFKA__PROPERTIES__HEARTBEAT_INTERVAL_MS", "1000"),
         ("STOCKSVR__RESERVATION__WORKER_ID", "7"),
     ]);
     wait_for_api(&server).await;
@@ -71,7 +120,7 @@ async fn outage_while_events_stream(stopped: &str) {
     server.wait_for_log("the pause", stall(), |log| {
         log.contains("paused: a dependency is unavailable")
     });
-    // A fixed wait: the outage itself (see `stall`).
+    // A fixed wait: the outage itself, long enough to outlast the bounds of `stall`.
     tokio::time::sleep(stall().saturating_sub(stopped_at.elapsed())).await;
     private.signal(stopped, "-CONT");
 

@@ -57,9 +57,11 @@ async fn projector_killed_mid_stream_books_every_event_once() {
     let codec = AvroCodec::new(&settings.registry, catalog).expect("codec");
     let producer =
         stocksvr_pipeline::kafka::producer(&kafka, "it-projector-kill").expect("producer");
-    let mut last = (0, 0);
     // All events are on the topic before the projector starts, so it meets a backlog and
-    // the kill lands between batch commits.
+    // the kill lands between batch commits. Enqueued one after the other (which keeps their
+    // order on the partition) and acknowledged together: one acknowledgement at a time cost
+    // the producer's linger per event.
+    let mut acks = Vec::new();
     for version in 1..=EVENTS {
         let event = json!({"event_id": format!("{bucket}-evt-{version}"), "event_type": "InventoryRedisReserved",
             "schema_version": 1, "occurred_at": "2026-11-29T12:00:00.000+00:00", "producer": "stocksvr",
@@ -77,14 +79,16 @@ async fn projector_killed_mid_stream_books_every_event_once() {
             )
             .await
             .expect("encode");
-        let delivery = producer
-            .send(
-                FutureRecord::to(&entry.topic).key(&bucket).payload(&bytes),
-                Duration::from_secs(10),
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .expect("produced");
+        acks.push(
+            producer
+                .send_result(FutureRecord::to(&entry.topic).key(&bucket).payload(&bytes))
+                .map_err(|(e, _)| e)
+                .expect("enqueued"),
+        );
+    }
+    let mut last = (0, 0);
+    for ack in acks {
+        let delivery = ack.await.expect("reported").expect("produced");
         last = (delivery.partition, delivery.offset);
     }
 

@@ -388,7 +388,10 @@ async fn an_untouched_bucket_is_skipped_until_its_full_check_and_a_moved_one_is_
     try_one(&server, &shop, base + 1, 3).await;
     quiescent(&server, &shop, Duration::from_secs(90)).await;
 
-    let full_check = Duration::from_secs(20);
+    // The steps between the first full check and the drift below take a fraction of a second
+    // (0.2 s measured on the dev stack; asserted below to stay under it): 5 s leave room for
+    // a loaded machine, and the test waits the rest out on the full-check clock.
+    let full_check = Duration::from_secs(5);
     let config = stocksvr_reconciler::ReconcileConfig {
         shards: 1,
         interval: Duration::ZERO,
