@@ -614,9 +614,13 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
 #[tokio::test]
 async fn a_parked_event_applies_soon_after_another_process_settles_what_it_waited_for() {
     let shop = shop(5).await;
+    // Measured from before the process starts, not from its API being up: the re-driver's
+    // idle rounds count from the process's start, so a later mark would put its round at
+    // ~31 s earlier than this test assumes, inside the 8 s window, and let the test pass
+    // without the wake.
+    let started = Instant::now();
     let server = shop.server(&[]);
     wait_for_api(&server).await;
-    let started = Instant::now();
     let pool = stocksvr_store::mysql_pool(&shop.db_url, 1, Duration::from_secs(5)).expect("pool");
     let m = shop.merchant_id;
     let order_id = 7_500_000 + shop.merchant_id % 1_000_000;
