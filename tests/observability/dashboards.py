@@ -505,6 +505,12 @@ def pipeline():
     b.ts("Projection delay p50 / p99", "Event time to booked in snapshot and ledger.", "s",
          [q(hist("stocksvr_projection_delay_seconds", "", 0.5), "p50"),
           q(hist("stocksvr_projection_delay_seconds", "", 0.99), "p99")])
+    b.ts("Periodic task rounds", "Rounds per second of each periodic task (outbox relay, "
+         "recovery worker, re-driver of parked order events, time-wheel poller, ...) by what "
+         "the round found. A task missing here has stopped; failed rounds are retryable "
+         "database errors; empty rounds are the polls an idle deployment costs.", "ops",
+         [q(f"sum by (task, outcome) (rate(stocksvr_periodic_rounds_total{{{INST}}}"
+            "[$__rate_interval]))", "{{task}} {{outcome}}")], min=0)
     return b
 
 
@@ -538,6 +544,15 @@ def reservations():
          [q(f"sum(stocksvr_http_in_flight{{{INST}}})", "in flight"),
           q(f"sum by (reason) (rate(stocksvr_http_shed_total{{{INST}}}[$__rate_interval]))",
             "shed {{reason}}")], min=0)
+    b.ts("Callers", "Requests per second outside the public paths by caller and outcome "
+         "(allowed, unauthorized = 401, forbidden = 403), and TLS handshakes of the HTTPS "
+         "listener by outcome. A rise of unknown/unauthorized is a caller with a revoked or "
+         "wrong token; handshakes close to the request rate mean callers do not keep "
+         "connections alive.", "reqps",
+         [q(f"sum by (client, outcome) (rate(stocksvr_http_auth_total{{{INST}}}"
+            "[$__rate_interval]))", "{{client}} {{outcome}}"),
+          q(f"sum by (outcome) (rate(stocksvr_http_tls_handshakes_total{{{INST}}}"
+            "[$__rate_interval]))", "handshakes {{outcome}}")], min=0)
     b.ts("Try group size", "Trys written together by the group commit: mean Trys per INSERT "
          "of PREPARING rows (insert) and per transaction to RESERVED (commit). 1 means no "
          "concurrency to share a round trip with.", "short",

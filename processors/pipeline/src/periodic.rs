@@ -10,6 +10,7 @@
 //! once and resets it; after a round that found work, not before the task's `linger` has
 //! passed since that round (see [`Cadence::with_linger`]).
 
+use crate::telemetry::names;
 use std::future::Future;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
@@ -42,6 +43,19 @@ pub struct Poller {
     min: Duration,
     max: Duration,
     idle: Duration,
+}
+
+impl Round {
+    /// The `outcome` label of `stocksvr_periodic_rounds_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Round::Full => "full",
+            Round::Partial => "partial",
+            Round::Empty | Round::EmptyUntil(_) => "empty",
+            Round::Idle => "idle",
+            Round::Failed => "failed",
+        }
+    }
 }
 
 impl Poller {
@@ -149,6 +163,8 @@ where
     let linger = cadence.linger.min(cadence.min);
     while !*stop.borrow() {
         let outcome = round().await?;
+        metrics::counter!(names::PERIODIC_ROUNDS, "task" => name, "outcome" => outcome.label())
+            .increment(1);
         let ended = tokio::time::Instant::now();
         let sleep = poller.next(outcome);
         if sleep.is_zero() {

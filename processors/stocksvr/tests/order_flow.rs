@@ -602,23 +602,38 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
     assert!(status.success(), "{log}");
 }
 
+/// Rounds the re-driver of parked order events has made so far, from `/metrics`.
+async fn redriver_rounds(server: &Server) -> u64 {
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("stocksvr_periodic_rounds_total{")
+                && l.contains("task=\"deferred order events\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 /// A parked event whose predecessor is finished by another actor (here a confirm step that
 /// completes in another process; in the chaos run that found it, the scheduled confirm) is
 /// applied moments later, not at the re-driver's next idle round, which by then may be up to
 /// 30 s away: parking an event wakes the re-driver.
 ///
-/// The re-driver of a fresh `stocksvr all` finds nothing due and sleeps 0.5, 1, 2, 4, 8, 16 s
-/// between rounds, so after 17 s its next round is about 31 s after its start. The event is
-/// parked after 17 s, its predecessor settled at once, and it must apply within 8 s: without
-/// the wake it waits for that round (checked: with the wake removed this fails).
+/// The re-driver finds nothing due and sleeps 0.5, 1, 2, 4, 8, 16, 30 s after its empty
+/// rounds (a cadence of the server's own, not a setting), so after its 7th round it sleeps
+/// 30 s. The test counts its rounds (`stocksvr_periodic_rounds_total`), parks the event
+/// after the 7th, settles its predecessor at once, and the event must apply within 8 s and
+/// before that round's 30 s are over: without the wake it waits for the next round
+/// (checked: with the wake removed this fails).
 #[tokio::test]
 async fn a_parked_event_applies_soon_after_another_process_settles_what_it_waited_for() {
     let shop = shop(5).await;
-    // Measured from before the process starts, not from its API being up: the re-driver's
-    // idle rounds count from the process's start, so a later mark would put its round at
-    // ~31 s earlier than this test assumes, inside the 8 s window, and let the test pass
-    // without the wake.
-    let started = Instant::now();
     let server = shop.server(&[]);
     wait_for_api(&server).await;
     let pool = stocksvr_store::mysql_pool(&shop.db_url, 1, Duration::from_secs(5)).expect("pool");
@@ -644,13 +659,12 @@ async fn a_parked_event_applies_soon_after_another_process_settles_what_it_waite
     .await
     .expect("to CONFIRMING");
     assert_eq!(moved.rows_affected(), 1);
-    // A fixed wait on the re-driver's clock: its idle rounds, which back off from 0.5 s
-    // (a cadence of the server's own, not a setting), must be 16 s apart by the time the
-    // event is parked.
-    let idle = Duration::from_secs(17);
-    if let Some(left) = idle.checked_sub(started.elapsed()) {
-        tokio::time::sleep(left).await;
-    }
+    // The re-driver's 7th round: from here its next idle round is 30 s away.
+    let seventh = eventually_some(Duration::from_secs(90), || async {
+        (redriver_rounds(&server).await >= 7).then(Instant::now)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the re-driver made no 7 rounds; log:\n{}", server.log()));
     produce_order_event(
         &shop,
         "OrderCanceled",
@@ -669,10 +683,11 @@ async fn a_parked_event_applies_soon_after_another_process_settles_what_it_waite
     })
     .await;
     assert!(parked, "never parked; log:\n{}", server.log());
-    let parked_at = started.elapsed();
+    let parked_at = seventh.elapsed();
     assert!(
-        parked_at < Duration::from_secs(22),
-        "parked {parked_at:?} after the start: too late to tell the wake from the idle round at ~31 s"
+        parked_at < Duration::from_secs(18),
+        "parked {parked_at:?} after the 7th round: too late to tell the wake from the idle \
+         round 30 s after it"
     );
 
     // The step completes in its process.
@@ -684,12 +699,10 @@ async fn a_parked_event_applies_soon_after_another_process_settles_what_it_waite
             .expect("back to CONFIRMED");
     assert_eq!(settled.rows_affected(), 1);
     let settled_at = Instant::now();
-    println!(
-        "parked {parked_at:?} after the start; the parked OrderCanceled must apply within 8 s"
-    );
     wait_for_status_within(&server, r, "REFUNDED", Duration::from_secs(8)).await;
     println!(
-        "parked {parked_at:?} after the start, REFUNDED {:?} after the predecessor settled",
+        "parked {parked_at:?} after the re-driver's 7th round, REFUNDED {:?} after the \
+         predecessor settled",
         settled_at.elapsed()
     );
 }

@@ -293,6 +293,9 @@ catalog! {
         "Consistent buckets / buckets checked in the last reconcile pass.";
     RECONCILE_DIFFERENCES = "stocksvr_reconcile_differences", Gauge, "buckets", [known("kind", DIFFERENCES)],
         "Unresolved differences between Redis and MySQL, by kind.";
+    PERIODIC_ROUNDS = "stocksvr_periodic_rounds_total", Counter, "rounds",
+        [label("task"), known("outcome", &["full", "partial", "empty", "idle", "failed"])],
+        "Rounds of each periodic task (outbox relay, recovery worker, re-driver of parked order events, time-wheel poller, ...) by what the round found: full (a backlog), partial, empty, idle (work done, next round on its own schedule) or failed (a retryable error). A task whose count stops growing has stopped; the rate of empty rounds is what an idle deployment costs in polls.";
     RECONCILE_HELD_BACK = "stocksvr_reconcile_held_back", Gauge, "buckets", [known("reason", &["in_flight", "version_moved", "first_sighting"])],
         "Buckets with a difference not reported yet in the last pass, by why (in-flight work, the Redis version moved, seen once).";
     RECONCILE_OLDEST_DIFFERENCE_SECONDS = "stocksvr_reconcile_oldest_difference_seconds", Gauge, "seconds", [],

@@ -6,7 +6,11 @@ use super::server::Server;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use stocksvr_core::retry::{wait_until, RetryPolicy};
 use stocksvr_test_support::eventually_ok;
+
+/// The pace of a Try repeated after a 503: 50 ms, doubling to 1 s, jittered.
+const RETRY_503: RetryPolicy = RetryPolicy::new(Duration::from_millis(50), Duration::from_secs(1));
 
 /// A Try of one unit kind of `order_id` (item `order_id * 10 + 1`) that must reserve.
 pub async fn try_one(server: &Server, shop: &Shop, order_id: u64, quantity: u32) -> u64 {
@@ -43,23 +47,30 @@ pub async fn try_item_retried(
 ) -> (u16, Value) {
     // Atomic only so the wait stays `Send` (tests spawn these Trys).
     let retried = AtomicBool::new(false);
-    let answer = eventually_ok(Duration::from_secs(60), || async {
+    let last = std::sync::Mutex::new(None);
+    // Backed off with jitter, as a client should: a burst of hundreds of Trys shed with 503
+    // (too many in flight) and each repeated every 50 ms kept a loaded machine busy with
+    // refusals, and none got through within a minute.
+    let answer = wait_until(Duration::from_secs(60), RETRY_503, || async {
         let (status, reply) = try_item(server, shop, order_id, order_item_id, quantity).await;
         if status == 200 && retried.load(Ordering::Relaxed) && reply["created"] == false {
             // The attempt that answered 503 did reserve (its outcome was decided after the
             // deadline): the repeat finds that reservation, which is the 201 the client did
             // not hear.
-            return Ok((201, reply));
+            return Some((201, reply));
         }
         if status == 503 {
             retried.store(true, Ordering::Relaxed);
-            return Err((status, reply));
+            *last.lock().expect("last answer") = Some((status, reply));
+            return None;
         }
-        Ok((status, reply))
+        Some((status, reply))
     })
     .await;
     // Still 503 after a minute: the caller sees that answer.
-    answer.unwrap_or_else(|last| last)
+    answer
+        .or_else(|| last.lock().expect("last answer").take())
+        .expect("a Try answered")
 }
 
 /// The reservation id of a Try reply (ids travel as strings).
