@@ -243,7 +243,10 @@ mod tests {
     fn the_example_file_is_what_print_prints_for_the_demo() {
         // stack/kafka/acls.example is what the secure stack's smoke check applies without a
         // built binary, and what the docs show: it must not drift from the code.
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../stack/kafka/acls.example");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../stack/kafka/acls.example"
+        );
         let file = std::fs::read_to_string(path).expect("stack/kafka/acls.example");
         let listed: String = file
             .lines()

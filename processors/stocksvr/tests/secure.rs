@@ -11,6 +11,10 @@
 //!   clear line naming the dependency and the cause, `/readyz` names it, nothing is retried
 //!   into a log storm or dead-lettered, and with the ACL added back the waiting order goes
 //!   through by itself.
+//! - A `REQUIRE X509` MariaDB user and Redis connect with the client certificate
+//!   configured; without it, or with one no trusted CA signed, the command fails with one
+//!   line naming the dependency. A wrong Redis password at start is named once, and by
+//!   `/readyz`.
 //! - No password or token of the stack appears in any output of any of it.
 
 #[path = "secure/deployment.rs"]
@@ -18,8 +22,9 @@ mod deployment;
 
 use deployment::{Deployment, Service};
 use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
-use stocksvr_test_support::{unique, unique_id, zone};
+use stocksvr_test_support::{eventually, unique, unique_id, zone};
 
 const DISH: u64 = 31;
 
@@ -27,22 +32,66 @@ const DISH: u64 = 31;
 /// operator command (MySQL and Redis over TLS).
 fn merchant(deployment: &Deployment, total: u32) -> u64 {
     let merchant = unique_id(3_000_000);
-    deployment.run(
-        &[
-            "bucket",
-            "init",
-            "--merchant-id",
-            &merchant.to_string(),
-            "--dish-id",
-            &DISH.to_string(),
-            "--total",
-            &total.to_string(),
-            "--timezone",
-            zone::zone_name(),
-        ],
-        &[],
-    );
+    let args = bucket_init(merchant, total);
+    deployment.run(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
     merchant
+}
+
+/// The arguments of `stocksvr bucket init` for today's bucket of `merchant` and [`DISH`].
+fn bucket_init(merchant: u64, total: u32) -> Vec<String> {
+    [
+        "bucket",
+        "init",
+        "--merchant-id",
+        &merchant.to_string(),
+        "--dish-id",
+        &DISH.to_string(),
+        "--total",
+        &total.to_string(),
+        "--timezone",
+        zone::zone_name(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// A self-signed P-256 certificate (`CA:TRUE`, so it can stand for a CA too) and its key,
+/// made with openssl in `dir`: something no server of the stack trusts.
+fn self_signed(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    std::fs::create_dir_all(dir).expect("dir");
+    let (cert, key) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-new",
+            "-nodes",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-days",
+            "1",
+            "-subj",
+            &format!("/CN={name}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    (cert, key)
 }
 
 /// A Try through the API; the reservation id.
@@ -345,36 +394,7 @@ async fn an_untrusted_mysql_certificate_is_named_once() {
     let deployment = Deployment::new("").await;
     // A CA of its own that signed nothing the stack runs.
     let dir = std::env::temp_dir().join(unique("other-ca"));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let ca = dir.join("ca.crt");
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-new",
-            "-nodes",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=not-the-stack-ca",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-        ])
-        .arg("-keyout")
-        .arg(dir.join("ca.key"))
-        .arg("-out")
-        .arg(&ca)
-        .output()
-        .expect("openssl runs");
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    let (ca, _) = self_signed(&dir, "not-the-stack-ca");
     let url = deployment.db.url.replace(
         &format!(
             "ssl-ca={}",
@@ -417,4 +437,148 @@ async fn an_untrusted_mysql_certificate_is_named_once() {
     assert!(all <= 8, "no retry storm:\n{}", complaints.join("\n"));
     let _ = std::fs::remove_dir_all(&dir);
     deployment.assert_no_secret_in_any_output(&[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_require_x509_mysql_user_and_redis_take_the_configured_client_certificates() {
+    let deployment = Deployment::without_kafka().await;
+    let stack = deployment.stack;
+    let (cert, key) = (
+        stack.export("STACK_MYSQL_X509_CERT_FILE"),
+        stack.export("STACK_MYSQL_X509_KEY_FILE"),
+    );
+    // The database's URL as the `REQUIRE X509` user, with or without its certificate.
+    let x509 = deployment
+        .db
+        .url
+        .replacen("mysql://stocksvr@", "mysql://stocksvr_x509@", 1);
+    assert_ne!(x509, deployment.db.url, "the user was swapped");
+    let with_cert = format!("{x509}&ssl-cert={cert}&ssl-key={key}");
+    let env = |url: &str, redis_cert: &str, redis_key: &str| -> Vec<(String, String)> {
+        vec![
+            ("STOCKSVR__MYSQL__URL".into(), url.into()),
+            (
+                "STOCKSVR__MYSQL__PASSWORD_FILE".into(),
+                stack.export("STACK_MYSQL_X509_PASSWORD_FILE"),
+            ),
+            ("STOCKSVR__REDIS__TLS__CERT_FILE".into(), redis_cert.into()),
+            ("STOCKSVR__REDIS__TLS__KEY_FILE".into(), redis_key.into()),
+        ]
+    };
+    let init = |merchant: u64, env: &[(String, String)]| {
+        let args = bucket_init(merchant, 10);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        deployment.try_run(&args, env)
+    };
+
+    // Both certificates presented: the bucket is made (its WAL row and baseline in MySQL by
+    // stocksvr_x509, its stock in Redis).
+    let merchant = unique_id(3_100_000);
+    let (ok, out, err) = init(merchant, &env(&with_cert, &cert, &key));
+    assert!(ok, "{out}{err}");
+    assert!(err.contains("SUCCEEDED"), "{err}");
+    let rows: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM dish_stock_baseline WHERE merchant_id = ?")
+            .bind(merchant)
+            .fetch_one(&deployment.db.pool)
+            .await
+            .expect("count");
+    assert_eq!(rows, 1, "the bucket's baseline");
+
+    // Without its certificate the X509 user is refused: one line naming MySQL and the cause.
+    let (ok, _, err) = init(unique_id(3_100_000), &env(&x509, &cert, &key));
+    assert!(!ok, "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("stocksvr: "))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(
+        line.contains("mysql:") && line.contains("Access denied for user 'stocksvr_x509'"),
+        "{line}"
+    );
+    assert_eq!(
+        line.matches("Access denied").count(),
+        1,
+        "said once: {line}"
+    );
+
+    // A client certificate no CA of the stack signed: Redis refuses the handshake, named.
+    let (stranger, stranger_key) =
+        self_signed(&std::env::temp_dir().join(unique("stranger")), "stranger");
+    let (ok, _, err) = init(
+        unique_id(3_100_000),
+        &env(
+            &with_cert,
+            &stranger.display().to_string(),
+            &stranger_key.display().to_string(),
+        ),
+    );
+    assert!(!ok, "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("stocksvr: "))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(
+        line.contains("rediss://") && line.contains("redis: ") && line.contains("UnknownCA"),
+        "{line}"
+    );
+    assert_eq!(line.matches("UnknownCA").count(), 1, "said once: {line}");
+    let _ = std::fs::remove_dir_all(stranger.parent().expect("dir"));
+    deployment.assert_no_secret_in_outputs(&[], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_redis_password_at_start_is_named_once_and_by_readyz() {
+    let deployment = Deployment::new("").await;
+    let wrong = format!("not-{}", unique("the-password"));
+    let file = std::env::temp_dir().join(unique("wrong-redis-password"));
+    std::fs::write(&file, format!("{wrong}\n")).expect("password file");
+    let service = deployment.start(&[(
+        "STOCKSVR__REDIS__PASSWORD_FILE".into(),
+        file.display().to_string(),
+    )]);
+    let cause = "Password authentication failed";
+    let ready = service
+        .readyz_until(
+            "the refused Redis password named",
+            Duration::from_secs(90),
+            |code, body| {
+                code == 503
+                    && body["dependencies"]["redis"]["error"]
+                        .as_str()
+                        .is_some_and(|e| e.contains(cause))
+                    && body["dependencies"]["kafka"]["ok"] == true
+            },
+        )
+        .await;
+    assert_eq!(ready["dependencies"]["mysql"]["ok"], true, "{ready}");
+    // The log says it once (the Try API waits for Redis, and says so), then nothing more
+    // while the client keeps trying.
+    let said = |service: &Service| {
+        service
+            .complaints()
+            .into_iter()
+            .filter(|l| l.contains("redis: ") && l.contains(cause))
+            .count()
+    };
+    let spoken = eventually(Duration::from_secs(60), || async { said(&service) > 0 }).await;
+    assert!(spoken, "never said: {}", service.log());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let complaints = service.complaints();
+    assert_eq!(said(&service), 1, "said once:\n{}", complaints.join("\n"));
+    assert!(
+        complaints.len() <= 6,
+        "no retry storm: {} complaints:\n{}",
+        complaints.len(),
+        complaints.join("\n")
+    );
+    let (_, still) = service.get("/readyz").await;
+    assert!(
+        still["dependencies"]["redis"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(cause)),
+        "{still}"
+    );
+    let _ = std::fs::remove_file(&file);
+    deployment.assert_no_secret_in_any_output(&[&wrong]);
 }
