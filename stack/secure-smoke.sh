@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # stack/secure-smoke.sh - checks a running secure stack (`scripts/stack up --secure`) with the
 # servers' own clients, before any stocksvr code speaks TLS: certificates, each server's TLS and
-# authentication, the Kafka ACLs of stack/kafka/acls.example role by role (what each role may do
-# and what it must be refused), the registry's roles and bearer tokens, MariaDB's users, and the
+# authentication, the Kafka ACLs of stocksvr's roles role by role (what each role may do and what
+# it must be refused): those `stocksvr acls print --role all` prints for namespace demo when a
+# built binary is given (--bin PATH), else stack/kafka/acls.example (the same lines, kept equal by
+# a unit test), the registry's roles and bearer tokens, MariaDB's users, and the
 # Redis ACL user running every real Lua script without NOPERM. One line per check; exit 1 if any
 # failed. Uses the same STACK_DIR / STACK_PORT_BASE / STACK_CACHE as the stack it checks.
 #
-#   stack/secure-smoke.sh [SECTION...]   sections: certs kafka librdkafka registry mariadb redis
+#   stack/secure-smoke.sh [--bin PATH] [SECTION...]   sections: certs kafka librdkafka registry mariadb redis
 #
-# Leaves behind: the ACLs of acls.example and the topics demo.order.lifecycle.v1,
+# Leaves behind: those ACLs and the topics demo.order.lifecycle.v1,
 # demo.inventory.lifecycle.v1 and other.topic (creating them again is a no-op).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +29,9 @@ rport=${STOCKSVR__REDIS__URL##*:}; rport=${rport%/}
 mport=${STOCKSVR__MYSQL__URL#*@*:}; mport=${mport%%/*}
 registry=$STOCKSVR__REGISTRY__URL
 gport=${registry#https://*:}; gport=${gport%%/*}
+bin=""
+if [[ ${1:-} == --bin ]]; then bin=$2; shift 2; fi
+[[ -z $bin || -x $bin ]] || { echo "secure-smoke: no executable stocksvr at $bin" >&2; exit 2; }
 sections=("$@")
 (( ${#sections[@]} > 0 )) || sections=(certs kafka librdkafka registry mariadb redis)
 
@@ -111,8 +116,16 @@ ns=demo
 order=$ns.order.lifecycle.v1
 inventory=$ns.inventory.lifecycle.v1
 if section kafka; then
-  check "acls: apply stack/kafka/acls.example" ok:'acls: (added|all)' scripts/stack acls apply stack/kafka/acls.example
-  check "acls: applying again changes nothing" ok:'are in place' scripts/stack acls apply - <stack/kafka/acls.example
+  acls="$stack_dir/run/smoke-acls"
+  if [[ -n $bin ]]; then
+    acls_from="stocksvr acls print --role all"
+    STOCKSVR__KAFKA__TOPIC_NAMESPACE=$ns STOCKSVR__KAFKA__GROUP_PREFIX=stocksvr "$bin" acls print --role all >"$acls"
+  else
+    acls_from="stack/kafka/acls.example"
+    cp stack/kafka/acls.example "$acls"
+  fi
+  check "acls: apply those of $acls_from" ok:'acls: (added|all)' scripts/stack acls apply "$acls"
+  check "acls: applying again changes nothing" ok:'are in place' scripts/stack acls apply - <"$acls"
   check "admin (super user) creates other.topic" ok topic_create admin other.topic
   denied='TopicAuthorizationException|Not authorized to access topics'
   check "stocksvr cannot create topics" deny:"$denied" topic_create stocksvr "$ns.made-by-stocksvr"
@@ -230,8 +243,10 @@ PY
       rdk x stocksvr "$bootstrap" "$inventory" sasl.password=wrong
     check "librdkafka: a wrong CA fails the handshake" deny:'certificate verify failed' \
       rdk x stocksvr "$bootstrap" "$inventory" ssl.ca.location=/etc/ssl/certs/ca-certificates.crt
-    check "librdkafka: stocksvr-lag's assign()-ed reader (group.id stocksvr-lag-exporter-reader) reads, no group error" \
-      ok:'errors=\[\]' rdk_reader stocksvr-lag stocksvr-lag-exporter-reader "$order"
+    check "librdkafka: stocksvr-lag's assign()-ed reader (group.id stocksvr.lag-exporter-reader) reads, no group error" \
+      ok:'errors=\[\]' rdk_reader stocksvr-lag stocksvr.lag-exporter-reader "$order"
+    check "librdkafka: stocksvr's own lag reader (inside stocksvr all) reads the same way" \
+      ok:'errors=\[\]' rdk_reader stocksvr stocksvr.lag-exporter-reader "$order"
     check "librdkafka: order-service is refused $inventory" deny:'TOPIC_AUTHORIZATION_FAILED|Topic authorization failed' \
       rdk x order-service "$bootstrap" "$inventory"
   fi

@@ -6,7 +6,8 @@
 #
 # Files, all under $DATA so that `reset` removes them with the data they belong to:
 #   secure     the flag: this data belongs to a secure stack (later calls need not repeat it)
-#   tls/       ca.crt, <server>.crt/.key, client-<user>.crt/.key/.p12, keystore.password
+#   tls/       ca.crt, <server>.crt/.key, client-<user>.crt/.key/.p12, keystore.password,
+#              stocksvr-http.crt/.key (for stocksvr's own HTTPS listener: the demo, chaos, bench)
 #              P-256 keys (unencrypted PKCS#8), v3 certificates, SAN DNS:localhost,IP:127.0.0.1
 #              on server certificates; valid STACK_TLS_DAYS (3) days, made again by `up` when
 #              missing or when a third of that is left (running servers are restarted)
@@ -34,6 +35,8 @@ SECURE=0
 KAFKA_CLIENT_HOST="$HOST"
 SECURE_KAFKA_USERS="admin stocksvr stocksvr-admin stocksvr-lag order-service"
 SECURE_SERVERS="kafka registry mariadb redis"
+# Server certificates made beside the servers': stocksvr's own HTTPS listener (`http.tls`).
+SECURE_LISTENERS="stocksvr-http"
 
 # secure_resolve STRICT: SECURE from --secure/STACK_SECURE or, unset, from the flag stored with
 # the data. STRICT (up, status, env, acls): a plain stack's data cannot turn secure, nor back.
@@ -85,7 +88,7 @@ secure_passwords() {
 
 secure_certs_fresh() {
   local f
-  for f in ca.crt ca.key $SECURE_SERVERS; do
+  for f in ca.crt ca.key $SECURE_SERVERS $SECURE_LISTENERS; do
     [[ $f == *.* ]] || f="$f.crt"
     [[ -s $TLS_DIR/$f ]] || return 1
   done
@@ -130,7 +133,7 @@ secure_make_certs() {
       -out "$d/ca.crt" -days "$SECURE_TLS_DAYS" -subj "/CN=stocksvr stack CA $(date -u +%Y%m%dT%H%M%S)" \
       -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
       2>/dev/null || die "tls: making the CA failed"
-    for name in $SECURE_SERVERS; do secure_leaf "$d" "$name" "$name" server; done
+    for name in $SECURE_SERVERS $SECURE_LISTENERS; do secure_leaf "$d" "$name" "$name" server; done
     for name in $SECURE_KAFKA_USERS; do secure_leaf "$d" "client-$name" "$name" client; done
     # Java keystores (PKCS#12, which Java 17 reads as OpenSSL 3 writes it): the brokers' and one
     # per Kafka user for the Java tools, whose SASL_SSL listener wants a client certificate.
@@ -456,6 +459,10 @@ secure_env() {
   echo "# other credentials of the secure stack (tests, the demo, Kafka's own tools)"
   env_line STACK_SECURE 1
   env_line STACK_TLS_DIR "$TLS_DIR"
+  # a certificate for stocksvr's own listener (STOCKSVR__HTTP__TLS__CERT_FILE/KEY_FILE), not set
+  # for the service here: HTTPS and caller tokens are the caller's choice (scripts/demo --secure)
+  env_line STACK_HTTP_TLS_CERT_FILE "$TLS_DIR/stocksvr-http.crt"
+  env_line STACK_HTTP_TLS_KEY_FILE "$TLS_DIR/stocksvr-http.key"
   env_line STACK_KAFKA_ADMIN_PROPERTIES "$SECRETS/kafka-admin.properties"
   for user in stocksvr-admin stocksvr-lag order-service; do
     var=${user#stocksvr-}; var=${var^^}; var=${var//-/_}

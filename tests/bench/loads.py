@@ -133,17 +133,18 @@ def _hist_pct(hist, pct):
 # ---- wrk --------------------------------------------------------------------------------
 
 def wrk(url, conns, seconds, logdir, mode, prefix, merchant, dish_base, dishes, log,
-        quota=0, timeout_s=10, stop_when=None):
+        quota=0, timeout_s=10, stop_when=None, env=None):
     """Trys through HTTP (tests/bench/lua/wrk_try.lua). Returns the wrk summary plus every
     response's (status, id, outcome) from the per-thread logs. wrk's main thread sleeps the
     whole duration even when every thread stopped at its quota, so a quota run passes
-    stop_when (e.g. "the Trys are in the database") to end it early with SIGINT."""
+    stop_when (e.g. "the Trys are in the database") to end it early with SIGINT. env: wrk's
+    environment (WRK_AUTHORIZATION: a caller token for a secured listener)."""
     os.makedirs(logdir, exist_ok=True)
     threads = max(1, min(2, conns))
     cmd = ["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s", "--timeout",
            f"{timeout_s}s", "-s", os.path.join(LUA, "wrk_try.lua"), url, "--", mode, str(prefix),
            str(merchant), str(dish_base), str(dishes), logdir, str(quota)]
-    out, wall, cpu = _run(cmd, log, timeout=seconds + 600, stop_when=stop_when)
+    out, wall, cpu = _run(cmd, log, timeout=seconds + 600, stop_when=stop_when, env=env)
     line = [x for x in out.splitlines() if x.startswith("WRKJSON ")]
     if not line:
         raise BenchError(f"wrk printed no summary; log {log}")

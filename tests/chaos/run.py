@@ -64,7 +64,11 @@ def parse_args(argv):
     ap.add_argument("--fault-at-order", help="N[,N2,..]: inject one fault when N orders have started (and one at "
                     "each further N), instead of a fault every --fault-gap; as many --faults kinds as points: "
                     "in that order, else drawn")
+    ap.add_argument("--secure", action="store_true", help="the stack secured (scripts/stack up --secure): TLS, "
+                    "SASL and client certificates through the proxies, the roles with only the printed ACLs")
     a = ap.parse_args(argv)
+    if a.secure and a.kafka_brokers > 1:
+        ap.error("--secure runs with one broker (behind its proxy); not with --kafka-brokers")
     a.stop_cap = a.stop_cap or (10.0 if a.ci else 60.0)
     a.fault_gap = tuple(float(x) for x in (a.fault_gap or ("3,8" if a.ci else "5,15")).split(","))
     a.quiesce_deadline = a.quiesce_deadline or (180.0 if a.ci else 420.0)
@@ -90,7 +94,7 @@ class Run:
             "STOCKSVR__LOG__FILTER": "info,librdkafka=warn,sqlx=warn",
         }
         self.system = System(REPO, self.dir, a.port_base, a.cache, a.bin, self.history, settings,
-                             kafka_brokers=a.kafka_brokers)
+                             kafka_brokers=a.kafka_brokers, secure=a.secure)
         self.cluster_results = []  # what the scale-out faults saw (cluster.py)
         self.state = None
         self.faults = None
@@ -114,23 +118,30 @@ class Run:
         a, s = self.a, self.system
         self.phase(f"setup: private stack in {s.stack_dir} on ports {a.port_base}+ (kafka {s.port['kafka']}, "
                    f"mariadb {s.port['mariadb']}, redis {s.port['redis']}, registry {s.port['registry']}); "
-                   f"merchants' zone {self.zone_name}")
+                   f"merchants' zone {self.zone_name}{'; secure' if a.secure else ''}")
         t0 = time.monotonic()
         s.stack_up()
         s.toxiproxy("up")
         self.times["stack up"] = time.monotonic() - t0
         t0 = time.monotonic()
-        for args in (("migrate",), ("topics", "apply"), ("schemas", "register")):
-            rc, out, err = s.cli(*args, timeout=300)
+        if a.secure:
+            self.grant_printed_acls()
+        # Secure: migrations as the MariaDB admin, topics as the Kafka topic admin (the
+        # service's own users may do neither); plaintext: these settings are empty.
+        c = s.clients
+        steps = ((("migrate",), c.mysql_admin_env()), (("topics", "apply"), c.kafka_principal_env("TOPICS_ADMIN")),
+                 (("schemas", "register"), {}))
+        for args, env in steps:
+            rc, out, err = s.cli(*args, timeout=300, env=env)
             if rc != 0:
                 raise RuntimeError(f"stocksvr {' '.join(args)} failed ({rc}): {(out + err)[-500:]}")
         rc, out, err = s.cli("bucket", "--help")
         self.rebuild_available = "rebuild" in out
         self.notes.append("`stocksvr bucket rebuild` " + ("exists: redis-empty can run" if self.rebuild_available
                           else "does not exist (issue 10): fault kind redis-empty stays off"))
-        self.state = State(s.port["mariadb"], s.port["redis"], s.kafka_direct)
+        self.state = State(s.port["mariadb"], s.port["redis"], s.kafka_direct, clients=c)
         self.state.fresh_kafka_clients = a.kafka_brokers > 1
-        self.producer = EventProducer(self.history, s.kafka_direct, s.registry_url)
+        self.producer = EventProducer(self.history, s.kafka_direct, s.registry_url, clients=c if a.secure else None)
         cfg = Config(ci=a.ci)
         if a.workers:
             cfg.workers = a.workers
@@ -138,7 +149,7 @@ class Run:
         cfg.round_robin = bool(a.instances)
         today = dt.datetime.now(self.zone).date()
         reader = redis_lib.Redis(host="127.0.0.1", port=s.port["redis"], decode_responses=True,
-                                 socket_timeout=2, socket_connect_timeout=2)
+                                 socket_timeout=2, socket_connect_timeout=2, **c.redis())
         self.workload = Workload(self.history, [s.api_url(r) for r in API_ROLES], self.producer, a.seed, cfg, today,
                                  self.zone, redis_direct=reader)
         buckets = self.workload.plan_buckets()
@@ -160,6 +171,21 @@ class Run:
             if not s.wait_healthy(role, 90):
                 raise RuntimeError(f"role {role} did not answer /healthz (log: {s.logs}/role-{role}.log)")
         self.times["setup (migrate, topics, schemas, buckets, roles)"] = time.monotonic() - t0
+
+    def grant_printed_acls(self):
+        """The ACLs `stocksvr acls print --role all` prints, applied as an operator would
+        (scripts/stack acls apply): the only ones the roles and the order service have."""
+        s = self.system
+        rc, out, err = s.cli("acls", "print", "--role", "all")
+        if rc != 0:
+            raise RuntimeError(f"stocksvr acls print failed ({rc}): {(out + err)[-500:]}")
+        path = os.path.join(self.dir, "acls.txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(out)
+        s.stack.script("stack", "acls", "apply", path, timeout=600)
+        granted = sum(line.startswith("kafka-acls ") for line in out.splitlines())
+        self.notes.append(f"secure: every connection TLS; Kafka ACLs only the {granted} lines "
+                          "`stocksvr acls print --role all` printed (acls.txt)")
 
     # ---- the run ------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaExcepti
 from confluent_kafka.admin import AdminClient
 
 from stocksvr_harness import codes
+from stocksvr_harness.secure import PlainClients
 from stocksvr_harness.wait import WaitTimeout, wait_until
 
 STATUS = codes.RESERVATION_STATUS
@@ -33,12 +34,14 @@ GROUP_TOPICS = {
 
 
 class State:
-    def __init__(self, mysql_port, redis_port, kafka_bootstrap):
-        self.mysql_args = dict(host="127.0.0.1", port=mysql_port, user="stocksvr", password="stocksvr",
-                               database="stocksvr", autocommit=True, connect_timeout=5, read_timeout=60,
-                               write_timeout=60, cursorclass=pymysql.cursors.DictCursor)
+    def __init__(self, mysql_port, redis_port, kafka_bootstrap, clients=None):
+        # clients: the stack's client settings (stocksvr_harness.secure; None: a plaintext stack).
+        self.clients = clients or PlainClients()
+        self.mysql_args = dict(host="127.0.0.1", port=mysql_port, database="stocksvr", autocommit=True,
+                               connect_timeout=5, read_timeout=60, write_timeout=60,
+                               cursorclass=pymysql.cursors.DictCursor, **self.clients.mysql())
         self.redis = redis_lib.Redis(host="127.0.0.1", port=redis_port, decode_responses=True,
-                                     socket_timeout=10, socket_connect_timeout=5)
+                                     socket_timeout=10, socket_connect_timeout=5, **self.clients.redis())
         self.kafka_bootstrap = kafka_bootstrap
         self._admin = None
         self._consumer = None
@@ -66,12 +69,13 @@ class State:
 
     def admin(self):
         if self._admin is None:
-            self._admin = AdminClient({"bootstrap.servers": self.kafka_bootstrap})
+            self._admin = AdminClient({"bootstrap.servers": self.kafka_bootstrap, **self.clients.kafka()})
         return self._admin
 
     def consumer(self):
         if self._consumer is None:
             self._consumer = Consumer({"bootstrap.servers": self.kafka_bootstrap, "group.id": "chaos-checker",
+                                       **self.clients.kafka(),
                                        "enable.auto.commit": False})
         return self._consumer
 

@@ -5,6 +5,11 @@ separate processes pointed at the proxies.
 Ports (B = --port-base): the servers as scripts/stack documents (mariadb B+7, redis B+80,
 registry B+81, kafka B+92), the proxies at server + 100 (B+107, B+180, B+192), the toxiproxy
 API at B+174, and the roles' HTTP listeners at B+41..B+46 (see ROLES).
+
+`secure=True` (scripts/chaos --secure): the stack is `scripts/stack up --secure` and every
+connection is secured as there (TLS through the proxies, which forward bytes): the roles and
+commands are the `stocksvr` principal with only the ACLs `stocksvr acls print` prints, the
+harness's own clients the stack's admin users (stocksvr_harness.secure).
 """
 
 import os
@@ -13,6 +18,7 @@ import subprocess
 import time
 
 from stocksvr_harness import http, procs
+from stocksvr_harness.secure import PlainClients, SecureClients, stack_exports
 from stocksvr_harness.stack import Stack, without_stocksvr_settings
 from stocksvr_harness.wait import WaitTimeout
 
@@ -31,7 +37,7 @@ SERVERS = ["mariadb", "redis", "kafka", "registry"]
 
 
 class System:
-    def __init__(self, repo, run_dir, base, cache, binary, history, settings, kafka_brokers=1):
+    def __init__(self, repo, run_dir, base, cache, binary, history, settings, kafka_brokers=1, secure=False):
         self.repo = repo
         self.run_dir = run_dir
         self.base = base
@@ -44,23 +50,34 @@ class System:
         # only), every client bootstraps from the brokers' own ports; topics get 3 replicas.
         self.kafka_brokers = kafka_brokers
         cluster = {"STACK_KAFKA_PROXIED": "0", "STACK_KAFKA_BROKERS": str(kafka_brokers)} if kafka_brokers > 1 else {}
+        self.secure = secure
         self.stack = Stack(self.stack_dir, base, self.logs, cache=cache, repo=repo,
-                           **{"STACK_KAFKA_PROXIED": "1", **cluster})
+                           **{"STACK_KAFKA_PROXIED": "1", "STACK_SECURE": "1" if secure else "0", **cluster})
+        # Settings of the Python clients (and of the commands' other principals): known once
+        # the secure stack made its certificates and secrets (stack_up).
+        self.clients = PlainClients()
         # Never inherit a caller's STOCKSVR__ settings (e.g. the shared stack's): every
         # value the roles and commands see is set below.
         self.env = without_stocksvr_settings(self.stack.env)
         self.port = {server: self.stack.port(server) for server in ("mariadb", "redis", "registry", "kafka")}
         self.proxy_port = {"mysql": base + 107, "redis": base + 180, "kafka": base + 192}
         self.toxiproxy_api = f"http://127.0.0.1:{base + 174}"
-        self.registry_url = f"http://127.0.0.1:{self.port['registry']}/apis/ccompat/v7"
-        self.kafka_direct = ",".join(f"127.0.0.1:{self.port['kafka'] + 10 * i}" for i in range(kafka_brokers))
+        scheme = "https" if secure else "http"
+        self.registry_url = f"{scheme}://127.0.0.1:{self.port['registry']}/apis/ccompat/v7"
+        # A secure broker's certificate names localhost (and 127.0.0.1); it advertises localhost.
+        host = "localhost" if secure else "127.0.0.1"
+        self.kafka_host = host
+        self.kafka_direct = ",".join(f"{host}:{self.port['kafka'] + 10 * i}" for i in range(kafka_brokers))
         self.procs = {}  # role -> procs.Child
         self.started_at = {}
 
     # ---- scripts -------------------------------------------------------------------------
 
     def stack_up(self, *servers, timeout=600):
-        return self.stack.up(*(servers or SERVERS), timeout=timeout)
+        rc = self.stack.up(*(servers or SERVERS), timeout=timeout)
+        if self.secure and isinstance(self.clients, PlainClients):
+            self.clients = SecureClients(stack_exports(self.stack.env, self.repo))
+        return rc
 
     def stack_down(self):
         return self.stack.down()
@@ -92,15 +109,18 @@ class System:
     def direct_env(self):
         """stocksvr settings straight to the servers (setup, operator commands, checker)."""
         env = dict(self.env)
+        # Secure: the stack's own settings of the service principal (TLS, SASL, secret files).
+        env.update(self.clients.service_env())
         env.update({
             "STOCKSVR__KAFKA__BROKERS": self.kafka_direct,
             "STOCKSVR__REGISTRY__URL": self.registry_url,
-            "STOCKSVR__MYSQL__URL": f"mysql://stocksvr:stocksvr@127.0.0.1:{self.port['mariadb']}/stocksvr",
-            "STOCKSVR__REDIS__URL": f"redis://127.0.0.1:{self.port['redis']}/",
             "STOCKSVR__HTTP__LISTEN": f"127.0.0.1:{self.base + 88}",
             "STOCKSVR__KAFKA__TOPICS_FILE": os.path.join(self.repo, "topics.yaml"),
             "RUST_LOG": "warn",
         })
+        if not self.secure:
+            env["STOCKSVR__MYSQL__URL"] = f"mysql://stocksvr:stocksvr@127.0.0.1:{self.port['mariadb']}/stocksvr"
+            env["STOCKSVR__REDIS__URL"] = f"redis://127.0.0.1:{self.port['redis']}/"
         if self.kafka_brokers > 1:
             env["STOCKSVR__KAFKA__TOPICS_ENVIRONMENT"] = "cluster"
         env.update(self.settings)
@@ -109,10 +129,12 @@ class System:
     def role_env(self, role):
         """A role's settings: MySQL, Redis and Kafka through toxiproxy, the registry direct."""
         env = self.direct_env()
+        # The same URLs (user, TLS parameters) with the proxies' ports.
+        proxied = (("STOCKSVR__MYSQL__URL", "mariadb", "mysql"), ("STOCKSVR__REDIS__URL", "redis", "redis"))
+        for key, server, proxy in proxied:
+            env[key] = env[key].replace(f"127.0.0.1:{self.port[server]}/", f"127.0.0.1:{self.proxy_port[proxy]}/", 1)
         env.update({
-            "STOCKSVR__KAFKA__BROKERS": f"127.0.0.1:{self.proxy_port['kafka']}",
-            "STOCKSVR__MYSQL__URL": f"mysql://stocksvr:stocksvr@127.0.0.1:{self.proxy_port['mysql']}/stocksvr",
-            "STOCKSVR__REDIS__URL": f"redis://127.0.0.1:{self.proxy_port['redis']}/",
+            "STOCKSVR__KAFKA__BROKERS": f"{self.kafka_host}:{self.proxy_port['kafka']}",
             "STOCKSVR__HTTP__LISTEN": f"127.0.0.1:{self.role_port(role)}",
             "STOCKSVR__KAFKA__CLIENT_ID": f"chaos-{role}",
         })
@@ -121,9 +143,10 @@ class System:
         env.pop("RUST_LOG", None)
         return env
 
-    def cli(self, *args, timeout=120):
-        """Run a stocksvr command straight against the servers; (returncode, stdout, stderr)."""
-        p = subprocess.run([self.binary, *args], env=self.direct_env(), cwd=self.repo,
+    def cli(self, *args, timeout=120, env=None):
+        """Run a stocksvr command straight against the servers, `env` on top of its settings
+        (another principal); (returncode, stdout, stderr)."""
+        p = subprocess.run([self.binary, *args], env={**self.direct_env(), **(env or {})}, cwd=self.repo,
                            capture_output=True, text=True, timeout=timeout)
         with open(os.path.join(self.logs, "cli.log"), "a") as log:
             log.write(f"\n$ stocksvr {' '.join(args)}\n-> {p.returncode}\n{p.stdout}{p.stderr}")

@@ -104,12 +104,15 @@ class EventProducer:
     keeps the order of one order's events: they share a key, so a partition, and one idempotent
     producer keeps the order within a partition."""
 
-    def __init__(self, history, bootstrap, registry_url):
+    def __init__(self, history, bootstrap, registry_url, clients=None):
         self.history = history
+        # clients: a secure stack's client settings (stocksvr_harness.secure): the producer is
+        # the `order-service` principal, which may only write the order topic.
+        kafka = clients.kafka("order-service") if clients else {}
         # The order service's outbox would retry for ever; 10 minutes covers any fault here.
-        self.producer = avro.order_producer(bootstrap, "chaos-order-service", linger_ms=5,
+        self.producer = avro.order_producer(bootstrap, "chaos-order-service", security=kafka, linger_ms=5,
                                             message_timeout_ms=600000)
-        self.serializers = avro.Serializers(registry_url)
+        self.serializers = avro.Serializers(registry_url, registry_conf=clients.registry() if clients else None)
         self._heap = []
         self._seq = 0
         self._cv = threading.Condition()

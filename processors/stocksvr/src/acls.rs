@@ -238,4 +238,31 @@ mod tests {
             .lines()
             .all(|l| l.starts_with("# ") || l.starts_with("kafka-acls ")));
     }
+
+    #[test]
+    fn the_example_file_is_what_print_prints_for_the_demo() {
+        // stack/kafka/acls.example is what the secure stack's smoke check applies without a
+        // built binary, and what the docs show: it must not drift from the code.
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../stack/kafka/acls.example"
+        );
+        let file = std::fs::read_to_string(path).expect("stack/kafka/acls.example");
+        let listed: String = file
+            .lines()
+            .filter(|l| !l.starts_with("## "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let demo = KafkaSettings {
+            brokers: "<b>".into(),
+            group_prefix: KafkaSettings::default().group_prefix,
+            ..kafka("demo")
+        };
+        assert_eq!(
+            listed,
+            print(Role::All, &demo, None).expect("text"),
+            "stack/kafka/acls.example: print it again with \
+             STOCKSVR__KAFKA__TOPIC_NAMESPACE=demo STOCKSVR__KAFKA__BROKERS='<b>' stocksvr acls print --role all"
+        );
+    }
 }

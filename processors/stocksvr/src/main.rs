@@ -195,10 +195,29 @@ async fn main() -> std::process::ExitCode {
     match run(cli.command, settings).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("stocksvr: {e:#}");
+            eprintln!("stocksvr: {}", chain_text(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, `: ` between them, as anyhow's `{:#}` writes them but without
+/// a cause the text before it already ends with: sqlx's and redis' errors print their
+/// source inside their own message, so `{:#}` said `1045 (28000): Access denied …` three
+/// times in a row.
+fn chain_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.ends_with(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 async fn run(command: Command, settings: Settings) -> anyhow::Result<std::process::ExitCode> {
@@ -298,5 +317,49 @@ async fn run(command: Command, settings: Settings) -> anyhow::Result<std::proces
             println!("{}", serde_json::to_string_pretty(&settings)?);
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain_text;
+
+    #[derive(Debug)]
+    struct Inner;
+    impl std::fmt::Display for Inner {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("1045: Access denied")
+        }
+    }
+    impl std::error::Error for Inner {}
+
+    /// An error that prints its source inside its own message, as sqlx's do.
+    #[derive(Debug)]
+    struct Outer(Inner);
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "mysql: {}", self.0)
+        }
+    }
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_said_is_not_said_again() {
+        let e = anyhow::Error::new(Outer(Inner)).context("connecting to mysql://u:***@h/db");
+        assert_eq!(
+            chain_text(&e),
+            "connecting to mysql://u:***@h/db: mysql: 1045: Access denied"
+        );
+        assert_eq!(
+            format!("{e:#}"),
+            "connecting to mysql://u:***@h/db: mysql: 1045: Access denied: 1045: Access denied",
+            "what anyhow alone writes"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(chain_text(&plain), "outer: inner");
     }
 }

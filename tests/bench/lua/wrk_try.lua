@@ -15,8 +15,12 @@
 -- code of an error body; for an order, ALL<n> when all_reserved, else the number of RESERVED
 -- items or the first item error). stdio buffers are
 -- flushed when wrk exits normally. done() prints one JSON line starting with "WRKJSON ".
+-- WRK_AUTHORIZATION (environment): the value of an Authorization header sent with every
+-- request (a caller token of a secured listener; never on the command line or in a log).
 
 local REPEAT_IDS = 100
+local HEADERS = { ["Content-Type"] = "application/json" }
+if os.getenv("WRK_AUTHORIZATION") then HEADERS["Authorization"] = os.getenv("WRK_AUTHORIZATION") end
 
 local threads = {}
 local next_tid = 1
@@ -50,7 +54,7 @@ function request()
     local dish = dish_base + (counter % dishes)
     local body = '{"order_id":' .. id .. ',"order_item_id":' .. id .. ',"merchant_id":' .. merchant ..
       ',"dish_id":' .. string.format("%d", dish) .. ',"quantity":1,"order_type":"INSTANT"}'
-    return wrk.format("POST", "/v1/reservations", { ["Content-Type"] = "application/json" }, body)
+    return wrk.format("POST", "/v1/reservations", HEADERS, body)
   end
   local items = {}
   for k = 0, 2 do
@@ -59,8 +63,7 @@ function request()
   end
   local body = '{"merchant_id":' .. merchant .. ',"order_type":"INSTANT","items":[' ..
     table.concat(items, ",") .. ']}'
-  return wrk.format("POST", "/v1/orders/" .. id .. "/reservations",
-    { ["Content-Type"] = "application/json" }, body)
+  return wrk.format("POST", "/v1/orders/" .. id .. "/reservations", HEADERS, body)
 end
 
 function response(status, headers, body)

@@ -70,8 +70,9 @@ def schema_id(value):
 class Serializers:
     """One AvroSerializer per event (`schemas/<Event>.avsc`), sharing one registry client."""
 
-    def __init__(self, registry_url, events=ORDER_EVENTS, schemas_dir=SCHEMAS):
-        self.registry = SchemaRegistryClient({"url": registry_url})
+    def __init__(self, registry_url, events=ORDER_EVENTS, schemas_dir=SCHEMAS, registry_conf=None):
+        # registry_conf: more client settings (a secure registry's CA and credentials).
+        self.registry = SchemaRegistryClient({"url": registry_url, **(registry_conf or {})})
         self.by_event = {}
         for name in events:
             with open(os.path.join(schemas_dir, f"{name}.avsc"), encoding="utf-8") as f:
@@ -82,10 +83,11 @@ class Serializers:
         return self.by_event[event](payload, SerializationContext(topic, MessageField.VALUE))
 
 
-def order_producer(bootstrap, client_id=None, **conf):
-    """The order service's producer: idempotent, acks=all; `conf` adds or overrides librdkafka
-    settings with underscores for dots (linger_ms=5, message_timeout_ms=600000)."""
-    settings = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"}
+def order_producer(bootstrap, client_id=None, security=None, **conf):
+    """The order service's producer: idempotent, acks=all; `security` adds librdkafka settings
+    as they are spelled (a secure cluster's), `conf` adds or overrides settings with
+    underscores for dots (linger_ms=5, message_timeout_ms=600000)."""
+    settings = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", **(security or {})}
     if client_id:
         settings["client.id"] = client_id
     settings.update({k.replace("_", "."): v for k, v in conf.items()})

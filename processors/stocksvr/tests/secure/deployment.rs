@@ -40,6 +40,23 @@ fn bin() -> Command {
 impl Deployment {
     /// Set up with every printed ACL but the lines containing `withhold` (none when empty).
     pub async fn new(withhold: &str) -> Self {
+        let deployment = Self::without_kafka().await;
+        let printed = deployment.run(&["acls", "print", "--role", "all"], &[]);
+        let granted: String = printed
+            .lines()
+            .filter(|l| withhold.is_empty() || !l.contains(withhold))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        deployment.apply_acls(&granted);
+        let admin = deployment.stack.kafka_principal_env("TOPICS_ADMIN");
+        deployment.run(&["topics", "apply"], &admin);
+        deployment.run(&["schemas", "register"], &[]);
+        deployment
+    }
+
+    /// Its namespace and database only: no ACLs, topics or schemas, for a test of the
+    /// operator commands that reach MySQL and Redis alone.
+    pub async fn without_kafka() -> Self {
         stocksvr_pipeline::tls::install_crypto_provider();
         let stack = secure_stack();
         let ns = unique("t");
@@ -55,25 +72,14 @@ impl Deployment {
             ),
             ("STOCKSVR__MYSQL__URL".into(), db.url.clone()),
         ]);
-        let deployment = Self {
+        Self {
             stack,
             ns,
             db,
             env,
             outputs: Mutex::default(),
             logs: Mutex::default(),
-        };
-        let printed = deployment.run(&["acls", "print", "--role", "all"], &[]);
-        let granted: String = printed
-            .lines()
-            .filter(|l| withhold.is_empty() || !l.contains(withhold))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        deployment.apply_acls(&granted);
-        let admin = stack.kafka_principal_env("TOPICS_ADMIN");
-        deployment.run(&["topics", "apply"], &admin);
-        deployment.run(&["schemas", "register"], &[]);
-        deployment
+        }
     }
 
     /// `scripts/stack acls apply` of `lines`; what it said is kept with the outputs.
@@ -116,6 +122,14 @@ impl Deployment {
 
     /// Runs `stocksvr <args>` to success and returns its standard output.
     pub fn run(&self, args: &[&str], extra: &[(String, String)]) -> String {
+        let (ok, stdout, stderr) = self.try_run(args, extra);
+        assert!(ok, "stocksvr {args:?} failed: {stdout}{stderr}");
+        stdout
+    }
+
+    /// Runs `stocksvr <args>` to its end: whether it succeeded, its standard output and
+    /// its standard error.
+    pub fn try_run(&self, args: &[&str], extra: &[(String, String)]) -> (bool, String, String) {
         let out = stocksvr_test_support::output_within(
             self.command(extra).args(args),
             Duration::from_secs(120),
@@ -125,11 +139,7 @@ impl Deployment {
             String::from_utf8_lossy(&out.stderr).to_string(),
         );
         self.keep(format!("{stdout}{stderr}"));
-        assert!(
-            out.status.success(),
-            "stocksvr {args:?} failed: {stdout}{stderr}"
-        );
-        stdout
+        (out.status.success(), stdout, stderr)
     }
 
     /// `stocksvr all` on a free port, with `extra` variables.
@@ -172,8 +182,14 @@ impl Deployment {
     }
 
     /// No password or token of the stack, nor any of `more`, in any output or log line of
-    /// this deployment.
+    /// this deployment (which must have written more than 50 lines).
     pub fn assert_no_secret_in_any_output(&self, more: &[&str]) {
+        self.assert_no_secret_in_outputs(more, 50);
+    }
+
+    /// As [`Deployment::assert_no_secret_in_any_output`], with at least `min_lines` lines
+    /// written (a deployment that only ran commands writes few).
+    pub fn assert_no_secret_in_outputs(&self, more: &[&str], min_lines: usize) {
         let mut texts = self
             .outputs
             .lock()
@@ -190,7 +206,10 @@ impl Deployment {
             secrets.len()
         );
         let lines: usize = texts.iter().map(|t| t.lines().count()).sum();
-        assert!(lines > 50, "there are logs to look at: {lines} lines");
+        assert!(
+            lines > min_lines,
+            "there are logs to look at: {lines} lines"
+        );
         for secret in &secrets {
             for text in &texts {
                 assert!(
