@@ -186,31 +186,33 @@ const OFFSETS: [u16; 9] = [7, 80, 81, 82, 88, 90, 92, 93, 95];
 
 /// A port base whose stack ports are all free now: within `STOCKSVR_TEST_PORT_RANGE`
 /// (`27000-27499`: the ports agreed for one user of a shared machine; stacks 100 apart, as
-/// a private stack uses its base + 7 to + 95) when set, else anywhere from 20000.
+/// a private stack uses its base + 7 to + 95) when set, else from 20000 up to the kernel's
+/// ephemeral ports. Never among those: a port free when it was picked could be taken by
+/// any outgoing connection in the half minute before its server binds it (a secure
+/// stack's registry, last to start, once found its management port so taken).
 fn free_base() -> u16 {
     let free = |base: u16| {
         OFFSETS
             .iter()
             .all(|o| TcpListener::bind(("127.0.0.1", base + o)).is_ok())
     };
-    let (low, slots, step) = match std::env::var("STOCKSVR_TEST_PORT_RANGE") {
-        Ok(range) => {
-            let bounds = range
-                .split_once('-')
-                .and_then(|(lo, hi)| {
-                    Some((
-                        lo.trim().parse::<u16>().ok()?,
-                        hi.trim().parse::<u16>().ok()?,
-                    ))
-                })
-                .filter(|(lo, hi)| hi.saturating_sub(*lo) >= 99);
-            let Some((lo, hi)) = bounds else {
-                panic!("STOCKSVR_TEST_PORT_RANGE={range}: expected LOW-HIGH, at least 100 ports");
-            };
-            (lo, (hi - lo + 1) / 100, 100)
-        }
-        Err(_) => (20_000, 200, 200),
+    let (lo, hi) = match std::env::var("STOCKSVR_TEST_PORT_RANGE") {
+        Ok(range) => range
+            .split_once('-')
+            .and_then(|(lo, hi)| {
+                Some((
+                    lo.trim().parse::<u16>().ok()?,
+                    hi.trim().parse::<u16>().ok()?,
+                ))
+            })
+            .filter(|(lo, hi)| hi.saturating_sub(*lo) >= 99)
+            .unwrap_or_else(|| {
+                panic!("STOCKSVR_TEST_PORT_RANGE={range}: expected LOW-HIGH, at least 100 ports")
+            }),
+        Err(_) => (20_000, ephemeral_low().saturating_sub(1)),
     };
+    let (low, slots, step) = (lo, (hi.saturating_sub(lo) + 1) / 100, 100);
+    assert!(slots > 0, "no room for a private stack in ports {lo}-{hi}");
     // Random order: tests starting stacks at once rarely try the same base first.
     let first = rand_u16() % slots;
     for k in 0..slots {
@@ -220,6 +222,15 @@ fn free_base() -> u16 {
         }
     }
     panic!("no free port range for a private stack");
+}
+
+/// The first of the ports the kernel hands to outgoing connections (Linux: 32768 unless
+/// tuned).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 fn rand_u16() -> u16 {
