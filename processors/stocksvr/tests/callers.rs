@@ -226,12 +226,7 @@ async fn only_configured_callers_with_the_scope_get_through_and_revoking_needs_n
         404
     );
 
-    let metrics = reqwest::get(format!("{}/metrics", server.base))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("body");
+    let metrics = common::api::metrics_text(&server).await;
     for series in [
         r#"stocksvr_http_auth_total{client="orders",outcome="allowed"}"#,
         r#"stocksvr_http_auth_total{client="anonymous",outcome="unauthorized"} 1"#,

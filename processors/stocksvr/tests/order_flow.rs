@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::api::{get, post, shop, wait_for_api, Shop};
+use common::api::{get, metrics_text, post, shop, wait_for_api, Shop};
 use common::server::Server;
 use serde_json::{json, Value};
 use std::process::Command;
@@ -573,12 +573,7 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
     // A forced second replay is delivered and processed, and changes nothing.
     assert_eq!(replay(true).await.expect("replay").status().as_u16(), 200);
     let processed = eventually(Duration::from_secs(60), || async {
-        let metrics = reqwest::get(format!("{}/metrics", server.base))
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
+        let metrics = metrics_text(&server).await;
         metrics
             .lines()
             .any(|l| l.starts_with("stocksvr_events_applied_total{processor=\"order-lifecycle\",outcome=\"duplicate\"}"))
@@ -604,12 +599,7 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
 
 /// Rounds the re-driver of parked order events has made so far, from `/metrics`.
 async fn redriver_rounds(server: &Server) -> u64 {
-    let metrics = reqwest::get(format!("{}/metrics", server.base))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = metrics_text(server).await;
     metrics
         .lines()
         .filter(|l| {

@@ -12,7 +12,7 @@
 mod common;
 
 use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
-use common::api::{get, post, shop, wait_for_api, Shop};
+use common::api::{get, metrics_text, post, shop, wait_for_api, Shop};
 use common::server::Server;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -239,12 +239,7 @@ async fn wait_for_status(server: &Server, id: u64, status: &str, within: Duratio
 /// Polls `/metrics` until the counter line `prefix` shows at least `want`.
 async fn wait_for_metric(server: &Server, prefix: &str, want: f64, within: Duration) {
     let reached = eventually_ok(within, || async {
-        let text = reqwest::get(format!("{}/metrics", server.base))
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
+        let text = metrics_text(server).await;
         let value = text
             .lines()
             .find(|l| l.starts_with(prefix))

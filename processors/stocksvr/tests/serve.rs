@@ -29,12 +29,7 @@ async fn all_serves_health_and_dead_letters_garbage() {
         .await
         .expect("healthz");
     assert_eq!(healthz.status().as_u16(), 200);
-    let metrics = reqwest::get(format!("{}/metrics", server.base))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("body");
+    let metrics = common::api::metrics_text(&server).await;
     assert!(metrics.contains("stocksvr_build_info"), "{metrics}");
     assert!(metrics.contains("stocksvr_dependency_ready"), "{metrics}");
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::api::{get, post, shop, wait_for_api};
+use common::api::{get, metrics_text, post, shop, wait_for_api};
 use serde_json::{json, Value};
 use std::time::Duration;
 use stocksvr_core::bucket::BucketKey;
@@ -76,12 +76,7 @@ async fn try_api_reserves_repeats_and_reads() {
     ] {
         assert!(doc["paths"].get(path).is_some(), "openapi lacks {path}");
     }
-    let metrics = reqwest::get(format!("{}/metrics", server.base))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = metrics_text(&server).await;
     assert!(
         metrics.contains("stocksvr_reservation_operations_total"),
         "{metrics}"

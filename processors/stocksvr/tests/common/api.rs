@@ -78,6 +78,16 @@ pub async fn post(server: &Server, path: &str, body: &str) -> (u16, Value) {
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
+/// What the server's `/metrics` says now.
+pub async fn metrics_text(server: &Server) -> String {
+    reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text")
+}
+
 pub async fn get(server: &Server, path: &str) -> (u16, Value) {
     let resp = reqwest::get(format!("{}{path}", server.base))
         .await
