@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::api::{get, metrics_text, post, shop, wait_for_api, Shop};
+use common::api::{get, metrics_text, post, series_sum, shop, wait_for_api, Shop};
 use common::server::Server;
 use serde_json::{json, Value};
 use std::process::Command;
@@ -134,27 +134,7 @@ async fn insert_preparing(
 
 /// Polls the reservation until it reaches `status` (processing is asynchronous).
 async fn wait_for_status(server: &Server, id: u64, status: &str) -> Value {
-    wait_for_status_within(server, id, status, Duration::from_secs(60)).await
-}
-
-/// [`wait_for_status`] with a bound of the caller's: a test of how soon something applies.
-async fn wait_for_status_within(server: &Server, id: u64, status: &str, within: Duration) -> Value {
-    let path = format!("/v1/reservations/{id}");
-    let reached = eventually_ok(within, || async {
-        let (code, body) = get(server, &path).await;
-        if code == 200 && body["status"] == status {
-            Ok(body)
-        } else {
-            Err(body)
-        }
-    })
-    .await;
-    reached.unwrap_or_else(|last| {
-        panic!(
-            "reservation {id} never reached {status}: last {last}; log:\n{}",
-            server.log()
-        )
-    })
+    common::flow::wait_for_status(server, id, status, Duration::from_secs(60)).await
 }
 
 async fn redis_numbers(server: &Server, shop: &Shop) -> (i64, i64, i64) {
@@ -600,14 +580,11 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
 /// Rounds the re-driver of parked order events has made so far, from `/metrics`.
 async fn redriver_rounds(server: &Server) -> u64 {
     let metrics = metrics_text(server).await;
-    metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("stocksvr_periodic_rounds_total{")
-                && l.contains("task=\"deferred order events\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    series_sum(
+        &metrics,
+        "stocksvr_periodic_rounds_total{",
+        "task=\"deferred order events\"",
+    ) as u64
 }
 
 /// A parked event whose predecessor is finished by another actor (here a confirm step that
@@ -689,7 +666,7 @@ async fn a_parked_event_applies_soon_after_another_process_settles_what_it_waite
             .expect("back to CONFIRMED");
     assert_eq!(settled.rows_affected(), 1);
     let settled_at = Instant::now();
-    wait_for_status_within(&server, r, "REFUNDED", Duration::from_secs(8)).await;
+    common::flow::wait_for_status(&server, r, "REFUNDED", Duration::from_secs(8)).await;
     println!(
         "parked {parked_at:?} after the re-driver's 7th round, REFUNDED {:?} after the \
          predecessor settled",

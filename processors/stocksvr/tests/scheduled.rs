@@ -12,7 +12,8 @@
 mod common;
 
 use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
-use common::api::{get, metrics_text, post, shop, wait_for_api, Shop};
+use common::api::{get, metrics_text, post, series_sum, shop, wait_for_api, Shop};
+use common::flow::wait_for_status;
 use common::server::Server;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -216,36 +217,10 @@ async fn confirm_due(env: &common::TestEnv, reservation: &Value) {
     .await;
 }
 
-/// Polls the reservation until it reaches `status`, at most `within`.
-async fn wait_for_status(server: &Server, id: u64, status: &str, within: Duration) -> Value {
-    let path = format!("/v1/reservations/{id}");
-    let reached = eventually_ok(within, || async {
-        let (code, body) = get(server, &path).await;
-        if code == 200 && body["status"] == status {
-            Ok(body)
-        } else {
-            Err(body)
-        }
-    })
-    .await;
-    reached.unwrap_or_else(|last| {
-        panic!(
-            "reservation {id} never reached {status} within {within:?}: last {last}; log:\n{}",
-            server.log()
-        )
-    })
-}
-
 /// Polls `/metrics` until the counter line `prefix` shows at least `want`.
 async fn wait_for_metric(server: &Server, prefix: &str, want: f64, within: Duration) {
     let reached = eventually_ok(within, || async {
-        let text = metrics_text(server).await;
-        let value = text
-            .lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0);
+        let value = series_sum(&metrics_text(server).await, prefix, "");
         if value >= want {
             Ok(())
         } else {

@@ -88,6 +88,16 @@ pub async fn metrics_text(server: &Server) -> String {
         .expect("metrics text")
 }
 
+/// The sum of the series in `metrics` (a `/metrics` text) whose line starts with `prefix`
+/// (a name, or a name and labels) and contains `matching`; 0 when there is none.
+pub fn series_sum(metrics: &str, prefix: &str, matching: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix) && l.contains(matching))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 pub async fn get(server: &Server, path: &str) -> (u16, Value) {
     let resp = reqwest::get(format!("{}{path}", server.base))
         .await

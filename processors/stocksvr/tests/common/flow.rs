@@ -214,3 +214,24 @@ pub fn tail(log: &str, lines: usize) -> String {
     let all: Vec<&str> = log.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+/// Polls the reservation until it reaches `status`, at most `within`; panics with its last
+/// state and the server log.
+pub async fn wait_for_status(server: &Server, id: u64, status: &str, within: Duration) -> Value {
+    let path = format!("/v1/reservations/{id}");
+    let reached = eventually_ok(within, || async {
+        let (code, body) = super::api::get(server, &path).await;
+        if code == 200 && body["status"] == status {
+            Ok(body)
+        } else {
+            Err(body)
+        }
+    })
+    .await;
+    reached.unwrap_or_else(|last| {
+        panic!(
+            "reservation {id} never reached {status} within {within:?}: last {last}; log:\n{}",
+            server.log()
+        )
+    })
+}
