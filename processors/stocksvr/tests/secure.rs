@@ -418,17 +418,20 @@ async fn wrong_kafka_and_redis_passwords_are_each_named_once_without_a_retry_sto
     ]);
     let kafka_cause = "SASL authentication failed for user stocksvr";
     let redis_cause = "Password authentication failed";
+    // Polled, not read once: each readiness check opens connections of its own, and on a
+    // loaded machine one can time out (`redis: timed out`) before it is refused.
+    let both_named = |code: u16, body: &Value| {
+        code == 503
+            && body["dependencies"]["kafka"]["error"] == kafka_cause
+            && body["dependencies"]["redis"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains(redis_cause))
+    };
     let ready = service
         .readyz_until(
             "both refused passwords named",
             Duration::from_secs(90),
-            |code, body| {
-                code == 503
-                    && body["dependencies"]["kafka"]["error"] == kafka_cause
-                    && body["dependencies"]["redis"]["error"]
-                        .as_str()
-                        .is_some_and(|e| e.contains(redis_cause))
-            },
+            both_named,
         )
         .await;
     assert_eq!(ready["dependencies"]["mysql"]["ok"], true, "{ready}");
@@ -436,17 +439,13 @@ async fn wrong_kafka_and_redis_passwords_are_each_named_once_without_a_retry_sto
     // trying: seen refused again, and still said once each.
     refused_again(&service, "kafka", kafka_cause, 10).await;
     refused_again(&service, "redis", redis_cause, 1).await;
-    let (_, still) = service.get("/readyz").await;
-    assert_eq!(
-        still["dependencies"]["kafka"]["error"], kafka_cause,
-        "{still}"
-    );
-    assert!(
-        still["dependencies"]["redis"]["error"]
-            .as_str()
-            .is_some_and(|e| e.contains(redis_cause)),
-        "{still}"
-    );
+    service
+        .readyz_until(
+            "both refusals still named",
+            Duration::from_secs(60),
+            both_named,
+        )
+        .await;
     let complaints = service.complaints();
     for (dependency, cause) in [("kafka", kafka_cause), ("redis", redis_cause)] {
         let told = complaints
