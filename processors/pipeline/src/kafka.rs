@@ -11,7 +11,7 @@ use rdkafka::admin::AdminClient;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// Base configuration: brokers, a client id naming the role, the security settings, and
 /// the operator's extra properties (`kafka.properties`) applied last so they win. Every
@@ -108,12 +108,21 @@ pub fn producer(settings: &KafkaSettings, role: &str) -> Result<Producer, KafkaE
     Ok(producer)
 }
 
-/// Asks the cluster for its metadata; the readiness probe and `topics` use it.
+/// Asks the cluster for its metadata over a client of its own; `topics` uses it.
 pub async fn fetch_metadata(
     settings: &KafkaSettings,
 ) -> Result<rdkafka::metadata::Metadata, KafkaError> {
-    let admin = admin_client(settings)?;
-    let timeout = settings.request_timeout();
+    let admin = Arc::new(admin_client(settings)?);
+    fetch_metadata_on(&admin, settings.request_timeout()).await
+}
+
+/// Asks the cluster for its metadata over `admin`, which keeps its connections between
+/// calls (the readiness probe asks every few seconds).
+pub async fn fetch_metadata_on(
+    admin: &Arc<AdminClient<KafkaContext>>,
+    timeout: std::time::Duration,
+) -> Result<rdkafka::metadata::Metadata, KafkaError> {
+    let admin = Arc::clone(admin);
     tokio::task::spawn_blocking(move || admin.inner().fetch_metadata(None, timeout))
         .await
         .map_err(|_| KafkaError::Canceled)?

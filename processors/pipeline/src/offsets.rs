@@ -217,7 +217,8 @@ fn committed(
     for (topic, partition) in partitions {
         tpl.add_partition(topic, *partition);
     }
-    let tpl = consumer.committed_offsets(tpl, timeout)?;
+    let tpl =
+        through_a_coordinator_move(timeout, || consumer.committed_offsets(tpl.clone(), timeout))?;
     let mut found = BTreeMap::new();
     for elem in tpl.elements() {
         elem.error()?;
@@ -228,6 +229,46 @@ fn committed(
         found.insert((elem.topic().to_string(), elem.partition()), offset);
     }
     Ok(found)
+}
+
+/// Whether the group's coordinator is moving (a leader election of `__consumer_offsets`, a
+/// broker fenced by its controller on a loaded host): the broker says so at once instead of
+/// answering, and asking again shortly finds the new coordinator.
+fn coordinator_is_moving(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+        )
+    )
+}
+
+/// `ask` (a read or commit of a group's offsets) asked again while the group's coordinator
+/// moves, within `timeout`: librdkafka hands `NotCoordinator` back to such one-shot calls
+/// rather than retrying them.
+pub fn through_a_coordinator_move<T>(
+    timeout: Duration,
+    mut ask: impl FnMut() -> Result<T, KafkaError>,
+) -> Result<T, KafkaError> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut attempt = 0;
+    loop {
+        match ask() {
+            Err(e) if coordinator_is_moving(&e) && std::time::Instant::now() < deadline => {
+                let wait = stocksvr_core::backoff::jittered(
+                    attempt,
+                    Duration::from_millis(100),
+                    Duration::from_secs(1),
+                );
+                tracing::debug!(error = %e, ?wait, "the group coordinator is moving; asking again");
+                std::thread::sleep(wait);
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 fn watermarks(
@@ -474,7 +515,8 @@ pub async fn execute_reset(
         // a commit from outside only while the group is empty, so a member that joined since
         // the check above makes this fail instead of racing it.
         consumer.assign(&tpl)?;
-        let result = consumer.commit(&tpl, CommitMode::Sync);
+        let result =
+            through_a_coordinator_move(timeout, || consumer.commit(&tpl, CommitMode::Sync));
         consumer.unassign()?;
         if let Err(KafkaError::ConsumerCommit(code)) = &result {
             if matches!(
@@ -511,6 +553,23 @@ pub async fn execute_reset(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_moving_coordinator_is_asked_again() {
+        let fetch = |code| KafkaError::MetadataFetch(code);
+        assert!(coordinator_is_moving(&fetch(
+            RDKafkaErrorCode::NotCoordinator
+        )));
+        assert!(coordinator_is_moving(&fetch(
+            RDKafkaErrorCode::CoordinatorLoadInProgress
+        )));
+        assert!(!coordinator_is_moving(&fetch(
+            RDKafkaErrorCode::GroupAuthorizationFailed
+        )));
+        assert!(!coordinator_is_moving(&fetch(
+            RDKafkaErrorCode::UnknownTopicOrPartition
+        )));
+    }
 
     #[test]
     fn earliest_and_latest_are_the_watermarks() {

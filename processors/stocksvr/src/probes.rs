@@ -5,11 +5,14 @@
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use rdkafka::admin::AdminClient;
 use sqlx::MySqlPool;
+use std::sync::{Arc, PoisonError};
 use stocksvr_pipeline::causes;
 use stocksvr_pipeline::config::KafkaSettings;
 use stocksvr_pipeline::failure::{describe_sqlx, Dependency};
 use stocksvr_pipeline::http::{Advisory, Probe};
+use stocksvr_pipeline::kafka::KafkaContext;
 use stocksvr_pipeline::registry::RegistryClient;
 
 pub struct KafkaProbe {
@@ -20,6 +23,10 @@ pub struct KafkaProbe {
     /// The deployment's topics (dead-letter topics included), each of which must be
     /// visible to this process.
     pub topics: Vec<String>,
+    /// The client the checks share while nothing refuses the process, so a check costs one
+    /// metadata request instead of a new connection (a TLS handshake and a SCRAM exchange
+    /// with `SASL_SSL`, which took half a second on a loaded host).
+    client: std::sync::Mutex<Option<Arc<AdminClient<KafkaContext>>>>,
 }
 
 impl KafkaProbe {
@@ -31,14 +38,33 @@ impl KafkaProbe {
             settings: settings.clone(),
             within: readiness_timeout * 3 / 4,
             topics,
+            client: std::sync::Mutex::default(),
         }
+    }
+
+    /// The shared client, or a new one while a refusal is kept: only a connection that
+    /// authenticated just now proves a refused password or an untrusted certificate gone
+    /// (a kept connection authenticated before the change). The new client is kept.
+    fn client(&self) -> Result<Arc<AdminClient<KafkaContext>>, String> {
+        let mut kept = self.client.lock().unwrap_or_else(PoisonError::into_inner);
+        let refused = !causes::current(Dependency::Kafka).is_empty();
+        if let (Some(client), false) = (kept.as_ref(), refused) {
+            return Ok(Arc::clone(client));
+        }
+        let client = Arc::new(
+            stocksvr_pipeline::kafka::admin_client(&self.settings).map_err(|e| e.to_string())?,
+        );
+        *kept = Some(Arc::clone(&client));
+        Ok(client)
     }
 
     /// Metadata of the cluster, with every declared topic in it.
     async fn metadata(&self) -> Result<(), String> {
-        let metadata = stocksvr_pipeline::kafka::fetch_metadata(&self.settings)
-            .await
-            .map_err(|e| e.to_string())?;
+        let client = self.client()?;
+        let metadata =
+            stocksvr_pipeline::kafka::fetch_metadata_on(&client, self.settings.request_timeout())
+                .await
+                .map_err(|e| e.to_string())?;
         if metadata.brokers().is_empty() {
             return Err("metadata lists no broker".into());
         }

@@ -71,7 +71,10 @@ fn try_commit(group: &str, topic: &str, offsets: &[i64]) -> KafkaResult<()> {
         tpl.add_partition_offset(topic, partition as i32, Offset::Offset(*offset))?;
     }
     consumer.assign(&tpl)?;
-    consumer.commit(&tpl, CommitMode::Sync)
+    // A stack just started may still be loading the group's coordinator.
+    offsets::through_a_coordinator_move(Duration::from_secs(10), || {
+        consumer.commit(&tpl, CommitMode::Sync)
+    })
 }
 
 fn row(topic: &str, partition: i32, committed: i64) -> PartitionOffsets {
