@@ -266,6 +266,16 @@ class Bench:
         return {t: (int(r), int(c)) for t, r, c in rows}
 
     @staticmethod
+    def rows_changed(rec, n):
+        """Rows changed (inserted + updated + deleted, MariaDB's user statistics) over every
+        table per unit of a phase recorded with tables=True, `n` units in it; None without
+        them. Unlike the Handler_* counts this leaves out a failed insert attempt (an upsert
+        that updates) and the rows of internal temporary tables."""
+        if not n or not rec.get("tables"):
+            return None
+        return sum(changed for _, changed in rec["tables"].values()) / n
+
+    @staticmethod
     def table_line(rec, n, unit):
         """The rows each table changed (and read, where it read more) per `unit` of a phase
         recorded with tables=True, `n` units in it; tables under 0.01 a unit left out."""

@@ -199,6 +199,7 @@ def wrk_load(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_whe
     res["note"] = (f"{res['stmts_per_try']:.1f} stmt/Try ({res['mix']}), {res['pings_per_try']:.2f} pings/Try, "
                    f"{res['fsyncs_per_try']:.2f} log flushes/Try; rows/Try "
                    + ", ".join(f"{v:.1f} {k}" for k, v in res["rows_per_try"].items()) if items else "no 2xx")
+    res["rows_changed_per_try"] = b.rows_changed(rec, items)
     tables = b.table_line(rec, items, "Try")
     if tables:
         res["note"] += "; " + tables
@@ -217,6 +218,14 @@ def wrk_load(b, r, name, mode, conns, secs, dish_base, dishes, quota=0, stop_whe
         res["note"] += f"; {died}"
     b.raw[name] = {k: v for k, v in res.items() if k != "responses"}
     return res
+
+
+def _rows_figure(b, key, label, res):
+    """The rows a load changed per Try over every table (the API's writes and, in the same
+    seconds, the relay's and the projector's for those Trys), as a figure of its own."""
+    if res.get("rows_changed_per_try") is not None:
+        b.fig.add(key, label, res["rows_changed_per_try"], "rows/Try",
+                  note="information_schema.table_statistics rows_changed delta / 2xx Trys; issue 48 target <= 4")
 
 
 def _groups(m0, m1):
@@ -276,11 +285,14 @@ def part_http(b, init=False):
               note=f"stocksvr_projection_delay_seconds, {hot['delay_n']:.0f} events, bucket interpolation; "
                    + ("over 100 ms: " + (f"{hot['delay_over_100ms'] * 100:.1f}%"
                                          if hot.get("delay_over_100ms") is not None else "unknown")))
+    _rows_figure(b, "rows_per_try_hot", "MariaDB rows changed per Try, hot dish (every table, whole pipeline)", hot)
     quiet(b)
     b.log(f"Try through HTTP, {P['cold_dishes']} cold dishes, 64 connections, {P['try_secs']} s")
     cold = wrk_load(b, b.all, "try-cold-64", "single", 64, P["try_secs"], COLD_BASE, P["cold_dishes"])
     b.fig.add("try_http_cold", f"Try through HTTP, {P['cold_dishes']:,} cold dishes, 64 conn", cold["rate"],
               p50_ms=cold["p50_ms"], p99_ms=cold["p99_ms"], concurrency=64, note=cold["note"])
+    _rows_figure(b, "rows_per_try_cold", "MariaDB rows changed per Try, cold dishes (every table, whole pipeline)",
+                 cold)
     quiet(b)
     b.log(f"order-level Try of 3 dishes, 64 connections, {P['try_secs']} s")
     order = wrk_load(b, b.all, "try-order-64", "order", 64, P["try_secs"], ORDER_DISH, 3)

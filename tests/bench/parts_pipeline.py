@@ -283,6 +283,11 @@ def _orders_round(b, producer, orders, name):
     tables = b.table_line(rec, confirmed, "order")
     if tables:
         b.notes.append(f"{name}: {tables}")
+    if name == "orders" and b.rows_changed(rec, confirmed) is not None:
+        b.fig.add("rows_per_order", "MariaDB rows changed per confirmed order (every table, whole pipeline)",
+                  b.rows_changed(rec, confirmed), "rows/order",
+                  note="information_schema.table_statistics rows_changed delta / orders CONFIRMED; "
+                       "issue 48 target <= 4")
     return {"lat": lat, "proj": proj, "confirmed": confirmed, "confirm_rate": confirm_rate, "took": took,
             "rec": rec, "m": (m0, m1), "age": age, "batch": batch}
 

@@ -205,6 +205,13 @@ def test_the_table_line_lists_rows_per_try_by_table():
     assert bench.Bench.table_line(rec, 0, "Try") == ""
 
 
+def test_rows_changed_per_unit_sum_every_table_and_ignore_reads():
+    rec = {"tables": {"inventory_reservation": (10, 20), "inventory_outbox": (99, 15), "noise": (5, 0)}}
+    assert bench.Bench.rows_changed(rec, 10) == 3.5
+    assert bench.Bench.rows_changed(rec, 0) is None
+    assert bench.Bench.rows_changed({}, 10) is None
+
+
 def test_percentiles_of_whole_ranks_do_not_round_up_past_them():
     values = list(range(1, 1001))
     assert pipeline.pct(values, 99.9) == 999

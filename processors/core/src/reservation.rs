@@ -195,8 +195,9 @@ pub fn decide(current: ReservationStatus, intent: Intent) -> Decision {
 /// otherwise start REFUNDING again, the Lua would replay its first result and the commit
 /// would count the units twice, or even walk a since-confirmed row back to
 /// CREATED_RESERVED with the stale fence phase. `requested_committed` must come from a
-/// record written in the completing TX itself (keyed by operation id), not from the
-/// asynchronously projected ledger. It makes the answer `AlreadyDone` whatever the status.
+/// record written in the completing TX itself (the refund row keyed by operation id, or the
+/// row's [`Reached`] milestones for an OrderCreated), not from the asynchronously projected
+/// ledger. It makes the answer `AlreadyDone` whatever the status.
 ///
 /// REFUNDING with another refund's operation id is not "this refund in progress": that
 /// refund has to finish first, then this one starts, so the answer becomes `NotYet`.
@@ -215,6 +216,52 @@ pub fn decide_for_operation(
             Decision::NotYet { status }
         }
         other => other,
+    }
+}
+
+/// The milestones of an order a reservation has passed, kept as bits in
+/// `inventory_reservation.reached` and set by the completing CAS that lands in them.
+///
+/// A replayed order event is recognised by them instead of by a consumer inbox row: an
+/// OrderCreated replayed after the order was refunded must answer "done", not a reverse-flow
+/// conflict, and the status alone cannot tell "created, then refunded" from "refunded before
+/// it was created" (an OrderCanceled that overtook its OrderCreated). The bits are written in
+/// the row the step already changes, so recognising a replay costs no row of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reached(u8);
+
+impl Reached {
+    /// OrderCreated applied: CREATED_RESERVED (scheduled) or CONFIRMED (instant) was reached.
+    pub const CREATED: u8 = 1;
+    /// The Confirm landed: CONFIRMED was reached.
+    pub const CONFIRMED: u8 = 2;
+
+    pub fn from_bits(bits: u8) -> Self {
+        Self(bits)
+    }
+
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// The bits a CAS landing in `to` adds (every status a refund returns to was reached
+    /// before, so adding them again changes nothing).
+    pub fn landing_in(to: ReservationStatus) -> u8 {
+        match to {
+            ReservationStatus::CreatedReserved => Self::CREATED,
+            ReservationStatus::Confirmed => Self::CREATED | Self::CONFIRMED,
+            _ => 0,
+        }
+    }
+
+    /// Whether `intent` already committed on a row that reached these milestones: the
+    /// `requested_committed` of [`decide_for_operation`] for a Confirm or a MarkCreated.
+    pub fn committed(self, intent: Intent) -> bool {
+        match intent {
+            Intent::Confirm => self.0 & Self::CONFIRMED != 0,
+            Intent::MarkCreated => self.0 & Self::CREATED != 0,
+            Intent::Cancel | Intent::Refund | Intent::PartialRefund => false,
+        }
     }
 }
 

@@ -379,3 +379,92 @@ fn operation_ids_are_deterministic_and_fit_64_chars() {
         assert!(id.len() <= MAX_OPERATION_ID_LEN);
     }
 }
+
+/// Every status reachable from RESERVED along legal edges (up to `depth` steps), with the
+/// milestone bits the CASes along the way set. A refund ends REFUNDED or goes back to the
+/// status it started from (`resume_status`), whatever other edges out of REFUNDING exist.
+fn reachable_with_milestones(depth: usize) -> Vec<(Vec<ReservationStatus>, Reached)> {
+    let mut found = vec![(vec![Reserved], Reached::default())];
+    let mut frontier = found.clone();
+    for _ in 0..depth {
+        let mut next = Vec::new();
+        for (path, reached) in &frontier {
+            let at = *path.last().expect("a path has a start");
+            let resumes = path.len() >= 2 && at == Refunding;
+            let before_refund = resumes.then(|| path[path.len() - 2]);
+            for (from, to) in TRANSITIONS {
+                let resumed = before_refund.is_none_or(|b| *to == b || *to == Refunded);
+                if *from == at && resumed {
+                    let mut longer = path.clone();
+                    longer.push(*to);
+                    let bits = reached.bits() | Reached::landing_in(*to);
+                    next.push((longer, Reached::from_bits(bits)));
+                }
+            }
+        }
+        found.extend(next.iter().cloned());
+        frontier = next;
+    }
+    found
+}
+
+#[test]
+fn a_milestone_never_claims_an_order_event_that_may_still_start() {
+    // If the bits say an OrderCreated (Confirm or MarkCreated) committed, the state machine
+    // must never want to start it again from there: otherwise a replay recognised by the
+    // bits would skip a step that is still due.
+    let paths = reachable_with_milestones(6);
+    assert!(
+        paths.len() > 50,
+        "the walk covers the machine: {}",
+        paths.len()
+    );
+    for (path, reached) in &paths {
+        let at = *path.last().expect("a path has a start");
+        for intent in [Intent::Confirm, Intent::MarkCreated] {
+            if reached.committed(intent) {
+                assert!(
+                    !matches!(decide(at, intent), Decision::Start { .. }),
+                    "{path:?}: {intent:?} is marked committed but would start"
+                );
+            }
+        }
+        for intent in [Intent::Cancel, Intent::Refund, Intent::PartialRefund] {
+            assert!(!reached.committed(intent), "{path:?}: {intent:?}");
+        }
+    }
+}
+
+#[test]
+fn an_order_created_replayed_after_its_refund_is_done_not_a_conflict() {
+    let confirm_op = confirm_operation_id(7);
+    // Instant: confirmed, then refunded in full; the OrderCreated comes again.
+    let reached = Reached::from_bits(Reached::landing_in(Confirmed));
+    let replay = decide_for_operation(
+        Refunded,
+        Intent::Confirm,
+        "op_refund_7",
+        &confirm_op,
+        reached.committed(Intent::Confirm),
+    );
+    assert_eq!(replay, Decision::AlreadyDone);
+    // Scheduled: parked in CREATED_RESERVED, refunded; the OrderCreated comes again.
+    let reached = Reached::from_bits(Reached::landing_in(CreatedReserved));
+    assert!(reached.committed(Intent::MarkCreated));
+    assert!(
+        !reached.committed(Intent::Confirm),
+        "the wheel's confirm is still due"
+    );
+    // Refunded before any OrderCreated (an OrderCanceled that overtook it): still a conflict.
+    let never = Reached::default();
+    assert!(matches!(
+        decide_for_operation(
+            Refunded,
+            Intent::Confirm,
+            "op_refund_7",
+            &confirm_op,
+            never.committed(Intent::Confirm)
+        ),
+        Decision::Conflict { .. }
+    ));
+}

@@ -7,8 +7,11 @@
 //!
 //! Delivery: at-least-once through the shared consumer loop; effects are applied once
 //! because every step is a CAS on the reservation state machine plus an idempotent Lua
-//! operation, and a handled event is recorded in the consumer inbox, so a replay of the
-//! topic recognises it instead of judging it again against a later state.
+//! operation, and a replay of the topic is recognised by what the first delivery wrote
+//! instead of being judged again against a later state: an OrderCreated by the milestone
+//! its CAS set in the reservation (`reached`), a refund by its refund row, a failed order by
+//! its fence, a parked event by its origin, a conflict report by its event id. No row is
+//! written per event for that; inbox rows written by earlier versions are still read.
 //!
 //! Order: records of one order (key order_id) are handled in partition order, but an event
 //! that cannot apply *yet* (a RefundRequested before its OrderCreated, an OrderCreated while
@@ -34,11 +37,9 @@ use std::time::Duration;
 use stocksvr_core::events::{topics, EventKind};
 use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_pipeline::config::KafkaSettings;
-use stocksvr_pipeline::consumer::{
-    self, Applied, Dependency, Failure, Handler, LoopConfig, Record,
-};
+use stocksvr_pipeline::consumer::{self, Applied, Failure, Handler, LoopConfig, Record};
 use stocksvr_pipeline::periodic::{self, Cadence, Round};
-use stocksvr_reservation::{Coalescer, IntentOutcome, ReservationService, ServiceError, Target};
+use stocksvr_reservation::{IntentOutcome, ReservationService, ServiceError, Target};
 use stocksvr_store::order_events::{self, DeferredStatus, NewDeferred};
 use stocksvr_store::reservations::Reservation;
 use stocksvr_store::wheel::TimeWheel;
@@ -51,11 +52,11 @@ pub const NAME: &str = "order-lifecycle";
 /// the same time (an order's own events stay in sequence). One order at a time caps the
 /// processor at one order's round trips (about 6 ms: 164 confirms/s on the bench machine).
 /// An order holds at most one MySQL connection at a time, and only for its own reads: its
-/// writes (the step CAS, the completion, the inbox row) wait in group-commit queues, whose
+/// writes (the step CAS, the completion) wait in group-commit queues, whose
 /// groups hold the connections. So sixteen orders at once stay inside the MySQL pool
 /// (`mysql.max_connections`, 16) that the Try API shares in `stocksvr all`, and the more
-/// orders wait in a queue the larger (and fewer) the groups. Every order event goes through
-/// the inbox, so one handled again after a cut batch changes nothing.
+/// orders wait in a queue the larger (and fewer) the groups. An order event handled again
+/// after a cut batch changes nothing (see the module's delivery note).
 pub const MAX_BATCH: usize = 64;
 pub const CONCURRENT_ORDERS: usize = 16;
 
@@ -81,9 +82,6 @@ pub struct OrderLifecycle {
     group: String,
     /// Where a parked scheduled reservation gets its timer; None: left to the schedule scan.
     wheel: Option<TimeWheel>,
-    /// Inbox rows of the orders in flight, written together; None outside a Tokio runtime
-    /// (each row is then written alone).
-    inbox: Option<Coalescer<String, Result<(), String>>>,
     /// Woken when an event is parked, so the re-driver polls from its shortest sleep again.
     /// What an event waits for is often finished by another actor (a scheduled confirm, the
     /// recovery worker) a moment later, and a re-driver backed off to its longest sleep
@@ -101,30 +99,10 @@ enum Outcome {
 
 impl OrderLifecycle {
     pub fn new(service: Arc<ReservationService>, group: impl Into<String>) -> Self {
-        let group = group.into();
-        let inbox = tokio::runtime::Handle::try_current().is_ok().then(|| {
-            let pool = service.pool().clone();
-            let consumer_group = group.clone();
-            // One group in flight: the inbox INSERT is short, and a second would only split
-            // the queue that forms behind the first.
-            Coalescer::spawn(MAX_BATCH, 1, move |event_ids: Vec<String>| {
-                let pool = pool.clone();
-                let consumer_group = consumer_group.clone();
-                async move {
-                    let written =
-                        order_events::mark_handled_many(&pool, &event_ids, &consumer_group).await;
-                    // sqlx errors do not clone: each event gets the error's text, and the
-                    // caller classifies the inbox write as an unavailable MySQL.
-                    let answer = written.map_err(|e| e.to_string());
-                    event_ids.iter().map(|_| answer.clone()).collect()
-                }
-            })
-        });
         Self {
             service,
-            group,
+            group: group.into(),
             wheel: None,
-            inbox,
             parked: Notify::new(),
         }
     }
@@ -164,26 +142,6 @@ impl OrderLifecycle {
     pub(crate) fn order_id(event: &OrderEvent) -> Result<u64, Failure> {
         stocksvr_core::ids::check_id(u64::try_from(event.order_id()).unwrap_or(0))
             .map_err(|e| Failure::Invalid(format!("order_id {}: {e}", event.order_id())))
-    }
-
-    /// Records `event_id` in the inbox, in a group with the other orders' events in flight.
-    async fn mark_handled(&self, event_id: &str) -> Result<(), Failure> {
-        match &self.inbox {
-            Some(inbox) => match inbox.submit(event_id.to_string()).await {
-                Some(Ok(())) => Ok(()),
-                Some(Err(reason)) => Err(Failure::unavailable(
-                    Dependency::Mysql,
-                    format!("recording the event in the inbox: {reason}"),
-                )),
-                None => Err(Failure::unavailable(
-                    Dependency::Mysql,
-                    "the inbox group-commit worker stopped",
-                )),
-            },
-            None => order_events::mark_handled(self.service.pool(), event_id, &self.group)
-                .await
-                .map_err(|e| Failure::from_sqlx(&e)),
-        }
     }
 
     #[tracing::instrument(skip_all, fields(topic = record.topic(), partition = record.partition(), offset = record.offset(), event = %record.event.full_name, event_id, order_id))]
@@ -233,7 +191,6 @@ impl OrderLifecycle {
                 Applied::Deferred
             }
         };
-        self.mark_handled(event.event_id()).await?;
         batch.note_handled(event.event_id());
         if applied != Applied::Deferred && batch.has_parked(order_id) {
             // This event may be what a parked one of the order waits for.

@@ -42,5 +42,6 @@ pub fn reservation(status: ReservationStatus, op: &str) -> Reservation {
         updated_at: t,
         stale_alerted_at: None,
         dead: 0,
+        reached: 0,
     }
 }

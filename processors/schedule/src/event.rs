@@ -86,6 +86,7 @@ pub(crate) mod tests {
             updated_at: at(11, 0, 0, 0),
             stale_alerted_at: None,
             dead: 0,
+            reached: 0,
         }
     }
 

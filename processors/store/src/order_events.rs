@@ -272,45 +272,10 @@ pub fn inbox_key(event_id: &str) -> String {
     format!("{}~{hash:016x}", &event_id[..cut])
 }
 
-/// Whether `consumer_group` handled `event_id` before (applied it, reported it or parked it).
-pub async fn handled(
-    pool: &MySqlPool,
-    event_id: &str,
-    consumer_group: &str,
-) -> Result<bool, sqlx::Error> {
-    let row: Option<(String,)> = sqlx::query_as(
-        "SELECT event_id FROM inventory_consumer_inbox WHERE event_id = ? AND consumer_group = ?",
-    )
-    .bind(inbox_key(event_id))
-    .bind(consumer_group)
-    .fetch_optional(pool)
-    .deadline()
-    .await?;
-    Ok(row.is_some())
-}
-
-/// Records that `consumer_group` handled `event_id`, once its effect is durable: a replay of
-/// the topic then recognises it instead of judging it again against a later state.
-pub async fn mark_handled(
-    pool: &MySqlPool,
-    event_id: &str,
-    consumer_group: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT IGNORE INTO inventory_consumer_inbox (event_id, consumer_group, consumed_at) \
-         VALUES (?, ?, ?)",
-    )
-    .bind(inbox_key(event_id))
-    .bind(consumer_group)
-    .bind(now())
-    .execute(pool)
-    .deadline()
-    .await?;
-    Ok(())
-}
-
-/// Of `event_ids`, the inbox keys ([`inbox_key`]) `consumer_group` handled before: one
-/// query for a whole batch instead of one [`handled`] per event.
+/// Of `event_ids`, the inbox keys ([`inbox_key`]) `consumer_group` recorded as handled: one
+/// query for a whole batch. Versions before the reservation's `reached` milestones wrote a
+/// row per handled order event; they are read so a replay of those events stays recognised
+/// until the inbox purge ages them out (after the topic's retention).
 pub async fn handled_many(
     pool: &MySqlPool,
     event_ids: &[&str],
@@ -326,28 +291,6 @@ pub async fn handled_many(
     in_list_of(&mut query, event_ids.iter().copied().map(inbox_key));
     let rows: Vec<(String,)> = query.one_off_as().fetch_all(pool).deadline().await?;
     Ok(rows.into_iter().map(|(k,)| k).collect())
-}
-
-/// [`mark_handled`] for several events in one statement (each already durable).
-pub async fn mark_handled_many(
-    pool: &MySqlPool,
-    event_ids: &[String],
-    consumer_group: &str,
-) -> Result<(), sqlx::Error> {
-    if event_ids.is_empty() {
-        return Ok(());
-    }
-    let now = now();
-    let mut query = sqlx::QueryBuilder::<MySql>::new(
-        "INSERT IGNORE INTO inventory_consumer_inbox (event_id, consumer_group, consumed_at) ",
-    );
-    query.push_values(event_ids, |mut row, id| {
-        row.push_bind(inbox_key(id))
-            .push_bind(consumer_group)
-            .push_bind(now);
-    });
-    query.one_off().execute(pool).deadline().await?;
-    Ok(())
 }
 
 /// Of `order_ids`, those with a waiting (parked) event: one query for a whole batch instead

@@ -210,12 +210,20 @@ impl ReservationService {
                 None => self.load(id).await?,
             };
             let status = row.status()?;
-            // A refund request that already committed returns its first result, whatever
-            // happened to the row since (the refund row is written in the completing TX).
-            let committed = matches!(intent, Intent::Refund | Intent::PartialRefund)
-                && stocksvr_store::refunds::find_refund(&self.pool, id, refund_key)
-                    .await?
-                    .is_some_and(|r| r.settled());
+            // A step that already committed returns its first result, whatever happened to
+            // the row since: a refund by its refund row, an OrderCreated by the milestone its
+            // CAS set (both written in the completing TX), so a replayed event is done, not
+            // judged again against a later state.
+            let committed = match intent {
+                Intent::Refund | Intent::PartialRefund => {
+                    stocksvr_store::refunds::find_refund(&self.pool, id, refund_key)
+                        .await?
+                        .is_some_and(|r| r.settled())
+                }
+                Intent::Confirm | Intent::MarkCreated | Intent::Cancel => {
+                    rules::Reached::from_bits(row.reached).committed(intent)
+                }
+            };
             let decision = rules::decide_for_operation(
                 status,
                 intent,

@@ -8,7 +8,7 @@ use crate::one_off::{in_list_of, when_id_then, OneOff};
 use crate::outbox::{insert_outbox, NewOutbox};
 use chrono::NaiveDateTime;
 use sqlx::{MySql, MySqlPool};
-use stocksvr_core::reservation::{ReservationStatus, SyncStatus};
+use stocksvr_core::reservation::{Reached, ReservationStatus, SyncStatus};
 
 /// How a finished Redis step lands in MySQL.
 #[derive(Debug, Clone)]
@@ -66,7 +66,8 @@ async fn complete_step_tx(
          sync_status = IF(? IS NULL, sync_status, ?), \
          refunded_quantity = refunded_quantity + ?, pending_quantity = 0, resume_status = NULL, \
          reject_reason = COALESCE(?, reject_reason), retry_count = 0, last_error = NULL, \
-         version = version + 1, updated_at = ? WHERE id = ? AND status = ? AND version = ?",
+         reached = reached | ?, version = version + 1, updated_at = ? \
+         WHERE id = ? AND status = ? AND version = ?",
     )
     .bind(completion.to.code() as i8)
     .bind(completion.expected_redis_version)
@@ -74,6 +75,7 @@ async fn complete_step_tx(
     .bind(SyncStatus::Pending.code())
     .bind(completion.refunded_add)
     .bind(completion.reject_reason.as_deref())
+    .bind(Reached::landing_in(completion.to))
     .bind(now)
     .bind(id)
     .bind(from.code() as i8)
@@ -108,6 +110,7 @@ impl Completion {
         }
         next.retry_count = 0;
         next.last_error = None;
+        next.reached |= Reached::landing_in(self.to);
         next.version += 1;
         next.updated_at = now;
         next
@@ -182,6 +185,13 @@ async fn complete_group(
             .push_bind(c.reject_reason.as_deref());
         query.push(", reject_reason)");
     }
+    query.push(" END, reached = reached | CASE id");
+    when_id_then(
+        &mut query,
+        items
+            .iter()
+            .map(|(row, c)| (row.id, Reached::landing_in(c.to))),
+    );
     query.push(
         " END, pending_quantity = 0, resume_status = NULL, retry_count = 0, \
          last_error = NULL, version = version + 1, updated_at = ",

@@ -59,6 +59,8 @@ pub struct Reservation {
     pub stale_alerted_at: Option<NaiveDateTime>,
     /// 1 once recovery gave up on the row.
     pub dead: i8,
+    /// The order's milestones the row passed ([`stocksvr_core::reservation::Reached`]).
+    pub reached: u8,
 }
 
 impl Reservation {
@@ -104,7 +106,7 @@ pub(crate) const COLUMNS: &str =
     quantity, refunded_quantity, pending_quantity, order_type, processing_time, expire_at, status, \
     resume_status, reject_reason, current_operation_id, retry_count, next_retry_at, last_error, \
     sync_status, expected_redis_version, synced_redis_version, version, created_at, updated_at, \
-    stale_alerted_at, dead";
+    stale_alerted_at, dead, reached";
 
 /// A reservation about to be written as PREPARING.
 #[derive(Debug, Clone)]
@@ -171,6 +173,7 @@ impl NewReservation {
             updated_at: now,
             stale_alerted_at: None,
             dead: 0,
+            reached: 0,
         }
     }
 }
