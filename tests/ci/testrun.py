@@ -111,6 +111,38 @@ def parse_results(output: str) -> tuple[int, int, int]:
     return passed, failed, ignored
 
 
+FRAME = re.compile(r"^\s+(\d+: |at )")
+PANIC = re.compile(r"^thread '([^']+)' .*panicked at (.*?):?$")
+
+
+def without_backtraces(output: str) -> str:
+    """A binary's output with the frames of its backtraces left out: they fill the part of a
+    CI log that is kept and hide the next failure's message (the log file keeps them)."""
+    return "\n".join(line for line in output.splitlines() if not FRAME.match(line))
+
+
+def failure_digest(output: str, limit: int = 400) -> list[str]:
+    """One line per panic in `output`: the test, where it panicked and the start of its
+    message, so every failure of a run shows even when only the start of the log is read."""
+    lines = output.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        m = PANIC.match(line)
+        if not m:
+            continue
+        message = []
+        for follow in lines[i + 1 :]:
+            ends = ("stack backtrace:", "note: ", "---- ", "thread '", "failures:", "test result:")
+            if follow.startswith(ends) or FRAME.match(follow) or (message and not follow.strip()):
+                break
+            message.append(follow.strip())
+        text = " ".join(part for part in message if part)
+        if len(text) > limit:
+            text = text[:limit] + " …"
+        found.append(f"{m.group(1)} at {m.group(2)}: {text}")
+    return found
+
+
 def order(bins: list[Binary], times: dict[str, float]) -> list[Binary]:
     """Longest first by the previous run's times; binaries never timed go first of all (they
     may be long), then by name for a stable order."""
@@ -227,9 +259,15 @@ def main(argv: list[str]) -> int:
     wall = time.monotonic() - start
     save_times(a.times, outcomes, before)
 
-    for o in sorted(outcomes, key=lambda o: o.binary.key):
-        if not o.ok:
-            print(f"\n==== output of {o.binary.key} (FAILED, exit {o.code}) ====\n{o.output}")
+    failed_bins = [o for o in sorted(outcomes, key=lambda o: o.binary.key) if not o.ok]
+    if failed_bins:
+        print("\n==== failures, one line each (whole output below, and in --log-dir) ====")
+        for o in failed_bins:
+            for line in failure_digest(o.output) or [f"exit {o.code} without a panic message"]:
+                print(f"{o.binary.key}: {line}")
+    for o in failed_bins:
+        print(f"\n==== output of {o.binary.key} (FAILED, exit {o.code}), backtraces left out ====\n"
+              f"{without_backtraces(o.output)}")
     print()
     print(table(outcomes))
     passed = sum(o.passed for o in outcomes)

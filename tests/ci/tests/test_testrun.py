@@ -91,3 +91,50 @@ def test_select_by_package_and_name_and_refuse_an_unknown_package():
         assert "schedule" in str(e)
     else:
         raise AssertionError("an unknown package must be refused")
+
+
+FAILED_OUTPUT = """running 2 tests
+test a ... FAILED
+test b ... FAILED
+
+failures:
+
+---- a stdout ----
+
+thread 'a' (26367) panicked at processors/stocksvr/tests/common/mod.rs:305:22:
+offsets: Kafka(KafkaError (Metadata fetch error: NotCoordinator (Broker: Not coordinator)))
+stack backtrace:
+   0: __rustc::rust_begin_unwind
+             at /rustc/library/std/src/panicking.rs:689:5
+   1: core::panicking::panic_fmt
+note: Some details are omitted
+
+---- b stdout ----
+thread 'b' (26368) panicked at processors/stocksvr/tests/secure.rs:212:9:
+assertion `left == right` failed
+  left: false
+ right: true
+
+test result: FAILED. 0 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 9.00s
+"""
+
+
+def test_the_digest_names_every_panicked_test_with_its_place_and_message():
+    digest = testrun.failure_digest(FAILED_OUTPUT)
+    assert digest == [
+        "a at processors/stocksvr/tests/common/mod.rs:305:22: offsets: Kafka(KafkaError "
+        "(Metadata fetch error: NotCoordinator (Broker: Not coordinator)))",
+        "b at processors/stocksvr/tests/secure.rs:212:9: assertion `left == right` failed left: false right: true",
+    ]
+
+
+def test_a_long_message_is_cut_and_says_so():
+    output = "thread 't' panicked at x.rs:1:1:\n" + "y" * 50 + "\n"
+    assert testrun.failure_digest(output, limit=10) == ["t at x.rs:1:1: yyyyyyyyyy …"]
+
+
+def test_backtrace_frames_are_left_out_and_the_messages_kept():
+    shown = testrun.without_backtraces(FAILED_OUTPUT)
+    assert "rust_begin_unwind" not in shown and "panicking.rs" not in shown
+    assert "NotCoordinator" in shown and "left: false" in shown
+    assert "test result: FAILED. 0 passed; 2 failed" in shown
