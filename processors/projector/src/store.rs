@@ -302,12 +302,13 @@ pub async fn snapshot_versions(
 }
 
 /// The plain version-guarded UPDATE of existing rows, one statement for all of `rows`
-/// (row, deficit): a derived table of the new values joined to the snapshot by bucket,
-/// `STRAIGHT_JOIN` so the server reads the few new values first and finds each row by its
-/// key (on a small table it would otherwise scan the snapshot and lock rows of buckets
-/// another lane writes). A row is written only when the new version is above the stored
-/// one, and a `NULL` deficit keeps the stored one (reservation steps do not report it).
-/// Under CLIENT_FOUND_ROWS the count is the rows that matched, i.e. were advanced.
+/// (row, deficit): a derived table of the new values joined to the snapshot by bucket. The
+/// new values are read first (`STRAIGHT_JOIN`) and each row is found by its key (`FORCE
+/// INDEX`): on a table of a few rows the server would otherwise scan it, and an UPDATE
+/// locks every row it scans, so a lane would wait for (or deadlock with) the other lane's
+/// buckets. A row is written only when the new version is above the stored one, and a
+/// `NULL` deficit keeps the stored one (reservation steps do not report it). Under
+/// CLIENT_FOUND_ROWS the count is the rows that matched, i.e. were advanced.
 fn update_snapshots<'a>(
     rows: &[(&'a SnapshotRow, Option<i64>)],
     now: NaiveDateTime,
@@ -341,7 +342,8 @@ fn update_snapshots<'a>(
             .push(" AS v");
     }
     q.push(
-        ") n STRAIGHT_JOIN dish_stock_snapshot p ON p.stock_bucket_id = n.b \
+        ") n STRAIGHT_JOIN dish_stock_snapshot p FORCE INDEX (PRIMARY) \
+         ON p.stock_bucket_id = n.b \
          SET p.merchant_id = n.m, p.dish_id = n.d, p.stock_date = n.sd, p.total_stock = n.t, \
              p.available_stock = n.a, p.reserved_stock = n.r, p.sold_stock = n.s, \
              p.deficit_stock = COALESCE(n.df, p.deficit_stock), p.updated_at = ",
@@ -395,14 +397,16 @@ pub async fn write_snapshots(
 
 /// [`sync_reservation`] for many reservations at once; `syncs` holds each reservation
 /// once (a multi-table UPDATE changes a row once, whichever joined row it meets first).
-/// Returns how many reservations exist here.
+/// Joined as [`update_snapshots`] is, new values first and each row by its key: scanned, a
+/// small table's rows of the other lane's reservations would be locked too. Returns how
+/// many reservations exist here.
 pub async fn sync_all(
     conn: &mut MySqlConnection,
     syncs: &[ReservationSync],
 ) -> Result<u64, sqlx::Error> {
     let mut found = 0;
     for chunk in syncs.chunks(ROWS_PER_STATEMENT) {
-        let mut q = QueryBuilder::<MySql>::new("UPDATE inventory_reservation r JOIN (");
+        let mut q = QueryBuilder::<MySql>::new("UPDATE (");
         for (i, sync) in chunk.iter().enumerate() {
             q.push(if i == 0 {
                 "SELECT "
@@ -415,7 +419,7 @@ pub async fn sync_all(
                 .push(" AS v");
         }
         q.push(
-            ") s ON r.id = s.id \
+            ") s STRAIGHT_JOIN inventory_reservation r FORCE INDEX (PRIMARY) ON r.id = s.id \
              SET r.synced_redis_version = GREATEST(r.synced_redis_version, s.v), \
                  r.sync_status = IF(r.expected_redis_version IS NOT NULL \
                                     AND GREATEST(r.synced_redis_version, s.v) >= r.expected_redis_version, ",

@@ -1406,3 +1406,73 @@ async fn rows_written_per_projected_event() -> Result<()> {
     );
     Ok(())
 }
+
+/// A batch waits for no row it does not write, also on tables of a few rows, where the server
+/// would rather scan than look a row up (and an UPDATE locks every row it scans): another
+/// transaction holding a third bucket's snapshot row and its reservation's row does not hold
+/// up a batch over two other buckets and reservations.
+#[tokio::test]
+async fn a_batch_waits_for_no_row_it_does_not_write() -> Result<()> {
+    let h = Harness::new().await?;
+    let third = "bucket_10001_90003_20260726";
+    let buckets = [(BUCKET, 90_001), (OTHER_BUCKET, 90_002), (third, 90_003)];
+    let step_on = |key: &str, version: i64, bucket: &str, dish: u64, reservation: u64| {
+        let mut json = change(
+            "InventoryRedisReserved",
+            &format!("evt_{key}"),
+            &format!("op_{key}"),
+            version,
+            [100, 99, 1, 0],
+        );
+        json["partition_key"] = json!(bucket);
+        json["data"]["stock_bucket_id"] = json!(bucket);
+        json["data"]["dish_id"] = json!(dish);
+        json["data"]["reservation_id"] = json!(reservation);
+        json
+    };
+    // Each bucket's row first, a batch each.
+    for (i, (bucket, dish)) in buckets.iter().enumerate() {
+        let reservation = 100_126_001 + i as u64;
+        insert_reservation(&h.pool, reservation, bucket, Some(2)).await?;
+        let json = step_on(&format!("wait_{i}_1"), 1, bucket, *dish, reservation);
+        let r = h.record("InventoryRedisReserved", &json).await?;
+        assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Applied)]);
+    }
+
+    let mut holder = h.pool.begin().await?;
+    sqlx::query(
+        "SELECT redis_version FROM dish_stock_snapshot WHERE stock_bucket_id = ? FOR UPDATE",
+    )
+    .bind(third)
+    .fetch_one(&mut *holder)
+    .await?;
+    sqlx::query("SELECT version FROM inventory_reservation WHERE id = ? FOR UPDATE")
+        .bind(100_126_003u64)
+        .fetch_one(&mut *holder)
+        .await?;
+    let mut batch = Vec::new();
+    for (i, (bucket, dish)) in buckets.iter().take(2).enumerate() {
+        let json = step_on(
+            &format!("wait_{i}_2"),
+            2,
+            bucket,
+            *dish,
+            100_126_001 + i as u64,
+        );
+        batch.push(h.record("InventoryRedisReserved", &json).await?);
+    }
+    // One lane: both buckets in one statement per table, the shape that would scan.
+    let projector = Projector::new(h.pool.clone(), GROUP)?.with_lanes(1, 1);
+    let results =
+        tokio::time::timeout(std::time::Duration::from_secs(10), projector.handle(&batch))
+            .await
+            .map_err(|_| anyhow::anyhow!("the batch waited for a row it does not write"))?;
+    assert_eq!(results, Ok(vec![Ok(Applied::Applied); 2]));
+    holder.rollback().await?;
+    assert_eq!(sync_of(&h.pool, 100_126_002).await?, (2, 20));
+    assert_eq!(
+        snapshot(&h.pool, OTHER_BUCKET).await?,
+        Some((100, 99, 1, 0, 0, 2))
+    );
+    Ok(())
+}
