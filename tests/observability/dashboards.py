@@ -485,16 +485,13 @@ def pipeline():
             "[$__rate_interval]))", "{{event}}"),
           q(f"sum(rate(stocksvr_projector_batch_size_count{{{INST}}}[$__rate_interval]))",
             "transactions")], min=0)
-    b.ts("Redelivered and late events", "Per second: events the inbox had seen already "
-         "(redelivery), events older than the snapshot's version (booked in the ledger, "
-         "snapshot left as it is), and events whose operation id already had a ledger row "
-         "under another event id.", "ops",
+    b.ts("Redelivered and late events", "Per second: events whose operation the ledger had "
+         "booked already (redelivery, nothing applied) and events older than the snapshot's "
+         "version (booked in the ledger, snapshot left as it is).", "ops",
          [q(f"sum(rate(stocksvr_projector_duplicates_total{{{INST}}}[$__rate_interval]))",
             "duplicate"),
           q(f"sum(rate(stocksvr_projector_stale_total{{{INST}}}[$__rate_interval]))",
-            "stale"),
-          q(f"sum(rate(stocksvr_projector_ledger_already_booked_total{{{INST}}}"
-            "[$__rate_interval]))", "ledger already booked")], min=0)
+            "stale")], min=0)
     # The mean from _sum/_count, not histogram_quantile: the recorder gives every histogram
     # the latency buckets (up to 10), so a quantile of a count above 10 would read 10.
     b.ts("Events per transaction", "Mean number of events the projector books in one "

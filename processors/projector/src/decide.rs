@@ -24,7 +24,8 @@ pub use stocksvr_core::codes::LedgerAction;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Projection {
     pub kind: EventKind,
-    /// Inbox key: a redelivered event keeps its event_id and is skipped.
+    /// `<operation_id>:<kind>` from the producer; only logged: the ledger's operation_id is
+    /// what dedupes a redelivery.
     pub event_id: String,
     pub ledger: LedgerRow,
     /// `None` when the event carries no bucket version (an empty rollback on a bucket Redis
@@ -42,12 +43,10 @@ pub fn occurred_at(raw: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(raw).ok().map(|t| t.to_utc())
 }
 
-/// One `inventory_ledger` row; unique on `operation_id`, so an operation is booked once.
+/// One `inventory_ledger` row; unique on `operation_id`, so an operation is booked once and
+/// a redelivered event is recognised by it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerRow {
-    /// The operation id itself: globally unique already and within VARCHAR(64), so a
-    /// derived id would add nothing but a second way to collide.
-    pub ledger_id: String,
     pub operation_id: String,
     pub reservation_id: Option<u64>,
     pub stock_bucket_id: String,
@@ -239,7 +238,6 @@ fn stock_change(e: Envelope<StockChangeData>) -> Result<Projection, InvalidEvent
         redis_version: version,
     };
     let ledger = LedgerRow {
-        ledger_id: c.id("operation_id", &d.operation_id)?,
         operation_id: c.id("operation_id", &d.operation_id)?,
         reservation_id: Some(reservation_id),
         stock_bucket_id: bucket,
@@ -279,7 +277,6 @@ fn bucket_initialized(e: Envelope<StockBucketInitializedData>) -> Result<Project
     let dish_id = c.unsigned("dish_id", d.dish_id)?;
     let after = c.after(d.after)?;
     let ledger = LedgerRow {
-        ledger_id: c.id("operation_id", &d.operation_id)?,
         operation_id: c.id("operation_id", &d.operation_id)?,
         reservation_id: None,
         stock_bucket_id: bucket.clone(),
@@ -336,7 +333,6 @@ fn baseline_adjusted(e: Envelope<StockBaselineAdjustedData>) -> Result<Projectio
         return Err(c.fail("old_total", format!("is negative ({})", d.old_total)));
     }
     let ledger = LedgerRow {
-        ledger_id: c.id("operation_id", &d.operation_id)?,
         operation_id: c.id("operation_id", &d.operation_id)?,
         reservation_id: None,
         stock_bucket_id: bucket.clone(),
@@ -423,7 +419,6 @@ fn corrected(
     let after = c.after(d.after)?;
     let [total, available, reserved, sold] = d.deltas;
     let ledger = LedgerRow {
-        ledger_id: c.id("operation_id", d.operation_id)?,
         operation_id: c.id("operation_id", d.operation_id)?,
         reservation_id: None,
         stock_bucket_id: bucket.clone(),

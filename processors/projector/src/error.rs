@@ -12,9 +12,7 @@
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectorError {
-    /// The inbox's `consumer_group` is VARCHAR(64) and part of its key.
-    #[error(
-        "consumer group {0:?} must be 1 to 64 characters (inventory_consumer_inbox.consumer_group)"
-    )]
+    /// Kafka refuses an empty group id.
+    #[error("consumer group {0:?} must not be empty")]
     InvalidGroup(String),
 }

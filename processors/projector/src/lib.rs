@@ -4,16 +4,19 @@
 //! Delivery: at-least-once from Kafka, exactly-once effects in MySQL. The shared loop
 //! ([`stocksvr_pipeline::consumer`]) stores a batch's offsets only after [`Projector`]
 //! returned, and the projector returns only after the batch's transactions committed (one
-//! per lane, [`LANES`]: a bucket's events always in the same one): an event's inbox row
-//! (`INSERT IGNORE` on event_id and consumer group), its ledger row (one per operation_id),
-//! its snapshot upsert and its reservation sync commit together or not at all. A
-//! redelivered event hits the inbox and changes nothing; an event re-published under a new
-//! event_id hits the ledger's unique operation_id and books nothing twice.
+//! per lane, [`LANES`]: a bucket's events always in the same one): an event's ledger row
+//! (`INSERT IGNORE` on the unique operation_id), its snapshot write and its reservation sync
+//! commit together or not at all. The ledger row is the dedupe key: an operation announces
+//! one stock-change event (event id `<operation_id>:<kind>`), so an event whose operation is
+//! booked already is a redelivery, and it changes nothing. No inbox row is written: it
+//! would only repeat, per event, what the ledger's unique key already records.
 //!
 //! Order: events carry absolute after-quantities and the Redis version that produced
 //! them, and the snapshot only ever moves to a newer version, so reordered events (a
 //! retried batch, a re-published outbox row) cannot drift it; a stale event still books
-//! its ledger row and advances its reservation's synced version, never backwards.
+//! its ledger row and advances its reservation's synced version, never backwards. The
+//! snapshot row of a bucket is inserted once, by its first event; after that it is a
+//! plain UPDATE guarded by the version.
 //!
 //! Flow per batch: decide (pure, [`decide`]) → read what the batch touches, plan what each
 //! event would have done on its own (pure, [`plan`]) and write each table with one
@@ -31,7 +34,7 @@ pub mod store;
 pub mod telemetry;
 
 use chrono::{NaiveDateTime, Utc};
-use decide::{InvalidEvent, LedgerRow, Projection, SnapshotRow, MAX_ID_LEN};
+use decide::{InvalidEvent, LedgerRow, Projection, SnapshotRow};
 use error::ProjectorError;
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -47,7 +50,7 @@ use telemetry::Tally;
 /// Processor name: metrics label, client id and consumer group suffix.
 pub const NAME: &str = "projector";
 
-/// Records per transaction. A batch costs eight statements whatever its size, so a backlog
+/// Records per transaction. A batch costs a fixed handful of statements whatever its size, so a backlog
 /// is drained at hundreds of events per commit; 500 ledger rows bind 8,000 values, far
 /// below MariaDB's limit, and a retried batch still redoes well under a second of work.
 pub const MAX_BATCH: usize = 500;
@@ -58,10 +61,10 @@ pub const MAX_BATCH: usize = 500;
 /// two thirds MariaDB applying them, one after the other. Two lanes let MariaDB apply one
 /// while the other is being built and use a second core. The lanes touch disjoint rows
 /// (every row a projection writes hangs off its bucket: the snapshot row, the reservation,
-/// and the inbox and ledger rows of its own events), so they neither wait for nor deadlock
-/// on each other. A lane that fails fails the batch while another may have committed:
-/// every write is idempotent (inbox, ledger operation id, version-guarded snapshot), so the
-/// retried batch finds that lane's events as duplicates and applies nothing twice.
+/// and the ledger rows of its own events), so they neither wait for nor deadlock on each
+/// other. A lane that fails fails the batch while another may have committed: every write
+/// is idempotent (ledger operation id, version-guarded snapshot, GREATEST), so the retried
+/// batch finds that lane's events as duplicates and applies nothing twice.
 pub const LANES: usize = 2;
 
 /// Below this many events a batch stays one transaction: a projector that keeps up gets
@@ -77,8 +80,7 @@ pub fn loop_config(kafka: &KafkaSettings) -> LoopConfig {
     }
 }
 
-/// The consumer group [`stocksvr_pipeline::consumer::run`] uses for the projector, which is
-/// also the inbox's `consumer_group`.
+/// The consumer group [`stocksvr_pipeline::consumer::run`] uses for the projector.
 pub fn group_name(settings: &KafkaSettings) -> String {
     format!("{}.{}", settings.group_prefix, NAME)
 }
@@ -93,12 +95,13 @@ pub struct Projector {
 }
 
 impl Projector {
-    /// `group` is recorded in the inbox: another consumer group (a rebuild, a second
-    /// projection) has an inbox of its own. Refused when empty or longer than the inbox
-    /// column, since every inbox insert would then fail.
+    /// `group` names the consumer group in logs. Deduplication does not depend on it: the
+    /// ledger is one per database, so another group replaying the topic into the same
+    /// database (a rebuild) books nothing twice either. Refused when empty, which Kafka
+    /// refuses as a group id.
     pub fn new(pool: MySqlPool, group: impl Into<String>) -> Result<Self, ProjectorError> {
         let group = group.into();
-        if group.is_empty() || group.chars().count() > MAX_ID_LEN {
+        if group.is_empty() {
             return Err(ProjectorError::InvalidGroup(group));
         }
         Ok(Self {
@@ -238,9 +241,12 @@ impl Projector {
         if batch.is_empty() {
             return Ok(Some(Vec::new()));
         }
-        let ids: Vec<&str> = batch.iter().map(|p| p.event_id.as_str()).collect();
-        let inboxed = store::inboxed(conn, &self.group, &ids).await?;
-        let claims = plan::claims(&ids, &inboxed);
+        let ops: Vec<&str> = batch
+            .iter()
+            .map(|p| p.ledger.operation_id.as_str())
+            .collect();
+        let booked = store::booked(conn, &ops).await?;
+        let claims = plan::claims(&ops, &booked);
         let claimed: Vec<&Projection> = batch
             .iter()
             .zip(&claims)
@@ -250,16 +256,9 @@ impl Projector {
             tally_duplicates(&claims, tally);
             return Ok(Some(vec![Applied::Duplicate; batch.len()]));
         }
-        let claimed_ids: Vec<&str> = claimed.iter().map(|p| p.event_id.as_str()).collect();
-        if store::claim_all(conn, &claimed_ids, &self.group, now).await? != claimed.len() as u64 {
-            return Ok(None);
-        }
-
         let ledger: Vec<&LedgerRow> = claimed.iter().map(|p| &p.ledger).collect();
-        let booked = store::book_all(conn, &ledger, now).await?;
-        let already = (ledger.len() as u64).saturating_sub(booked);
-        if already > 0 {
-            tracing::debug!(already, "operations already in the ledger");
+        if store::book_all(conn, &ledger, now).await? != claimed.len() as u64 {
+            return Ok(None);
         }
 
         let rows: Vec<&SnapshotRow> = claimed.iter().filter_map(|p| p.snapshot.as_ref()).collect();
@@ -287,9 +286,6 @@ impl Projector {
 
         // The tally as the per-event path counts it, event by event in batch order.
         tally_duplicates(&claims, tally);
-        for _ in 0..already {
-            tally.already_booked();
-        }
         for outcome in &snapshots.outcomes {
             if *outcome == SnapshotWrite::Stale {
                 tally.stale();
@@ -346,13 +342,9 @@ impl Projector {
         existing: &mut HashSet<String>,
         tally: &mut Tally,
     ) -> Result<Applied, sqlx::Error> {
-        if !store::claim(conn, &p.event_id, &self.group, now).await? {
+        if !store::book(conn, &p.ledger, now).await? {
             tally.duplicate();
             return Ok(Applied::Duplicate);
-        }
-        if !store::book(conn, &p.ledger, now).await? {
-            tally.already_booked();
-            tracing::debug!("operation already in the ledger");
         }
         if let Some(row) = &p.snapshot {
             let existed = existing.contains(&row.stock_bucket_id);

@@ -1,13 +1,13 @@
 //! Plan: what the per-event statements would have done to a whole batch, worked out in
 //! memory so [`crate::store`] can write each table with one statement per batch. Pure, so
-//! the equivalence with the sequential semantics (one inbox claim, one booking, one
-//! version-guarded upsert and one sync per event, in batch order) is unit-tested here
+//! the equivalence with the sequential semantics (one booking, which dedupes, then one
+//! version-guarded snapshot write and one sync per event, in batch order) is unit-tested here
 //! without a database.
 
 use crate::decide::{ReservationSync, SnapshotRow};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-/// How the snapshot upsert ended.
+/// How an event's snapshot write ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SnapshotWrite {
     /// First event of the bucket: row inserted.
@@ -18,14 +18,15 @@ pub enum SnapshotWrite {
     Stale,
 }
 
-/// Which events of a batch claim their inbox row: `false` for an event the group already
-/// applied (`inboxed`) and for the second sighting of an event_id within the batch, as the
-/// sequential `INSERT IGNORE` would have found the first one's row.
-pub fn claims<'a>(event_ids: &[&'a str], inboxed: &HashSet<String>) -> Vec<bool> {
-    let mut seen: HashSet<&'a str> = HashSet::with_capacity(event_ids.len());
-    event_ids
+/// Which events of a batch book their operation (and so apply): `false` for an operation
+/// the ledger already holds (`booked`, a redelivery) and for the second sighting of an
+/// operation id within the batch, as the sequential `INSERT IGNORE` would have found the
+/// first one's row.
+pub fn claims<'a>(operation_ids: &[&'a str], booked: &HashSet<String>) -> Vec<bool> {
+    let mut seen: HashSet<&'a str> = HashSet::with_capacity(operation_ids.len());
+    operation_ids
         .iter()
-        .map(|id| !inboxed.contains(*id) && seen.insert(*id))
+        .map(|id| !booked.contains(*id) && seen.insert(*id))
         .collect()
 }
 
@@ -38,8 +39,7 @@ pub struct FinalRow<'a> {
     /// did, so a stored row keeps its deficit and a new one starts at 0, as each upsert
     /// would have left it.
     pub deficit: Option<i64>,
-    /// No stored row before the batch: the upsert inserts (1 affected row) rather than
-    /// advances (2).
+    /// No stored row before the batch: the row is inserted rather than updated.
     pub created: bool,
 }
 
@@ -53,17 +53,15 @@ pub struct SnapshotPlan<'a> {
 }
 
 impl SnapshotPlan<'_> {
-    /// What `INSERT ... ON DUPLICATE KEY UPDATE` reports for [`Self::writes`] under
-    /// CLIENT_FOUND_ROWS when nothing changed the rows since they were read.
+    /// What the writes of [`Self::writes`] report under CLIENT_FOUND_ROWS when nothing
+    /// changed the rows since they were read: 1 per row, inserted (a new bucket) or matched
+    /// by the version-guarded UPDATE (an existing one, whose version the plan saw below).
     pub fn expected_rows_affected(&self) -> u64 {
-        self.writes
-            .iter()
-            .map(|w| if w.created { 1 } else { 2 })
-            .sum()
+        self.writes.len() as u64
     }
 }
 
-/// Replays the version-guarded upsert over `rows` (batch order) starting from `stored`
+/// Replays the version-guarded snapshot write over `rows` (batch order) starting from `stored`
 /// (bucket → stored redis_version): an event is stale when its version is not above both
 /// the stored one and every version applied before it in the batch; the first applied
 /// event of a bucket without a row creates it, the others advance it.
@@ -157,13 +155,13 @@ mod tests {
     }
 
     #[test]
-    fn an_event_id_is_claimed_once_unless_already_inboxed() {
-        let inboxed = HashSet::from(["b".to_owned()]);
+    fn an_operation_is_claimed_once_unless_already_booked() {
+        let booked = HashSet::from(["b".to_owned()]);
         assert_eq!(
-            claims(&["a", "b", "a", "c", "c"], &inboxed),
+            claims(&["a", "b", "a", "c", "c"], &booked),
             [true, false, false, true, false]
         );
-        assert!(claims(&[], &inboxed).is_empty());
+        assert!(claims(&[], &booked).is_empty());
     }
 
     #[test]
@@ -200,7 +198,7 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(plan.expected_rows_affected(), 2 + 1);
+        assert_eq!(plan.expected_rows_affected(), 2);
     }
 
     #[test]

@@ -14,7 +14,6 @@ pub struct Tally {
     projected: Vec<(EventKind, Option<DateTime<Utc>>)>,
     duplicates: u64,
     stale: u64,
-    already_booked: u64,
 }
 
 impl Tally {
@@ -23,14 +22,12 @@ impl Tally {
     pub fn projected(&mut self, kind: EventKind, occurred_at: Option<DateTime<Utc>>) {
         self.projected.push((kind, occurred_at));
     }
+    /// An event whose operation the ledger already held: a redelivery, nothing applied.
     pub fn duplicate(&mut self) {
         self.duplicates += 1;
     }
     pub fn stale(&mut self) {
         self.stale += 1;
-    }
-    pub fn already_booked(&mut self) {
-        self.already_booked += 1;
     }
 
     /// Call right after the batch committed: `committed_at` ends every event's delay.
@@ -45,7 +42,6 @@ impl Tally {
         }
         metrics::counter!(names::PROJECTOR_DUPLICATES).increment(self.duplicates);
         metrics::counter!(names::PROJECTOR_STALE).increment(self.stale);
-        metrics::counter!(names::PROJECTOR_LEDGER_ALREADY_BOOKED).increment(self.already_booked);
         metrics::histogram!(names::PROJECTOR_BATCH_SIZE).record(batch_size as f64);
     }
 }

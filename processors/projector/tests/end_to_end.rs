@@ -71,16 +71,14 @@ async fn the_loop_projects_produced_events_and_commits_after_the_effects() -> Re
 
     let projected = eventually(Duration::from_secs(60), || async {
         assert!(!running.is_finished(), "the loop stopped early");
-        let inbox = count(&pool, "inventory_consumer_inbox")
-            .await
-            .expect("inbox");
+        let booked = count(&pool, "inventory_ledger").await.expect("ledger");
         let snapshot = snapshot(&pool, BUCKET).await.expect("snapshot");
-        inbox == 4 && snapshot.is_some_and(|s| s.5 == 410)
+        booked == 4 && snapshot.is_some_and(|s| s.5 == 410)
     })
     .await;
     if !projected {
-        let inbox = count(&pool, "inventory_consumer_inbox").await?;
-        bail!("not projected in time: inbox {inbox}");
+        let booked = count(&pool, "inventory_ledger").await?;
+        bail!("not projected in time: {booked} ledger rows");
     }
     stop.send(true)?;
     tokio::time::timeout(Duration::from_secs(30), running)

@@ -90,7 +90,11 @@ async fn every_stock_change_example_projects_and_the_snapshot_is_the_last_after(
     // The deficit example's after-quantities and its deficit.
     assert_eq!(h.snapshot().await?, Some((20, 0, 4, 25, 9, 421)));
     assert_eq!(count(&h.pool, "inventory_ledger").await?, 9);
-    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 9);
+    assert_eq!(
+        count(&h.pool, "inventory_consumer_inbox").await?,
+        0,
+        "the ledger's operation id is the dedupe key; no inbox row"
+    );
     assert_eq!(
         ledger(&h.pool, "op_init_bucket_10001_90001_20260726").await?,
         vec![(1, 100, 100, 0, 0, 100, Some(1))]
@@ -149,13 +153,12 @@ async fn duplicates_in_one_batch_and_across_batches_change_nothing() -> Result<(
             h.snapshot().await?,
             updated_at,
             count(&h.pool, "inventory_ledger").await?,
-            count(&h.pool, "inventory_consumer_inbox").await?,
         );
         anyhow::Ok(state)
     };
     let after_first = state().await?;
     assert_eq!(after_first.0, Some((100, 72, 8, 20, 0, 392)));
-    assert_eq!((after_first.2, after_first.3), (1, 1));
+    assert_eq!(after_first.2, 1);
 
     // Redelivered later, alone: not a single column moves (updated_at included). A fixed wait
     // on the clock updated_at is stamped from (the projector's, in milliseconds): past it, a
@@ -181,13 +184,12 @@ async fn duplicates_in_one_batch_and_across_batches_change_nothing() -> Result<(
 
     assert_eq!(ledger(&h.pool, "op_try_dup").await?.len(), 1);
     assert_eq!(count(&h.pool, "inventory_ledger").await?, 2);
-    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 2);
     assert_eq!(h.snapshot().await?, Some((100, 72, 6, 22, 0, 395)));
     Ok(())
 }
 
 #[tokio::test]
-async fn another_consumer_group_has_an_inbox_of_its_own() -> Result<()> {
+async fn another_consumer_group_books_nothing_twice_either() -> Result<()> {
     let h = Harness::new().await?;
     let try_ = change(
         "InventoryRedisReserved",
@@ -201,12 +203,12 @@ async fn another_consumer_group_has_an_inbox_of_its_own() -> Result<()> {
         h.apply(std::slice::from_ref(&record)).await,
         vec![Ok(Applied::Applied)]
     );
+    // The ledger is one per database, whichever group replays the topic into it.
     let rebuild = Projector::new(h.pool.clone(), "rebuild.projector")?;
     assert_eq!(
         rebuild.handle(&[record]).await,
-        Ok(vec![Ok(Applied::Applied)])
+        Ok(vec![Ok(Applied::Duplicate)])
     );
-    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 2);
     assert_eq!(
         ledger(&h.pool, "op_try_group").await?.len(),
         1,
@@ -243,7 +245,7 @@ async fn a_stale_event_keeps_the_newer_snapshot_and_books_its_ledger_once() -> R
         vec![(2, 2, -2, 2, 0, 0, Some(392))]
     );
 
-    // The same operation re-published under a new event id, still stale: nothing more.
+    // The same operation announced under another event id: booked already, a duplicate.
     let republished = change(
         "InventoryRedisReserved",
         "evt_older_again",
@@ -252,7 +254,7 @@ async fn a_stale_event_keeps_the_newer_snapshot_and_books_its_ledger_once() -> R
         [100, 72, 8, 20],
     );
     let r = h.record("InventoryRedisReserved", &republished).await?;
-    assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Applied)]);
+    assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Duplicate)]);
     assert_eq!(ledger(&h.pool, "op_try_older").await?.len(), 1);
     assert_eq!(h.snapshot().await?, Some((100, 70, 6, 24, 0, 395)));
 
@@ -318,10 +320,10 @@ async fn the_ledger_has_one_row_per_operation_id_across_event_ids() -> Result<()
         h.record("InventoryRedisReserved", &a).await?,
         h.record("InventoryRedisReserved", &b).await?,
     ];
-    // Two distinct events: both claimed in the inbox, one booking.
+    // Two event ids of one operation: the operation is booked, and applied, once.
     assert_eq!(
         h.apply(&batch).await,
-        vec![Ok(Applied::Applied), Ok(Applied::Applied)]
+        vec![Ok(Applied::Applied), Ok(Applied::Duplicate)]
     );
     let c = change(
         "InventoryRedisReserved",
@@ -331,13 +333,12 @@ async fn the_ledger_has_one_row_per_operation_id_across_event_ids() -> Result<()
         [100, 72, 8, 20],
     );
     let r = h.record("InventoryRedisReserved", &c).await?;
-    assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Applied)]);
+    assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Duplicate)]);
     assert_eq!(
         ledger(&h.pool, "op_try_shared").await?,
         vec![(2, 2, -2, 2, 0, 0, Some(392))]
     );
     assert_eq!(count(&h.pool, "inventory_ledger").await?, 1);
-    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 3);
     Ok(())
 }
 
@@ -503,11 +504,10 @@ async fn an_invalid_record_is_reported_while_the_rest_of_the_batch_applies() -> 
     assert!(reason(5).contains("not a stock-change"), "{}", reason(5));
 
     assert_eq!(h.snapshot().await?, Some((100, 72, 6, 22, 0, 395)));
-    assert_eq!(count(&h.pool, "inventory_ledger").await?, 2);
     assert_eq!(
-        count(&h.pool, "inventory_consumer_inbox").await?,
+        count(&h.pool, "inventory_ledger").await?,
         2,
-        "an invalid event is not marked consumed"
+        "an invalid event books nothing"
     );
     Ok(())
 }
@@ -593,7 +593,7 @@ async fn an_unmigrated_database_is_fatal() -> Result<()> {
     match projector.handle(&[record]).await {
         // The classifier's reason is the server's: it names the missing table.
         Err(Failure::Fatal(reason)) => assert!(
-            reason.contains("inventory_consumer_inbox") && reason.contains("doesn't exist"),
+            reason.contains("inventory_ledger") && reason.contains("doesn't exist"),
             "{reason}"
         ),
         other => panic!("expected Fatal, got {other:?}"),
@@ -602,16 +602,15 @@ async fn an_unmigrated_database_is_fatal() -> Result<()> {
 }
 
 #[tokio::test]
-async fn a_group_the_inbox_cannot_hold_is_refused() -> Result<()> {
+async fn an_empty_group_is_refused() -> Result<()> {
     let settings = settings()?;
     let pool = stocksvr_store::mysql_pool(
         settings.mysql.url.expose(),
         1,
         std::time::Duration::from_secs(1),
     )?;
-    assert!(Projector::new(pool.clone(), "g".repeat(65)).is_err());
     assert!(Projector::new(pool.clone(), "").is_err());
-    assert_eq!(Projector::new(pool, "g".repeat(64))?.group().len(), 64);
+    assert_eq!(Projector::new(pool, "g".repeat(65))?.group().len(), 65);
     Ok(())
 }
 
@@ -700,19 +699,17 @@ fn step(
 }
 
 /// Everything a projection writes, without the times it was written at: snapshot rows,
-/// ledger rows, inbox keys, reservation sync columns.
+/// ledger rows, reservation sync columns.
 async fn projected_state(pool: &MySqlPool) -> Result<Vec<Vec<String>>> {
     let mut state = Vec::new();
     for sql in [
         "SELECT CAST(JSON_ARRAY(stock_bucket_id, merchant_id, dish_id, stock_date, total_stock, \
          available_stock, reserved_stock, sold_stock, deficit_stock, redis_version) AS CHAR) \
          FROM dish_stock_snapshot ORDER BY stock_bucket_id",
-        "SELECT CAST(JSON_ARRAY(ledger_id, operation_id, reservation_id, stock_bucket_id, \
+        "SELECT CAST(JSON_ARRAY(operation_id, reservation_id, stock_bucket_id, \
          order_id, order_item_id, merchant_id, dish_id, action, quantity, available_delta, \
          reserved_delta, sold_delta, total_delta, redis_version) AS CHAR) \
          FROM inventory_ledger ORDER BY operation_id",
-        "SELECT CAST(JSON_ARRAY(event_id, consumer_group) AS CHAR) \
-         FROM inventory_consumer_inbox ORDER BY event_id",
         "SELECT CAST(JSON_ARRAY(id, synced_redis_version, sync_status) AS CHAR) \
          FROM inventory_reservation ORDER BY id",
     ] {
@@ -730,10 +727,6 @@ fn tally_of(capture: &stocksvr_telemetry::testing::Capture) -> Vec<String> {
             capture.counter(names::PROJECTOR_DUPLICATES, &[])
         ),
         format!("stale {:?}", capture.counter(names::PROJECTOR_STALE, &[])),
-        format!(
-            "already booked {:?}",
-            capture.counter(names::PROJECTOR_LEDGER_ALREADY_BOOKED, &[])
-        ),
     ];
     for labels in capture.label_sets(names::PROJECTOR_EVENTS_PROJECTED) {
         let labels: Vec<(&str, &str)> = labels
@@ -790,7 +783,7 @@ async fn a_batch_ends_exactly_where_its_events_one_by_one_end() -> Result<()> {
         id,
     );
     let batch = [
-        // Already in the inbox.
+        // Booked already.
         (
             "InventoryRedisReserved",
             step(
@@ -862,7 +855,7 @@ async fn a_batch_ends_exactly_where_its_events_one_by_one_end() -> Result<()> {
                 id,
             ),
         ),
-        // The Try's operation re-published under a new event id: booked already, stale.
+        // The Try's operation announced under another event id: booked already.
         (
             "InventoryRedisReserved",
             step(
@@ -937,12 +930,12 @@ async fn a_batch_ends_exactly_where_its_events_one_by_one_end() -> Result<()> {
     assert_eq!(
         at_once.0,
         [
-            duplicate, applied, applied, applied, applied, duplicate, applied, applied, applied,
+            duplicate, applied, applied, applied, applied, duplicate, applied, applied, duplicate,
             applied, "invalid"
         ]
     );
-    let [snapshots, ledger, inbox, reservations] = &at_once.1[..] else {
-        panic!("four tables");
+    let [snapshots, ledger, reservations] = &at_once.1[..] else {
+        panic!("three tables");
     };
     assert_eq!(
         snapshots,
@@ -952,37 +945,36 @@ async fn a_batch_ends_exactly_where_its_events_one_by_one_end() -> Result<()> {
         ]
     );
     assert_eq!(ledger.len(), 2 + 7, "{ledger:?}");
-    assert_eq!(inbox.len(), 2 + 8, "{inbox:?}");
     assert_eq!(
         reservations,
         &[format!("[{id}, 422, 20]"), format!("[{other_id}, 400, 10]")]
     );
     assert!(
-        at_once.2.contains(&"stale Some(3)".to_owned()),
+        at_once.2.contains(&"stale Some(2)".to_owned()),
         "{:?}",
         at_once.2
     );
-    assert!(at_once.2.contains(&"duplicates Some(2)".to_owned()));
-    assert!(at_once.2.contains(&"already booked Some(1)".to_owned()));
+    assert!(at_once.2.contains(&"duplicates Some(3)".to_owned()));
     Ok(())
 }
 
-/// Two event ids the inbox's collation takes for one: the claim finds one row fewer than
-/// planned, and the batch is redone event by event, the second being a duplicate.
+/// Two operation ids the ledger's collation takes for one: the booking finds one row fewer
+/// than planned (as it would had another consumer booked one meanwhile), and the batch is
+/// redone event by event, the second being a duplicate.
 #[tokio::test]
 async fn a_claim_that_does_not_go_as_planned_falls_back_to_event_by_event() -> Result<()> {
     let h = Harness::new().await?;
     let upper = change(
         "InventoryRedisReserved",
-        "EVT_CASE",
-        "op_case_upper",
+        "evt_case_upper",
+        "OP_CASE",
         392,
         [100, 72, 8, 20],
     );
     let lower = change(
         "InventoryRedisConfirmed",
-        "evt_case",
-        "op_case_lower",
+        "evt_case_lower",
+        "op_case",
         395,
         [100, 72, 6, 22],
     );
@@ -994,7 +986,6 @@ async fn a_claim_that_does_not_go_as_planned_falls_back_to_event_by_event() -> R
         h.apply(&batch).await,
         vec![Ok(Applied::Applied), Ok(Applied::Duplicate)]
     );
-    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 1);
     assert_eq!(count(&h.pool, "inventory_ledger").await?, 1);
     assert_eq!(h.snapshot().await?, Some((100, 72, 8, 20, 0, 392)));
     Ok(())
@@ -1003,10 +994,13 @@ async fn a_claim_that_does_not_go_as_planned_falls_back_to_event_by_event() -> R
 /// A batch costs the same statements whatever its size, where one by one costs statements
 /// per event: the projector's statements are set-based (per lane), which is why it batches.
 /// Counted on a connection of its own (session counters), a fresh one per run so each
-/// prepares its statements anew; the same ten buckets each time, split into the same lanes.
+/// prepares its statements anew; the same ten buckets each time, split into the same lanes,
+/// each with its snapshot row already (a bucket's first event inserts it, the others update
+/// it: another statement).
 #[tokio::test]
 async fn a_batch_costs_the_same_statements_whatever_its_size() -> Result<()> {
     let h = Harness::new().await?;
+    statements(&h, "first events", 10, true).await?;
     let small = statements(&h, "small batch", 10, true).await?;
     let large = statements(&h, "large batch", 100, true).await?;
     let single = statements(&h, "one by one", 100, false).await?;
@@ -1043,7 +1037,8 @@ async fn statements(
     let projector = Projector::new(pool.clone(), format!("measure.{label}"))?.with_lanes(LANES, 1);
     // Each run's versions above the previous runs', so every event applies.
     let first_version = match label {
-        "small batch" => 1,
+        "first events" => 1,
+        "small batch" => 100,
         "large batch" => 1_000,
         _ => 10_000,
     };
@@ -1170,13 +1165,13 @@ async fn a_refused_lane_fails_the_batch_and_its_retry_applies_nothing_twice() ->
         failed.is_err(),
         "a refused lane fails the batch: {failed:?}"
     );
-    let inboxed: Vec<String> =
-        sqlx::query_scalar("SELECT event_id FROM inventory_consumer_inbox ORDER BY event_id")
+    let booked: Vec<String> =
+        sqlx::query_scalar("SELECT operation_id FROM inventory_ledger ORDER BY operation_id")
             .fetch_all(&h.pool)
             .await?;
     assert_eq!(
-        inboxed,
-        ["evt_lane_a", "evt_lane_c"],
+        booked,
+        ["op_lane_a", "op_lane_c"],
         "the other lane committed on its own"
     );
     assert_eq!(snapshot(&h.pool, OTHER_BUCKET).await?, None);
@@ -1192,12 +1187,292 @@ async fn a_refused_lane_fails_the_batch_and_its_retry_applies_nothing_twice() ->
             Ok(Applied::Duplicate)
         ]
     );
-    assert_eq!(count(&h.pool, "inventory_consumer_inbox").await?, 3);
     assert_eq!(count(&h.pool, "inventory_ledger").await?, 3);
     assert_eq!(h.snapshot().await?, Some((100, 72, 6, 22, 0, 393)));
     assert_eq!(
         snapshot(&h.pool, OTHER_BUCKET).await?,
         Some((50, 48, 2, 0, 0, 7))
+    );
+    Ok(())
+}
+
+/// Rows the server wrote (inserted, updated) on `pool`'s one connection so far: its session
+/// counters, which count a row an `INSERT IGNORE` skipped or an upsert found as a write too.
+async fn row_writes(pool: &MySqlPool) -> Result<(i64, i64)> {
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SHOW SESSION STATUS WHERE Variable_name IN ('Handler_write', 'Handler_update')",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut writes = (0, 0);
+    for (name, value) in rows {
+        match name.as_str() {
+            "Handler_write" => writes.0 = value.parse()?,
+            "Handler_update" => writes.1 = value.parse()?,
+            _ => {}
+        }
+    }
+    Ok(writes)
+}
+
+/// A projector on a pool of one connection of its own, whose session counters
+/// [`row_writes`] then reads: what the batches handed to it wrote, and nothing else.
+fn counted(h: &Harness, group: &str) -> Result<(Projector, MySqlPool)> {
+    let pool = stocksvr_store::mysql_pool(&h._db.url, 1, std::time::Duration::from_secs(10))?;
+    Ok((
+        Projector::new(pool.clone(), group)?.with_lanes(LANES, 1),
+        pool,
+    ))
+}
+
+/// Replay is a no-op: a batch redelivered after newer events of its buckets finds every
+/// operation booked, books nothing twice, moves no snapshot back (nor its updated_at) and
+/// writes no row at all; redelivered beside a new event, only the new one applies.
+#[tokio::test]
+async fn a_redelivered_batch_books_nothing_twice_and_moves_no_snapshot_back() -> Result<()> {
+    let h = Harness::new().await?;
+    let (id, other_id) = (100_125_001, 100_125_002);
+    insert_reservation(&h.pool, id, BUCKET, Some(401)).await?;
+    insert_reservation(&h.pool, other_id, OTHER_BUCKET, Some(7)).await?;
+    let first = [
+        (
+            "InventoryRedisReserved",
+            "re_a",
+            392,
+            [100, 72, 8, 20],
+            BUCKET,
+            id,
+        ),
+        (
+            "InventoryRedisReserved",
+            "re_b",
+            5,
+            [50, 48, 2, 0],
+            OTHER_BUCKET,
+            other_id,
+        ),
+        (
+            "InventoryRedisConfirmed",
+            "re_c",
+            395,
+            [100, 72, 6, 22],
+            BUCKET,
+            id,
+        ),
+        (
+            "InventoryRedisConfirmed",
+            "re_d",
+            7,
+            [50, 48, 0, 2],
+            OTHER_BUCKET,
+            other_id,
+        ),
+    ];
+    let mut batch = Vec::new();
+    for (name, key, version, after, bucket, reservation) in first {
+        let json = step(
+            name,
+            &format!("evt_{key}"),
+            &format!("op_{key}"),
+            version,
+            after,
+            bucket,
+            reservation,
+        );
+        batch.push(h.record(name, &json).await?);
+    }
+    assert_eq!(h.apply(&batch).await, vec![Ok(Applied::Applied); 4]);
+    let newer = step(
+        "InventoryRedisCanceled",
+        "evt_re_e",
+        "op_re_e",
+        401,
+        [100, 74, 4, 22],
+        BUCKET,
+        id,
+    );
+    let newer = h.record("InventoryRedisCanceled", &newer).await?;
+    assert_eq!(h.apply(&[newer]).await, vec![Ok(Applied::Applied)]);
+
+    let state = || async {
+        let updated: Vec<chrono::NaiveDateTime> = sqlx::query_scalar(
+            "SELECT updated_at FROM dish_stock_snapshot ORDER BY stock_bucket_id",
+        )
+        .fetch_all(&h.pool)
+        .await?;
+        anyhow::Ok((projected_state(&h.pool).await?, updated))
+    };
+    let before = state().await?;
+    assert_eq!(h.snapshot().await?, Some((100, 74, 4, 22, 0, 401)));
+    // Past the millisecond updated_at is stamped in, a rewrite would show.
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+
+    let (projector, pool) = counted(&h, GROUP)?;
+    let start = row_writes(&pool).await?;
+    let results = projector.handle(&batch).await.expect("applies");
+    let end = row_writes(&pool).await?;
+    assert_eq!(results, vec![Ok(Applied::Duplicate); 4]);
+    assert_eq!(
+        (end.0 - start.0, end.1 - start.1),
+        (0, 0),
+        "rows written (inserted, updated) by a redelivered batch"
+    );
+    pool.close().await;
+    assert_eq!(state().await?, before);
+
+    let new = step(
+        "InventoryRedisRefunded",
+        "evt_re_f",
+        "op_re_f",
+        402,
+        [100, 75, 4, 21],
+        BUCKET,
+        id,
+    );
+    batch.push(h.record("InventoryRedisRefunded", &new).await?);
+    let mut expected = vec![Ok(Applied::Duplicate); 4];
+    expected.push(Ok(Applied::Applied));
+    assert_eq!(h.apply(&batch).await, expected);
+    assert_eq!(count(&h.pool, "inventory_ledger").await?, 6);
+    assert_eq!(h.snapshot().await?, Some((100, 75, 4, 21, 0, 402)));
+    assert_eq!(
+        snapshot(&h.pool, OTHER_BUCKET).await?,
+        Some((50, 48, 0, 2, 0, 7))
+    );
+    assert_eq!(sync_of(&h.pool, id).await?.0, 402);
+    Ok(())
+}
+
+/// Rows written per projected event, from the server's row counters: a ledger row per
+/// event, one snapshot row per bucket and batch (an UPDATE once the bucket has a row, an
+/// INSERT only for its first event), one reservation sync per reservation. Hot: one bucket
+/// for the whole batch; cold: every event a bucket of its own that has a row already; new:
+/// buckets without a row yet.
+#[tokio::test]
+async fn rows_written_per_projected_event() -> Result<()> {
+    let h = Harness::new().await?;
+    let (projector, pool) = counted(&h, GROUP)?;
+    const EVENTS: u64 = 100;
+    let mut figures = Vec::new();
+    for (case, buckets, first_version) in
+        [("new", EVENTS, 1), ("cold", EVENTS, 100), ("hot", 1, 1_000)]
+    {
+        let mut records = Vec::new();
+        for i in 0..EVENTS {
+            let dish = 91_001 + i % buckets;
+            let bucket = format!("bucket_10001_{dish}_20260726");
+            let reservation = 300_000 + first_version as u64 * 1_000 + i;
+            insert_reservation(&h.pool, reservation, &bucket, Some(1)).await?;
+            let mut json = change(
+                "InventoryRedisReserved",
+                &format!("evt_rows_{case}_{i}"),
+                &format!("op_rows_{case}_{i}"),
+                first_version + i as i64,
+                [100, 98, 2, 0],
+            );
+            json["partition_key"] = json!(bucket);
+            json["data"]["stock_bucket_id"] = json!(bucket);
+            json["data"]["dish_id"] = json!(dish);
+            json["data"]["reservation_id"] = json!(reservation);
+            records.push(h.record("InventoryRedisReserved", &json).await?);
+        }
+        let start = row_writes(&pool).await?;
+        let results = projector.handle(&records).await.expect("applies");
+        let end = row_writes(&pool).await?;
+        assert!(
+            results.iter().all(|r| r == &Ok(Applied::Applied)),
+            "{case}: {results:?}"
+        );
+        let (written, updated) = (end.0 - start.0, end.1 - start.1);
+        println!(
+            "{case}: {EVENTS} events over {buckets} buckets: {written} rows inserted, \
+             {updated} updated; {:.2} row writes per event",
+            (written + updated) as f64 / EVENTS as f64
+        );
+        figures.push((case, written, updated));
+    }
+    pool.close().await;
+    let n = EVENTS as i64;
+    assert_eq!(
+        figures,
+        [
+            // Ledger and snapshot inserted; the reservations synced.
+            ("new", n + n, n),
+            // Ledger inserted; snapshots and reservations updated.
+            ("cold", n, n + n),
+            // Ledger inserted; the one snapshot and the reservations updated.
+            ("hot", n, 1 + n),
+        ]
+    );
+    Ok(())
+}
+
+/// A batch waits for no row it does not write, also on tables of a few rows, where the server
+/// would rather scan than look a row up (and an UPDATE locks every row it scans): another
+/// transaction holding a third bucket's snapshot row and its reservation's row does not hold
+/// up a batch over two other buckets and reservations.
+#[tokio::test]
+async fn a_batch_waits_for_no_row_it_does_not_write() -> Result<()> {
+    let h = Harness::new().await?;
+    let third = "bucket_10001_90003_20260726";
+    let buckets = [(BUCKET, 90_001), (OTHER_BUCKET, 90_002), (third, 90_003)];
+    let step_on = |key: &str, version: i64, bucket: &str, dish: u64, reservation: u64| {
+        let mut json = change(
+            "InventoryRedisReserved",
+            &format!("evt_{key}"),
+            &format!("op_{key}"),
+            version,
+            [100, 99, 1, 0],
+        );
+        json["partition_key"] = json!(bucket);
+        json["data"]["stock_bucket_id"] = json!(bucket);
+        json["data"]["dish_id"] = json!(dish);
+        json["data"]["reservation_id"] = json!(reservation);
+        json
+    };
+    // Each bucket's row first, a batch each.
+    for (i, (bucket, dish)) in buckets.iter().enumerate() {
+        let reservation = 100_126_001 + i as u64;
+        insert_reservation(&h.pool, reservation, bucket, Some(2)).await?;
+        let json = step_on(&format!("wait_{i}_1"), 1, bucket, *dish, reservation);
+        let r = h.record("InventoryRedisReserved", &json).await?;
+        assert_eq!(h.apply(&[r]).await, vec![Ok(Applied::Applied)]);
+    }
+
+    let mut holder = h.pool.begin().await?;
+    sqlx::query(
+        "SELECT redis_version FROM dish_stock_snapshot WHERE stock_bucket_id = ? FOR UPDATE",
+    )
+    .bind(third)
+    .fetch_one(&mut *holder)
+    .await?;
+    sqlx::query("SELECT version FROM inventory_reservation WHERE id = ? FOR UPDATE")
+        .bind(100_126_003u64)
+        .fetch_one(&mut *holder)
+        .await?;
+    let mut batch = Vec::new();
+    for (i, (bucket, dish)) in buckets.iter().take(2).enumerate() {
+        let json = step_on(
+            &format!("wait_{i}_2"),
+            2,
+            bucket,
+            *dish,
+            100_126_001 + i as u64,
+        );
+        batch.push(h.record("InventoryRedisReserved", &json).await?);
+    }
+    // One lane: both buckets in one statement per table, the shape that would scan.
+    let projector = Projector::new(h.pool.clone(), GROUP)?.with_lanes(1, 1);
+    let results =
+        tokio::time::timeout(std::time::Duration::from_secs(10), projector.handle(&batch))
+            .await
+            .map_err(|_| anyhow::anyhow!("the batch waited for a row it does not write"))?;
+    assert_eq!(results, Ok(vec![Ok(Applied::Applied); 2]));
+    holder.rollback().await?;
+    assert_eq!(sync_of(&h.pool, 100_126_002).await?, (2, 20));
+    assert_eq!(
+        snapshot(&h.pool, OTHER_BUCKET).await?,
+        Some((100, 99, 1, 0, 0, 2))
     );
     Ok(())
 }

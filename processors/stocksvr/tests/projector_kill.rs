@@ -1,6 +1,7 @@
 //! The projector process killed with SIGKILL in the middle of a stream of stock-change
 //! events, then restarted: every event is booked exactly once (its batch transaction either
-//! committed with its inbox rows or not at all) and the snapshot ends at the newest version.
+//! committed with its ledger rows, which recognise the redelivered events, or not at all) and
+//! the snapshot ends at the newest version.
 
 mod common;
 
@@ -125,11 +126,18 @@ async fn projector_killed_mid_stream_books_every_event_once() {
     .await
     .expect("snapshot");
     assert_eq!((available, reserved, version), (0, EVENTS, EVENTS as u64));
-    let (inbox,): (i64,) =
-        sqlx::query_as("SELECT COUNT(*) FROM inventory_consumer_inbox WHERE event_id LIKE ?")
-            .bind(format!("{bucket}-evt-%"))
-            .fetch_one(&pool)
-            .await
-            .expect("inbox");
-    assert_eq!(inbox, EVENTS);
+    // One ledger row per operation: the events the restart redelivered found theirs.
+    let (operations,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(DISTINCT operation_id) FROM inventory_ledger WHERE operation_id LIKE ?",
+    )
+    .bind(format!("{bucket}-op-%"))
+    .fetch_one(&pool)
+    .await
+    .expect("ledger");
+    assert_eq!(operations, EVENTS);
+    let (inbox,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM inventory_consumer_inbox")
+        .fetch_one(&pool)
+        .await
+        .expect("inbox");
+    assert_eq!(inbox, 0, "the projector writes no inbox row");
 }

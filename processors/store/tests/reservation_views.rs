@@ -134,11 +134,10 @@ async fn ledger(
         .and_then(|d| d.and_hms_opt(0, 0, 0))
         .expect("a date");
     sqlx::query(
-        "INSERT INTO inventory_ledger (ledger_id, operation_id, stock_bucket_id, merchant_id, \
-         dish_id, action, quantity, total_delta, available_delta, reserved_delta, sold_delta, \
-         redis_version, created_at) VALUES (?, ?, ?, 1, 1, 2, 1, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO inventory_ledger (operation_id, stock_bucket_id, merchant_id, dish_id, \
+         action, quantity, total_delta, available_delta, reserved_delta, sold_delta, \
+         redis_version, created_at) VALUES (?, ?, 1, 1, 2, 1, ?, ?, ?, ?, ?, ?)",
     )
-    .bind(format!("l_{n}"))
     .bind(format!("op_{n}"))
     .bind(bucket)
     .bind(deltas[0])

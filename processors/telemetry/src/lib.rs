@@ -247,11 +247,9 @@ catalog! {
     PROJECTOR_EVENTS_PROJECTED = "stocksvr_projector_events_projected_total", Counter, "events", [label("event")],
         "Stock-change events booked by the projector, by event name.";
     PROJECTOR_DUPLICATES = "stocksvr_projector_duplicates_total", Counter, "events", [],
-        "Stock-change events the projector's inbox had seen already (a redelivery).";
+        "Stock-change events whose operation the ledger had booked already (a redelivery): nothing applied.";
     PROJECTOR_STALE = "stocksvr_projector_stale_total", Counter, "events", [],
         "Stock-change events older than the snapshot's version: booked in the ledger, snapshot left as it is.";
-    PROJECTOR_LEDGER_ALREADY_BOOKED = "stocksvr_projector_ledger_already_booked_total", Counter, "events", [],
-        "Events whose operation id already had a ledger row under another event id.";
     PROJECTOR_BATCH_SIZE = "stocksvr_projector_batch_size", Histogram, "events", [],
         "Events per projector transaction.";
     PROJECTION_DELAY_SECONDS = "stocksvr_projection_delay_seconds", Histogram, "seconds", [],
