@@ -44,6 +44,7 @@
 mod config;
 mod error;
 mod publish;
+mod records;
 mod relay;
 mod schedule;
 mod store;

@@ -1,10 +1,14 @@
-//! Builds the outbox rows a completed step commits: one stock-change event (keyed by bucket,
-//! with `redis_version` and absolute after-quantities, for the projector) and one lifecycle
-//! event (keyed by order, for the order domain). Event ids derive from the operation id, so a
-//! step can never enqueue two different events for one Redis operation.
+//! Builds the outbox rows a completed step commits: one row per step (docs/design.md, the
+//! outbox) holding its stock-change event (keyed by bucket, with `redis_version` and absolute
+//! after-quantities, for the projector) and what its lifecycle event (keyed by order, for the
+//! order domain) adds to it; the relay publishes both. Lifecycle events that stand alone
+//! (rejections, conflict reports, stale alerts) and bucket events are rows of their own.
+//! Event ids derive from the operation id, so a step can never enqueue two different events
+//! for one Redis operation.
 
 use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
+use stocksvr_core::events::paired::{event_id, LifecycleExtra, LIFECYCLE_MEMBER};
 use stocksvr_core::events::{
     Envelope, EventData, InventoryCanceledData, InventoryConfirmedData, InventoryOperationDeadData,
     InventoryRefundedData, InventoryRejectedData, InventoryReservedData, ReservationFields,
@@ -25,22 +29,6 @@ fn now_rfc3339() -> String {
 
 fn ts(t: chrono::NaiveDateTime) -> String {
     t.and_utc().to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-/// `inventory_outbox.event_id` is 64 characters: a longer id (long merchant, dish or refund
-/// ids) keeps a readable prefix and ends in a hash of the whole id, still deterministic, so
-/// it can never be truncated into another event's id.
-fn event_id(operation_id: &str, kind: &str) -> String {
-    let id = format!("{operation_id}:{kind}");
-    if id.len() <= 64 {
-        return id;
-    }
-    let hash = stocksvr_core::ids::fnv1a64(id.as_bytes());
-    let mut cut = 47;
-    while !id.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}~{hash:016x}", &id[..cut])
 }
 
 fn row<D: EventData + Serialize>(aggregate_id: u64, operation_id: &str, data: D) -> NewOutbox {
@@ -130,6 +118,34 @@ pub fn stock_change(
         empty_rollback: result.empty_rollback,
     };
     row(r.id, operation_id, data)
+}
+
+/// A step's one row: its stock-change event `stock_change` (as [`stock_change`] built it)
+/// carrying `extra`, from which the relay rebuilds the step's lifecycle event
+/// ([`stocksvr_core::events::paired::lifecycle_of`]) and publishes it beside the stock change.
+pub fn paired(mut stock_change: NewOutbox, extra: LifecycleExtra) -> NewOutbox {
+    if let Some(envelope) = stock_change.payload.as_object_mut() {
+        // A struct of two optional strings and flags serializes without fail.
+        let extra = serde_json::to_value(extra).unwrap_or_default();
+        envelope.insert(LIFECYCLE_MEMBER.to_string(), extra);
+    }
+    stock_change
+}
+
+/// What a Try's InventoryReserved says beyond its stock change.
+pub fn reserved_extra(r: &Reservation) -> LifecycleExtra {
+    LifecycleExtra {
+        expire_at: Some(ts(r.expire_at)),
+        before_confirm: None,
+    }
+}
+
+/// What a Refund's InventoryRefunded says beyond its stock change.
+pub fn refunded_extra(before_confirm: bool) -> LifecycleExtra {
+    LifecycleExtra {
+        expire_at: None,
+        before_confirm: Some(before_confirm),
+    }
 }
 
 pub fn reserved(r: &Reservation, operation_id: &str) -> NewOutbox {
@@ -459,30 +475,5 @@ mod tests {
             );
             assert_eq!(data["reservation_id"], 100_123_001, "{}", row.event_type);
         }
-    }
-
-    #[test]
-    fn event_ids_fit_the_column_and_stay_distinct() {
-        assert_eq!(
-            event_id("op_try_1", "InventoryReserved"),
-            "op_try_1:InventoryReserved"
-        );
-        let a = event_id(
-            "dead_op_adjust_123456789012_123456789012_20261129_v12",
-            "InventoryOperationDead",
-        );
-        let b = event_id(
-            "dead_op_adjust_123456789012_123456789012_20261129_v13",
-            "InventoryOperationDead",
-        );
-        assert_eq!((a.len(), b.len()), (64, 64));
-        assert_ne!(a, b);
-        assert_eq!(
-            a,
-            event_id(
-                "dead_op_adjust_123456789012_123456789012_20261129_v12",
-                "InventoryOperationDead"
-            )
-        );
     }
 }
