@@ -1,17 +1,19 @@
-//! The Kafka records an outbox row stands for. Most rows are one event. A completed
-//! reservation step writes one row for two events (docs/design.md, the outbox): its
-//! stock-change event, keyed by bucket, carrying the member [`LIFECYCLE_MEMBER`] from which
-//! the step's lifecycle event, keyed by order, is rebuilt with the event id it always had
-//! ([`stocksvr_core::events::paired`]). Rows written before that (two rows per step) have no
-//! such member and still go out as one record each, so an upgrade publishes them unchanged.
+//! The Kafka records an outbox row stands for. Most rows are one event, their payload its
+//! whole envelope. A completed reservation step writes one row for two events (docs/design.md,
+//! one outbox row per reservation step): its columns are its stock-change event's (keyed by
+//! bucket) and its payload a [`StepBody`] (the member [`LIFECYCLE_MEMBER`] says so), from
+//! which both envelopes are rebuilt, the lifecycle event's (keyed by order) with the event id
+//! it always had ([`stocksvr_core::events::paired`]). Rows written before that (two rows per
+//! step) have no such member and still go out as one record each, so an upgrade publishes
+//! them unchanged.
 //!
 //! A row counts as sent only once every one of its records was acknowledged; otherwise the
 //! whole row is retried, both records again. Consumers dedupe by event id, and keeping which
 //! half went out would cost a column and a write per failure for a path that is rare.
 
 use crate::store::ClaimedRow;
-use stocksvr_core::events::paired::{lifecycle_of, LifecycleExtra, LIFECYCLE_MEMBER};
-use stocksvr_core::events::{Envelope, EventKind, StockChangeData};
+use stocksvr_core::events::paired::{Lifecycle, StepBody, LIFECYCLE_MEMBER};
+use stocksvr_core::events::EventKind;
 
 /// One Kafka record to publish, and the row (its index in the batch) it comes from.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,7 +57,7 @@ fn of_row(i: usize, row: &ClaimedRow) -> Vec<Record> {
         Ok(text) if is_stock_change(&row.event_type) && text.contains(LIFECYCLE_MEMBER) => text,
         _ => return vec![as_is(i, row, row.payload.clone())],
     };
-    match split(text) {
+    match split(text, &row.event_id) {
         Ok(None) => vec![as_is(i, row, row.payload.clone())],
         Ok(Some((stock_change, (lifecycle, text)))) => vec![
             as_is(i, row, Ok(stock_change)),
@@ -77,23 +79,16 @@ fn is_stock_change(event_type: &str) -> bool {
         .is_some_and(|k| k.topic() == EventKind::InventoryRedisReserved.topic())
 }
 
-type Lifecycle = (stocksvr_core::events::paired::Lifecycle, String);
-
-/// The stock-change envelope without the member, and the lifecycle event it carries;
-/// `None` when it carries none.
-fn split(text: &str) -> Result<Option<(String, Lifecycle)>, String> {
-    let mut value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    let Some(extra) = value
-        .as_object_mut()
-        .and_then(|o| o.remove(LIFECYCLE_MEMBER))
-    else {
+/// The stock-change envelope of a step row whose `event_id` column is `event_id`, and its
+/// lifecycle event with its envelope's text; `None` when the payload is no [`StepBody`].
+fn split(text: &str, event_id: &str) -> Result<Option<(String, (Lifecycle, String))>, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if value.get(LIFECYCLE_MEMBER).is_none() {
         return Ok(None);
-    };
-    let extra: LifecycleExtra = serde_json::from_value(extra).map_err(|e| e.to_string())?;
-    let stock_change_text = serde_json::to_string(&value).map_err(|e| e.to_string())?;
-    let stock_change: Envelope<StockChangeData> =
-        serde_json::from_value(value).map_err(|e| e.to_string())?;
-    let lifecycle = lifecycle_of(&stock_change, &extra)?;
+    }
+    let body: StepBody = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    let (stock_change, lifecycle) = body.events(event_id)?;
+    let stock_change_text = serde_json::to_string(&stock_change).map_err(|e| e.to_string())?;
     let lifecycle_text = serde_json::to_string(&lifecycle).map_err(|e| e.to_string())?;
     Ok(Some((stock_change_text, (lifecycle, lifecycle_text))))
 }
@@ -116,16 +111,25 @@ mod tests {
         }
     }
 
-    fn stock_change(action: &str, lifecycle: Option<&str>) -> String {
-        let member = lifecycle.map_or(String::new(), |l| format!(r#","lifecycle":{l}"#));
+    const DATA: &str = r#"{"order_id":11,"merchant_id":1,"dish_id":2,"stock_bucket_id":"bucket_1_2_20261207","stock_date":"2026-12-07","order_type":"INSTANT","processing_time":null,"reservation_id":5,"order_item_id":12,"operation_id":"op_try_1","action":"TRY","quantity":3,"available_delta":-3,"reserved_delta":3,"sold_delta":0,"redis_version":9,"after":{"total":10,"available":7,"reserved":3,"sold":0},"reason_code":null,"refund_id":null,"empty_rollback":false}"#;
+
+    /// A whole stock-change envelope (a row of the old shape).
+    fn envelope() -> String {
         format!(
-            r#"{{"event_id":"op_try_1:InventoryRedisReserved","event_type":"InventoryRedisReserved","schema_version":1,"occurred_at":"2026-12-07T10:00:00.000Z","producer":"stocksvr","trace_id":null,"partition_key":"bucket_1_2_20261207","data":{{"order_id":11,"merchant_id":1,"dish_id":2,"stock_bucket_id":"bucket_1_2_20261207","stock_date":"2026-12-07","order_type":"INSTANT","processing_time":null,"reservation_id":5,"order_item_id":12,"operation_id":"op_try_1","action":"{action}","quantity":3,"available_delta":-3,"reserved_delta":3,"sold_delta":0,"redis_version":9,"after":{{"total":10,"available":7,"reserved":3,"sold":0}},"reason_code":null,"refund_id":null,"empty_rollback":false}}{member}}}"#
+            r#"{{"event_id":"op_try_1:InventoryRedisReserved","event_type":"InventoryRedisReserved","schema_version":1,"occurred_at":"2026-12-07T10:00:00.000Z","producer":"stocksvr","trace_id":null,"partition_key":"bucket_1_2_20261207","data":{DATA}}}"#
+        )
+    }
+
+    /// A step row's body with `lifecycle` as its member.
+    fn step(lifecycle: &str) -> String {
+        format!(
+            r#"{{"occurred_at":"2026-12-07T10:00:00.000Z","data":{DATA},"lifecycle":{lifecycle}}}"#
         )
     }
 
     #[test]
     fn a_row_of_the_old_shape_is_one_record_unchanged() {
-        let text = stock_change("TRY", None);
+        let text = envelope();
         let got = records(&[row("InventoryRedisReserved", &text)]);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].payload.as_deref(), Ok(text.as_str()));
@@ -137,14 +141,14 @@ mod tests {
 
     #[test]
     fn a_step_row_is_its_stock_change_then_its_lifecycle_event() {
-        let text = stock_change("TRY", Some(r#"{"expire_at":"2026-12-07T10:15:00.000Z"}"#));
+        let text = step(r#"{"expire_at":"2026-12-07T10:15:00.000Z"}"#);
         let got = records(&[row("InventoryRedisReserved", &text)]);
         assert_eq!(got.len(), 2);
         let json = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap_or_default();
         assert_eq!(
             got[0].payload.as_deref().map(json),
-            Ok(json(&stock_change("TRY", None))),
-            "the stock change goes out without the member"
+            Ok(json(&envelope())),
+            "the stock change goes out as its whole envelope"
         );
         assert_eq!(got[0].topic, "inventory.stock-change.v1");
         let l = &got[1];
@@ -166,7 +170,7 @@ mod tests {
     #[test]
     fn a_step_row_that_cannot_carry_its_lifecycle_event_is_retried_whole() {
         // A Try without expire_at: the row fails to encode (retried), nothing goes out.
-        let text = stock_change("TRY", Some("{}"));
+        let text = step("{}");
         let got = records(&[row("InventoryRedisReserved", &text)]);
         assert_eq!(got.len(), 1);
         let e = got[0].payload.clone().unwrap_err();

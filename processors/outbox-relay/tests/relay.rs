@@ -774,11 +774,20 @@ async fn a_step_row_is_published_as_its_stock_change_and_its_lifecycle_event() -
         row.topic = topic.to_string();
         Ok(row)
     };
+    // A step row as the reservation service writes it: the stock change's columns, and a
+    // body of what the envelopes cannot take from them.
     let mut step = example("InventoryRedisReserved", STOCK_CHANGE)?;
     step.event_id = "op_try_100123001:InventoryRedisReserved".into();
-    step.payload["event_id"] = step.event_id.clone().into();
-    let stock_change = step.payload.clone();
-    step.payload["lifecycle"] = serde_json::json!({"expire_at": "2026-07-25T12:45:00.456Z"});
+    let mut stock_change = step.payload.clone();
+    step.payload = serde_json::json!({
+        "occurred_at": stock_change["occurred_at"],
+        "data": stock_change["data"],
+        "lifecycle": {"expire_at": "2026-07-25T12:45:00.456Z"},
+    });
+    // The envelope it stands for: every step's event has stocksvr's producer, no trace.
+    stock_change["event_id"] = step.event_id.clone().into();
+    stock_change["producer"] = "stocksvr".into();
+    stock_change["trace_id"] = serde_json::Value::Null;
     let old_lifecycle = example("InventoryConfirmed", INVENTORY_LIFECYCLE)?;
     let old_stock_change = example("InventoryRedisConfirmed", STOCK_CHANGE)?;
     stack
@@ -830,8 +839,8 @@ async fn a_step_row_is_published_as_its_stock_change_and_its_lifecycle_event() -
     expected_lifecycle.sort();
     assert_eq!(ids(&lifecycle), expected_lifecycle);
 
-    // The stock change is the row's envelope without the member; the lifecycle event is the
-    // one the step describes.
+    // The stock change is the envelope the body stands for; the lifecycle event is the one
+    // the step describes.
     let find = |records: &[common::Record], id: &str| {
         records
             .iter()
@@ -851,7 +860,7 @@ async fn a_step_row_is_published_as_its_stock_change_and_its_lifecycle_event() -
     let reserved = avro_to_json(&decoded.value);
     assert_eq!(reserved["partition_key"], "90000001");
     assert_eq!(reserved["occurred_at"], stock_change["occurred_at"]);
-    assert_eq!(reserved["trace_id"], "trace_abc");
+    assert_eq!(reserved["producer"], "stocksvr");
     let data = &reserved["data"];
     assert_eq!(data["expire_at"], "2026-07-25T12:45:00.456Z");
     for field in [

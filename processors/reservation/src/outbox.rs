@@ -8,7 +8,7 @@
 
 use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
-use stocksvr_core::events::paired::{event_id, LifecycleExtra, LIFECYCLE_MEMBER};
+use stocksvr_core::events::paired::{event_id, LifecycleExtra, StepBody};
 use stocksvr_core::events::{
     Envelope, EventData, InventoryCanceledData, InventoryConfirmedData, InventoryOperationDeadData,
     InventoryRefundedData, InventoryRejectedData, InventoryReservedData, ReservationFields,
@@ -21,7 +21,7 @@ use stocksvr_store::outbox::NewOutbox;
 use stocksvr_store::reservations::Reservation;
 use stocksvr_store::wal::WalRow;
 
-pub const PRODUCER: &str = "stocksvr";
+pub use stocksvr_core::events::paired::PRODUCER;
 
 fn now_rfc3339() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
@@ -73,8 +73,10 @@ pub struct Deltas {
     pub sold: i64,
 }
 
+/// A step's stock-change facts: `quantity` units moved by `deltas`, booked at the script's
+/// `result`.
 #[allow(clippy::too_many_arguments)]
-pub fn stock_change(
+pub fn stock_change_data(
     r: &Reservation,
     action: StockAction,
     operation_id: &str,
@@ -82,7 +84,7 @@ pub fn stock_change(
     deltas: Deltas,
     result: &OpResult,
     refund_id: Option<&str>,
-) -> NewOutbox {
+) -> StockChangeData {
     // The projector's payload stays flat (it decodes every one of these on its hot path);
     // its reservation fields still come from the one conversion.
     let ReservationFields {
@@ -95,7 +97,7 @@ pub fn stock_change(
         stock_date,
         quantity,
     } = reservation_fields(r, quantity);
-    let data = StockChangeData {
+    StockChangeData {
         order_id,
         merchant_id,
         dish_id,
@@ -116,20 +118,36 @@ pub fn stock_change(
         reason_code: None,
         refund_id: refund_id.map(str::to_string),
         empty_rollback: result.empty_rollback,
-    };
-    row(r.id, operation_id, data)
+    }
 }
 
-/// A step's one row: its stock-change event `stock_change` (as [`stock_change`] built it)
-/// carrying `extra`, from which the relay rebuilds the step's lifecycle event
-/// ([`stocksvr_core::events::paired::lifecycle_of`]) and publishes it beside the stock change.
-pub fn paired(mut stock_change: NewOutbox, extra: LifecycleExtra) -> NewOutbox {
-    if let Some(envelope) = stock_change.payload.as_object_mut() {
-        // A struct of two optional strings and flags serializes without fail.
-        let extra = serde_json::to_value(extra).unwrap_or_default();
-        envelope.insert(LIFECYCLE_MEMBER.to_string(), extra);
+/// A stock-change event alone in its row, a whole envelope (the Try's stock change a Cancel
+/// books first: it has no lifecycle event to carry).
+pub fn stock_change(data: StockChangeData) -> NewOutbox {
+    let operation_id = data.operation_id.clone();
+    row(data.reservation_id as u64, &operation_id, data)
+}
+
+/// A step's one row (docs/design.md, one outbox row per reservation step): its stock-change
+/// event, whose columns it takes, with a [`StepBody`] payload carrying `extra`, from which the
+/// relay rebuilds both envelopes and publishes the step's lifecycle event beside the stock
+/// change.
+pub fn step(data: StockChangeData, extra: LifecycleExtra) -> NewOutbox {
+    let kind = data.kind();
+    let body = StepBody {
+        occurred_at: now_rfc3339(),
+        data,
+        lifecycle: extra,
+    };
+    NewOutbox {
+        event_id: event_id(&body.data.operation_id, kind.name()),
+        aggregate_id: body.data.reservation_id as u64,
+        event_type: kind.name().to_string(),
+        topic: kind.topic().to_string(),
+        partition_key: body.data.partition_key(),
+        // Serializing plain structs of strings and numbers cannot fail.
+        payload: serde_json::to_value(&body).unwrap_or(serde_json::Value::Null),
     }
-    stock_change
 }
 
 /// What a Try's InventoryReserved says beyond its stock change.
@@ -456,7 +474,15 @@ mod tests {
             sold: 0,
         };
         let rows = [
-            stock_change(&r, StockAction::Try, "op_t", 3, deltas(), &result, None),
+            stock_change(stock_change_data(
+                &r,
+                StockAction::Try,
+                "op_t",
+                3,
+                deltas(),
+                &result,
+                None,
+            )),
             reserved(&r, "op_t"),
             rejected(&r, "op_t", "INSUFFICIENT_STOCK", Some(2)),
             confirmed(&r, "op_c"),

@@ -1,11 +1,13 @@
-//! One outbox row, two events: a completed reservation step writes a single row holding its
-//! stock-change event (keyed by bucket) and the few facts its lifecycle event (keyed by
-//! order) has beyond it; the relay publishes both from that row (docs/design.md, the outbox).
+//! One outbox row, two events: a completed reservation step writes a single row whose
+//! payload is a [`StepBody`] (its stock-change facts and the few its lifecycle event has
+//! beyond them); the relay publishes both events from that row (docs/design.md, one outbox
+//! row per reservation step).
 //!
 //! Both events were always built from the same reservation and step, so the lifecycle event
-//! is a pure function of the stock-change event plus [`LifecycleExtra`]: the writer keeps
-//! nothing twice, and the relay rebuilds exactly the event the step used to write as a row
-//! of its own, event id included, so consumers' dedupe is unchanged.
+//! is a pure function of the stock-change event plus [`LifecycleExtra`], and both envelopes
+//! are the row's columns plus constants: the writer keeps nothing twice, and the relay
+//! rebuilds exactly the events the step used to write as two rows, event ids included, so
+//! consumers' dedupe is unchanged.
 
 use serde::{Deserialize, Serialize};
 
@@ -15,10 +17,34 @@ use super::{
 };
 use crate::events::Envelope;
 
-/// The envelope member of a stock-change row that says it also carries its step's lifecycle
-/// event. A stock-change payload without it is one event, as rows written before one row per
-/// step were (and the Try's stock change a Cancel books first, which has no lifecycle event).
+/// The member of a stock-change row's payload that makes it a [`StepBody`]. A stock-change
+/// payload without it is one whole envelope, as rows written before one row per step were
+/// (and the Try's stock change a Cancel books first, which has no lifecycle event).
 pub const LIFECYCLE_MEMBER: &str = "lifecycle";
+
+/// The `producer` of every event stocksvr writes.
+pub const PRODUCER: &str = "stocksvr";
+
+/// The payload of a step's row: only what the two envelopes cannot take from the row. Its
+/// `event_id` (the stock change's), `event_type` and `partition_key` (the bucket) are the
+/// row's columns, `schema_version` follows from the event, `producer` is [`PRODUCER`] and
+/// there is no `trace_id`, as for every event a step writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepBody {
+    pub occurred_at: String,
+    pub data: StockChangeData,
+    pub lifecycle: LifecycleExtra,
+}
+
+impl StepBody {
+    /// Both events of the row whose `event_id` column is `event_id`: its stock change, then
+    /// its lifecycle event.
+    pub fn events(self, event_id: &str) -> Result<(Envelope<StockChangeData>, Lifecycle), String> {
+        let stock_change = Envelope::new(event_id, self.occurred_at, PRODUCER, None, self.data);
+        let lifecycle = lifecycle_of(&stock_change, &self.lifecycle)?;
+        Ok((stock_change, lifecycle))
+    }
+}
 
 /// What a step's lifecycle event says beyond its stock-change event: the rest follows from it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@
 use crate::outbox::{self, Deltas};
 use stocksvr_core::codes::RejectReason;
 use stocksvr_core::events::paired::LifecycleExtra;
-use stocksvr_core::events::StockAction;
+use stocksvr_core::events::{StockAction, StockChangeData};
 use stocksvr_core::model::{OpCode, OpResult};
 use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_store::outbox::NewOutbox;
@@ -29,16 +29,16 @@ pub fn rejection(row: &Reservation, reason: RejectReason, available: Option<i64>
     }
 }
 
-/// The Try's stock-change event: its quantity from available to reserved, booked at the
-/// Try script's own `result`.
-fn try_stock_change(row: &Reservation, op: &str, result: &OpResult) -> NewOutbox {
+/// The Try's stock change: its quantity from available to reserved, booked at the Try
+/// script's own `result`.
+fn try_stock_change(row: &Reservation, op: &str, result: &OpResult) -> StockChangeData {
     let q = i64::from(row.quantity);
     let d = Deltas {
         available: -q,
         reserved: q,
         sold: 0,
     };
-    outbox::stock_change(row, StockAction::Try, op, row.quantity, d, result, None)
+    outbox::stock_change_data(row, StockAction::Try, op, row.quantity, d, result, None)
 }
 
 /// Whether the Cancel that `result` answered released the stock of a Try that was never
@@ -73,7 +73,7 @@ pub fn book_unbooked_try(
     let op = stocksvr_core::reservation::try_operation_id(row.id);
     completion
         .outbox
-        .insert(0, try_stock_change(row, &op, result));
+        .insert(0, outbox::stock_change(try_stock_change(row, &op, result)));
 }
 
 /// The completion of a step from `from` that the state machine sends to `to`, given the
@@ -96,7 +96,7 @@ pub fn completion(
             ));
         }
         (ReservationStatus::Preparing, _) => (
-            vec![outbox::paired(
+            vec![outbox::step(
                 try_stock_change(row, op, result),
                 outbox::reserved_extra(row),
             )],
@@ -132,8 +132,8 @@ fn confirmed(row: &Reservation, op: &str, result: &OpResult) -> Vec<NewOutbox> {
         reserved: -i64::from(held),
         sold: i64::from(held),
     };
-    vec![outbox::paired(
-        outbox::stock_change(row, StockAction::Confirm, op, held, d, result, None),
+    vec![outbox::step(
+        outbox::stock_change_data(row, StockAction::Confirm, op, held, d, result, None),
         LifecycleExtra::default(),
     )]
 }
@@ -153,8 +153,8 @@ fn canceled(row: &Reservation, op: &str, result: &OpResult) -> Vec<NewOutbox> {
         reserved: -released,
         sold: 0,
     };
-    vec![outbox::paired(
-        outbox::stock_change(row, StockAction::Cancel, op, row.quantity, d, result, None),
+    vec![outbox::step(
+        outbox::stock_change_data(row, StockAction::Cancel, op, row.quantity, d, result, None),
         LifecycleExtra::default(),
     )]
 }
@@ -176,8 +176,8 @@ fn refunded(
         reserved,
         sold,
     };
-    vec![outbox::paired(
-        outbox::stock_change(
+    vec![outbox::step(
+        outbox::stock_change_data(
             row,
             StockAction::Refund,
             op,
@@ -225,13 +225,14 @@ mod tests {
     /// The lifecycle event the relay publishes from a step's row (as `outbox-relay`'s
     /// records do): `None` when the row carries none.
     fn lifecycle(o: &NewOutbox) -> Option<serde_json::Value> {
-        use stocksvr_core::events::paired::{lifecycle_of, LIFECYCLE_MEMBER};
-        use stocksvr_core::events::{Envelope, StockChangeData};
-        let mut v = o.payload.clone();
-        let extra = v.as_object_mut()?.remove(LIFECYCLE_MEMBER)?;
-        let sc: Envelope<StockChangeData> = serde_json::from_value(v).expect("a stock change");
-        let extra = serde_json::from_value(extra).expect("an extra");
-        let l = lifecycle_of(&sc, &extra).expect("a lifecycle event");
+        use stocksvr_core::events::paired::{StepBody, LIFECYCLE_MEMBER};
+        o.payload.get(LIFECYCLE_MEMBER)?;
+        let body: StepBody = serde_json::from_value(o.payload.clone()).expect("a step body");
+        let (stock_change, l) = body.events(&o.event_id).expect("both events");
+        // The stock change is the one the step used to write alone.
+        assert_eq!(stock_change.event_id, o.event_id);
+        assert_eq!(stock_change.partition_key, o.partition_key);
+        assert_eq!(stock_change.event_type, o.event_type);
         serde_json::to_value(l).ok()
     }
 
