@@ -59,15 +59,15 @@ fn of_row(i: usize, row: &ClaimedRow) -> Vec<Record> {
     };
     match split(text, &row.event_id) {
         Ok(None) => vec![as_is(i, row, row.payload.clone())],
-        Ok(Some((stock_change, (lifecycle, text)))) => vec![
-            as_is(i, row, Ok(stock_change)),
+        Ok(Some(step)) => vec![
+            as_is(i, row, Ok(step.stock_change)),
             Record {
                 row: i,
-                event_id: lifecycle.event_id().to_string(),
-                event_type: lifecycle.kind().name().to_string(),
-                topic: lifecycle.kind().topic().to_string(),
-                partition_key: lifecycle.partition_key().to_string(),
-                payload: Ok(text),
+                event_id: step.lifecycle.event_id().to_string(),
+                event_type: step.lifecycle.kind().name().to_string(),
+                topic: step.lifecycle.kind().topic().to_string(),
+                partition_key: step.lifecycle.partition_key().to_string(),
+                payload: Ok(step.lifecycle_text),
             },
         ],
         Err(e) => vec![as_is(i, row, Err(format!("lifecycle event: {e}")))],
@@ -79,9 +79,16 @@ fn is_stock_change(event_type: &str) -> bool {
         .is_some_and(|k| k.topic() == EventKind::InventoryRedisReserved.topic())
 }
 
-/// The stock-change envelope of a step row whose `event_id` column is `event_id`, and its
-/// lifecycle event with its envelope's text; `None` when the payload is no [`StepBody`].
-fn split(text: &str, event_id: &str) -> Result<Option<(String, (Lifecycle, String))>, String> {
+/// A step row's two events, their envelopes as JSON text.
+struct Step {
+    stock_change: String,
+    lifecycle: Lifecycle,
+    lifecycle_text: String,
+}
+
+/// The events of a step row whose `event_id` column is `event_id`; `None` when the payload
+/// is no [`StepBody`].
+fn split(text: &str, event_id: &str) -> Result<Option<Step>, String> {
     let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
     if value.get(LIFECYCLE_MEMBER).is_none() {
         return Ok(None);
@@ -90,7 +97,11 @@ fn split(text: &str, event_id: &str) -> Result<Option<(String, (Lifecycle, Strin
     let (stock_change, lifecycle) = body.events(event_id)?;
     let stock_change_text = serde_json::to_string(&stock_change).map_err(|e| e.to_string())?;
     let lifecycle_text = serde_json::to_string(&lifecycle).map_err(|e| e.to_string())?;
-    Ok(Some((stock_change_text, (lifecycle, lifecycle_text))))
+    Ok(Some(Step {
+        stock_change: stock_change_text,
+        lifecycle,
+        lifecycle_text,
+    }))
 }
 
 #[cfg(test)]
