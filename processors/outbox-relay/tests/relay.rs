@@ -894,5 +894,35 @@ async fn a_step_row_is_published_as_its_stock_change_and_its_lifecycle_event() -
     };
     assert_eq!(ids(&stock_again), twice(expected_stock));
     assert_eq!(ids(&lifecycle_again), twice(expected_lifecycle));
+
+    // The retry path (a row put into RETRY because one of its records failed) publishes
+    // both records of the row again, and marks the row SENT.
+    stack
+        .exec(
+            "UPDATE inventory_outbox SET status = 40, retry_count = 1, \
+             next_retry_at = NOW(3) - INTERVAL 1 SECOND WHERE event_id = ?",
+            &step.event_id,
+        )
+        .await?;
+    let retried = relay()?.retry_once().await?;
+    assert_eq!((retried.claimed, retried.sent), (1, 1));
+    assert_eq!(stack.state(&step.event_id).await?.status, status::SENT);
+    let copies = |records: &[common::Record], id: &str| {
+        records
+            .iter()
+            .filter(|r| r.event_ids == [id.to_string()])
+            .count()
+    };
+    let stock_third = common::read_topic(&stack.settings, &stock_topic).await?;
+    let lifecycle_third = common::read_topic(&stack.settings, &lifecycle_topic).await?;
+    assert_eq!(
+        (
+            copies(&stock_third, &step.event_id),
+            copies(&lifecycle_third, "op_try_100123001:InventoryReserved"),
+            copies(&lifecycle_third, &old_lifecycle.event_id),
+        ),
+        (3, 3, 2),
+        "both halves of the retried row again, nothing else"
+    );
     Ok(())
 }
