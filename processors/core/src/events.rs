@@ -46,6 +46,7 @@ macro_rules! keyed_by_bucket {
 
 mod inbound;
 mod outbound;
+pub mod paired;
 #[cfg(test)]
 mod tests;
 

@@ -9,6 +9,13 @@
 //! acknowledgement can only cause a row to be published again, never lost. Consumers
 //! deduplicate on `event_id` (the consumer inbox).
 //!
+//! **One row, one or two records.** A reservation step's row stands for its stock-change
+//! event and its lifecycle event (docs/design.md, one outbox row per reservation step); the
+//! relay rebuilds both envelopes from it and sends them in that order, each to its topic with
+//! its key and event id. The row counts as sent only once both are acknowledged; a failure of
+//! either, or a crash between them, sends both again (module `records` says why). Every other row
+//! is one record, its payload the whole envelope, as all rows were before.
+//!
 //! **One leader, a high-water mark.** Of all running relays, the one holding the lease in
 //! `inventory_outbox_relay` publishes new rows: it reads them by primary key above its
 //! cursor (no lock, no per-row write), publishes them in id order and, once a prefix is
@@ -44,6 +51,7 @@
 mod config;
 mod error;
 mod publish;
+mod records;
 mod relay;
 mod schedule;
 mod store;

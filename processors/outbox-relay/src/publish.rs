@@ -1,7 +1,8 @@
-//! Turning claimed rows into Kafka records: pick the schema, convert the JSON envelope,
-//! encode in the Confluent wire format, send, and wait for the broker's acknowledgement.
+//! Turning a batch's records (one or two per claimed row, see [`crate::records`]) into Kafka
+//! records: pick the schema, convert the JSON envelope, encode in the Confluent wire format,
+//! send, and wait for the broker's acknowledgement.
 
-use crate::store::ClaimedRow;
+use crate::records::Record;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use futures::future::join_all;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -102,13 +103,9 @@ pub fn resolve<'c>(
     }
 }
 
-/// Encodes one row for `topic` (the row's topic in the deployment's namespace). Every
-/// failure is this row's alone.
-pub async fn encode(
-    codec: &AvroCodec,
-    row: &ClaimedRow,
-    topic: &str,
-) -> Result<Vec<u8>, RowFailure> {
+/// Encodes one record for `topic` (its topic in the deployment's namespace). Every
+/// failure is this record's row's alone.
+pub async fn encode(codec: &AvroCodec, row: &Record, topic: &str) -> Result<Vec<u8>, RowFailure> {
     let payload = row
         .payload
         .as_ref()
@@ -121,18 +118,19 @@ pub async fn encode(
 }
 
 /// A batch handed to the producer: one pending acknowledgement (or a failure already
-/// known, such as an encoding error) per row, in the rows' order, and the deadline they
-/// share.
+/// known, such as an encoding error) per record, in the records' order, and the deadline
+/// they share.
 pub struct Enqueued {
     deliveries: Vec<Result<DeliveryFuture, RowFailure>>,
-    /// Each row's topic, in the rows' order.
+    /// Each record's topic, in the records' order.
     topics: Vec<String>,
     deadline: Instant,
     timeout: Duration,
 }
 
 impl Enqueued {
-    /// Each row's outcome, in the rows' order: when the broker acknowledged it, or why not.
+    /// Each record's outcome, in the records' order: when the broker acknowledged it, or why
+    /// not.
     /// A record not acknowledged by the deadline may still be delivered later by the
     /// producer; the row is retried anyway (at-least-once: consumers deduplicate on
     /// event_id).
@@ -165,10 +163,10 @@ impl Enqueued {
     }
 }
 
-/// Encodes a batch and enqueues it on the producer without waiting for the broker. A row's
-/// topic is the declared name; `namespace` turns it into the deployment's.
+/// Encodes a batch's records and enqueues them on the producer without waiting for the
+/// broker. A record's topic is the declared name; `namespace` turns it into the deployment's.
 ///
-/// All rows are encoded concurrently (the registry is asked at most once per subject, then
+/// All records are encoded concurrently (the registry is asked at most once per subject, then
 /// cached), then enqueued in id order, so records with the same key reach their partition in
 /// the order they were written. `timeout` runs from here over the encoding and the
 /// acknowledgements together.
@@ -176,7 +174,7 @@ pub async fn enqueue_batch(
     codec: &AvroCodec,
     producer: &Producer,
     namespace: &Namespace,
-    rows: &[ClaimedRow],
+    rows: &[Record],
     timeout: Duration,
 ) -> Enqueued {
     let deadline = Instant::now() + timeout;

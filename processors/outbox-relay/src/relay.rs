@@ -9,6 +9,7 @@ mod upkeep;
 use crate::config::RelayConfig;
 use crate::error::RelayError;
 use crate::publish::{enqueue_batch, Enqueued};
+use crate::records::{records, Record};
 use crate::store::{self, ClaimedRow};
 use leadership::Leadership;
 use sqlx::MySqlPool;
@@ -47,6 +48,8 @@ struct Started {
     /// The leader's epoch for a scan round; `None` for a retry round.
     epoch: Option<u64>,
     rows: Vec<ClaimedRow>,
+    /// The rows' Kafka records, one or two a row, in the rows' order.
+    records: Vec<Record>,
     /// Rows read, whatever their status (a full scan means a backlog).
     read: usize,
     lease_until: Option<chrono::NaiveDateTime>,
@@ -221,13 +224,14 @@ impl OutboxRelay {
         if claim.rows.is_empty() {
             return Ok(RelayReport::default());
         }
-        self.zero_series(&claim.rows);
+        let records = records(&claim.rows);
+        self.zero_series(&records);
         crash_point("relay.before_publish")?;
         let deliveries = enqueue_batch(
             &self.codec,
             &self.producer,
             &self.namespace,
-            &claim.rows,
+            &records,
             self.config.publish_timeout,
         )
         .await;
@@ -235,6 +239,7 @@ impl OutboxRelay {
             epoch: None,
             read: claim.rows.len(),
             rows: claim.rows,
+            records,
             lease_until: Some(claim.lease_until),
             deliveries,
             started,

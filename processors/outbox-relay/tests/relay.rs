@@ -758,3 +758,171 @@ async fn a_second_relay_takes_over_from_the_mark_when_the_lease_runs_out() -> Re
     }
     Ok(())
 }
+
+/// A reservation step's one row goes out as two records: its stock change on the
+/// stock-change topic keyed by bucket, and its lifecycle event on the lifecycle topic keyed
+/// by order, under the event id the step's own lifecycle row used to have. Rows of the old
+/// two-row shape (as a previous version left them pending) go out as before. Published again
+/// (a relay died before the mark moved), a step row sends both records again, same ids.
+#[tokio::test]
+async fn a_step_row_is_published_as_its_stock_change_and_its_lifecycle_event() -> Result<()> {
+    use stocksvr_core::events::topics::{INVENTORY_LIFECYCLE, STOCK_CHANGE};
+    let stack = Stack::new().await?;
+    let ns = stocksvr_test_support::TestNamespace::with_partitions(Some(common::PARTITIONS)).await;
+    let example = |stem: &str, topic: &str| -> Result<stocksvr_store::outbox::NewOutbox> {
+        let mut row = stack.row(stem)?;
+        row.topic = topic.to_string();
+        Ok(row)
+    };
+    // A step row as the reservation service writes it: the stock change's columns, and a
+    // body of what the envelopes cannot take from them.
+    let mut step = example("InventoryRedisReserved", STOCK_CHANGE)?;
+    step.event_id = "op_try_100123001:InventoryRedisReserved".into();
+    let mut stock_change = step.payload.clone();
+    step.payload = serde_json::json!({
+        "occurred_at": stock_change["occurred_at"],
+        "data": stock_change["data"],
+        "lifecycle": {"expire_at": "2026-07-25T12:45:00.456Z"},
+    });
+    // The envelope it stands for: every step's event has stocksvr's producer, no trace.
+    stock_change["event_id"] = step.event_id.clone().into();
+    stock_change["producer"] = "stocksvr".into();
+    stock_change["trace_id"] = serde_json::Value::Null;
+    let old_lifecycle = example("InventoryConfirmed", INVENTORY_LIFECYCLE)?;
+    let old_stock_change = example("InventoryRedisConfirmed", STOCK_CHANGE)?;
+    stack
+        .insert(&[
+            step.clone(),
+            old_stock_change.clone(),
+            old_lifecycle.clone(),
+        ])
+        .await?;
+    let relay = || -> Result<_> {
+        Ok(stack
+            .relay(fast_config())?
+            .in_namespace(ns.kafka.namespace()))
+    };
+    let report = relay()?.relay_once().await?;
+    assert_eq!(
+        (report.claimed, report.sent, report.failed),
+        (3, 3, 0),
+        "rows, not records"
+    );
+    let (stock_topic, lifecycle_topic) = (ns.topic(STOCK_CHANGE), ns.topic(INVENTORY_LIFECYCLE));
+    let ids = |records: &[common::Record]| -> Vec<(String, Option<String>)> {
+        let mut ids: Vec<_> = records
+            .iter()
+            .map(|r| (r.event_ids.join(","), r.key.clone()))
+            .collect();
+        ids.sort();
+        ids
+    };
+    let stock = common::read_topic(&stack.settings, &stock_topic).await?;
+    let bucket = Some("bucket_10001_90001_20260726".to_string());
+    let mut expected_stock = vec![
+        (step.event_id.clone(), bucket.clone()),
+        (old_stock_change.event_id.clone(), bucket.clone()),
+    ];
+    expected_stock.sort();
+    assert_eq!(ids(&stock), expected_stock);
+    let lifecycle = common::read_topic(&stack.settings, &lifecycle_topic).await?;
+    let mut expected_lifecycle = vec![
+        (
+            "op_try_100123001:InventoryReserved".to_string(),
+            Some("90000001".to_string()),
+        ),
+        (
+            old_lifecycle.event_id.clone(),
+            Some(old_lifecycle.partition_key.clone()),
+        ),
+    ];
+    expected_lifecycle.sort();
+    assert_eq!(ids(&lifecycle), expected_lifecycle);
+
+    // The stock change is the envelope the body stands for; the lifecycle event is the one
+    // the step describes.
+    let find = |records: &[common::Record], id: &str| {
+        records
+            .iter()
+            .find(|r| r.event_ids == [id.to_string()])
+            .and_then(|r| r.payload.clone())
+    };
+    let decoded = stack
+        .codec
+        .decode(find(&stock, &step.event_id).as_deref())
+        .await?;
+    assert_eq!(avro_to_json(&decoded.value), stock_change);
+    let decoded = stack
+        .codec
+        .decode(find(&lifecycle, "op_try_100123001:InventoryReserved").as_deref())
+        .await?;
+    assert_eq!(decoded.full_name, format!("{NAMESPACE}.InventoryReserved"));
+    let reserved = avro_to_json(&decoded.value);
+    assert_eq!(reserved["partition_key"], "90000001");
+    assert_eq!(reserved["occurred_at"], stock_change["occurred_at"]);
+    assert_eq!(reserved["producer"], "stocksvr");
+    let data = &reserved["data"];
+    assert_eq!(data["expire_at"], "2026-07-25T12:45:00.456Z");
+    for field in [
+        "order_id",
+        "order_item_id",
+        "reservation_id",
+        "merchant_id",
+        "dish_id",
+        "stock_bucket_id",
+        "stock_date",
+        "quantity",
+        "order_type",
+        "processing_time",
+    ] {
+        assert_eq!(data[field], stock_change["data"][field], "{field}");
+    }
+
+    // The mark back below the rows, as if the relay had died before moving it: every record
+    // goes again under its id, both halves of the step row included.
+    sqlx::query("UPDATE inventory_outbox_relay SET hwm = 0 WHERE id = 1")
+        .execute(&stack.pool)
+        .await?;
+    stack.expire_lease().await?;
+    assert_eq!(relay()?.relay_once().await?.sent, 3);
+    let stock_again = common::read_topic(&stack.settings, &stock_topic).await?;
+    let lifecycle_again = common::read_topic(&stack.settings, &lifecycle_topic).await?;
+    let twice = |mut v: Vec<(String, Option<String>)>| {
+        v.extend(v.clone());
+        v.sort();
+        v
+    };
+    assert_eq!(ids(&stock_again), twice(expected_stock));
+    assert_eq!(ids(&lifecycle_again), twice(expected_lifecycle));
+
+    // The retry path (a row put into RETRY because one of its records failed) publishes
+    // both records of the row again, and marks the row SENT.
+    stack
+        .exec(
+            "UPDATE inventory_outbox SET status = 40, retry_count = 1, \
+             next_retry_at = NOW(3) - INTERVAL 1 SECOND WHERE event_id = ?",
+            &step.event_id,
+        )
+        .await?;
+    let retried = relay()?.retry_once().await?;
+    assert_eq!((retried.claimed, retried.sent), (1, 1));
+    assert_eq!(stack.state(&step.event_id).await?.status, status::SENT);
+    let copies = |records: &[common::Record], id: &str| {
+        records
+            .iter()
+            .filter(|r| r.event_ids == [id.to_string()])
+            .count()
+    };
+    let stock_third = common::read_topic(&stack.settings, &stock_topic).await?;
+    let lifecycle_third = common::read_topic(&stack.settings, &lifecycle_topic).await?;
+    assert_eq!(
+        (
+            copies(&stock_third, &step.event_id),
+            copies(&lifecycle_third, "op_try_100123001:InventoryReserved"),
+            copies(&lifecycle_third, &old_lifecycle.event_id),
+        ),
+        (3, 3, 2),
+        "both halves of the retried row again, nothing else"
+    );
+    Ok(())
+}

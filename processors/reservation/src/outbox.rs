@@ -1,10 +1,14 @@
-//! Builds the outbox rows a completed step commits: one stock-change event (keyed by bucket,
-//! with `redis_version` and absolute after-quantities, for the projector) and one lifecycle
-//! event (keyed by order, for the order domain). Event ids derive from the operation id, so a
-//! step can never enqueue two different events for one Redis operation.
+//! Builds the outbox rows a completed step commits: one row per step (docs/design.md, the
+//! outbox) holding its stock-change event (keyed by bucket, with `redis_version` and absolute
+//! after-quantities, for the projector) and what its lifecycle event (keyed by order, for the
+//! order domain) adds to it; the relay publishes both. Lifecycle events that stand alone
+//! (rejections, conflict reports, stale alerts) and bucket events are rows of their own.
+//! Event ids derive from the operation id, so a step can never enqueue two different events
+//! for one Redis operation.
 
 use chrono::{SecondsFormat, Utc};
 use serde::Serialize;
+use stocksvr_core::events::paired::{event_id, LifecycleExtra, StepBody};
 use stocksvr_core::events::{
     Envelope, EventData, InventoryCanceledData, InventoryConfirmedData, InventoryOperationDeadData,
     InventoryRefundedData, InventoryRejectedData, InventoryReservedData, ReservationFields,
@@ -17,7 +21,7 @@ use stocksvr_store::outbox::NewOutbox;
 use stocksvr_store::reservations::Reservation;
 use stocksvr_store::wal::WalRow;
 
-pub const PRODUCER: &str = "stocksvr";
+pub use stocksvr_core::events::paired::PRODUCER;
 
 fn now_rfc3339() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
@@ -25,22 +29,6 @@ fn now_rfc3339() -> String {
 
 fn ts(t: chrono::NaiveDateTime) -> String {
     t.and_utc().to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-/// `inventory_outbox.event_id` is 64 characters: a longer id (long merchant, dish or refund
-/// ids) keeps a readable prefix and ends in a hash of the whole id, still deterministic, so
-/// it can never be truncated into another event's id.
-fn event_id(operation_id: &str, kind: &str) -> String {
-    let id = format!("{operation_id}:{kind}");
-    if id.len() <= 64 {
-        return id;
-    }
-    let hash = stocksvr_core::ids::fnv1a64(id.as_bytes());
-    let mut cut = 47;
-    while !id.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}~{hash:016x}", &id[..cut])
 }
 
 fn row<D: EventData + Serialize>(aggregate_id: u64, operation_id: &str, data: D) -> NewOutbox {
@@ -85,8 +73,10 @@ pub struct Deltas {
     pub sold: i64,
 }
 
+/// A step's stock-change facts: `quantity` units moved by `deltas`, booked at the script's
+/// `result`.
 #[allow(clippy::too_many_arguments)]
-pub fn stock_change(
+pub fn stock_change_data(
     r: &Reservation,
     action: StockAction,
     operation_id: &str,
@@ -94,7 +84,7 @@ pub fn stock_change(
     deltas: Deltas,
     result: &OpResult,
     refund_id: Option<&str>,
-) -> NewOutbox {
+) -> StockChangeData {
     // The projector's payload stays flat (it decodes every one of these on its hot path);
     // its reservation fields still come from the one conversion.
     let ReservationFields {
@@ -107,7 +97,7 @@ pub fn stock_change(
         stock_date,
         quantity,
     } = reservation_fields(r, quantity);
-    let data = StockChangeData {
+    StockChangeData {
         order_id,
         merchant_id,
         dish_id,
@@ -128,8 +118,63 @@ pub fn stock_change(
         reason_code: None,
         refund_id: refund_id.map(str::to_string),
         empty_rollback: result.empty_rollback,
+    }
+}
+
+/// A stock-change event alone in its row, a whole envelope (the Try's stock change a Cancel
+/// books first: it has no lifecycle event to carry).
+pub fn stock_change(data: StockChangeData) -> NewOutbox {
+    let operation_id = data.operation_id.clone();
+    row(data.reservation_id as u64, &operation_id, data)
+}
+
+/// A step's one row (docs/design.md, one outbox row per reservation step): its stock-change
+/// event, whose columns it takes, with a [`StepBody`] payload carrying `extra`, from which the
+/// relay rebuilds both envelopes and publishes the step's lifecycle event beside the stock
+/// change.
+pub fn step(data: StockChangeData, extra: LifecycleExtra) -> NewOutbox {
+    let kind = data.kind();
+    let body = StepBody {
+        occurred_at: now_rfc3339(),
+        data,
+        lifecycle: extra,
     };
-    row(r.id, operation_id, data)
+    NewOutbox {
+        event_id: event_id(&body.data.operation_id, kind.name()),
+        aggregate_id: body.data.reservation_id as u64,
+        event_type: kind.name().to_string(),
+        topic: kind.topic().to_string(),
+        partition_key: body.data.partition_key(),
+        // Serializing plain structs of strings and numbers cannot fail.
+        payload: without_defaults(serde_json::to_value(&body).unwrap_or_default()),
+    }
+}
+
+/// Leaves the members of the stock change's data that are at their default (null, false) out
+/// of a step body: the relay reads them back as such, since each is `#[serde(default)]` in
+/// `StockChangeData` (the test `a_step_body_leaves_defaults_out_and_reads_back_whole` holds
+/// that). About 75 of a step row's 620 payload bytes.
+fn without_defaults(mut body: serde_json::Value) -> serde_json::Value {
+    if let Some(data) = body.get_mut("data").and_then(|d| d.as_object_mut()) {
+        data.retain(|_, v| !(v.is_null() || *v == serde_json::Value::Bool(false)));
+    }
+    body
+}
+
+/// What a Try's InventoryReserved says beyond its stock change.
+pub fn reserved_extra(r: &Reservation) -> LifecycleExtra {
+    LifecycleExtra {
+        expire_at: Some(ts(r.expire_at)),
+        before_confirm: None,
+    }
+}
+
+/// What a Refund's InventoryRefunded says beyond its stock change.
+pub fn refunded_extra(before_confirm: bool) -> LifecycleExtra {
+    LifecycleExtra {
+        expire_at: None,
+        before_confirm: Some(before_confirm),
+    }
 }
 
 pub fn reserved(r: &Reservation, operation_id: &str) -> NewOutbox {
@@ -440,7 +485,15 @@ mod tests {
             sold: 0,
         };
         let rows = [
-            stock_change(&r, StockAction::Try, "op_t", 3, deltas(), &result, None),
+            stock_change(stock_change_data(
+                &r,
+                StockAction::Try,
+                "op_t",
+                3,
+                deltas(),
+                &result,
+                None,
+            )),
             reserved(&r, "op_t"),
             rejected(&r, "op_t", "INSUFFICIENT_STOCK", Some(2)),
             confirmed(&r, "op_c"),
@@ -462,27 +515,43 @@ mod tests {
     }
 
     #[test]
-    fn event_ids_fit_the_column_and_stay_distinct() {
-        assert_eq!(
-            event_id("op_try_1", "InventoryReserved"),
-            "op_try_1:InventoryReserved"
-        );
-        let a = event_id(
-            "dead_op_adjust_123456789012_123456789012_20261129_v12",
-            "InventoryOperationDead",
-        );
-        let b = event_id(
-            "dead_op_adjust_123456789012_123456789012_20261129_v13",
-            "InventoryOperationDead",
-        );
-        assert_eq!((a.len(), b.len()), (64, 64));
-        assert_ne!(a, b);
-        assert_eq!(
-            a,
-            event_id(
-                "dead_op_adjust_123456789012_123456789012_20261129_v12",
-                "InventoryOperationDead"
-            )
-        );
+    fn a_step_body_leaves_defaults_out_and_reads_back_whole() {
+        let r = reservation(ReservationStatus::Reserved, "op_x");
+        let result = OpResult {
+            code: OpCode::Succeeded,
+            empty_rollback: false,
+            replayed: false,
+            created: false,
+            after: StockAfter {
+                total: 10,
+                available: 5,
+                reserved: 5,
+                sold: 0,
+            },
+            deficit: 0,
+            paid: 0,
+            version: 7,
+            fence: FencePhase::Reserved,
+        };
+        let deltas = Deltas {
+            available: -3,
+            reserved: 3,
+            sold: 0,
+        };
+        // The fixture is an instant order: no processing time, no refund, no reason.
+        let data = stock_change_data(&r, StockAction::Try, "op_t", 3, deltas, &result, None);
+        let row = step(data.clone(), reserved_extra(&r));
+        let written = row.payload["data"].as_object().expect("data");
+        for left_out in [
+            "processing_time",
+            "reason_code",
+            "refund_id",
+            "empty_rollback",
+        ] {
+            assert!(!written.contains_key(left_out), "{left_out}");
+        }
+        let body: StepBody = serde_json::from_value(row.payload.clone()).expect("a step body");
+        assert_eq!(body.data, data, "read back whole");
+        assert_eq!(body.lifecycle, reserved_extra(&r));
     }
 }

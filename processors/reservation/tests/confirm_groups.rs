@@ -17,12 +17,16 @@ async fn row(f: &Fixture, id: u64) -> Reservation {
         .expect("row exists")
 }
 
-/// Outbox events of `event_type` per reservation.
+/// Outbox events of `event_type` per reservation: rows of that type, or step rows carrying it
+/// as their lifecycle event.
 async fn events_per_reservation(f: &Fixture, event_type: &str) -> HashMap<u64, i64> {
-    let rows: Vec<(u64, i64)> = sqlx::query_as(
-        "SELECT aggregate_id, COUNT(*) FROM inventory_outbox WHERE event_type = ? \
-         GROUP BY aggregate_id",
-    )
+    let rows: Vec<(u64, i64)> = sqlx::query_as(&format!(
+        "SELECT o.aggregate_id, COUNT(*) FROM inventory_outbox o \
+         WHERE o.event_type = ? OR {} = ? GROUP BY o.aggregate_id",
+        stocksvr_store::outbox::LIFECYCLE_EVENT_TYPE
+    ))
+    .bind(event_type)
+    .bind(stocksvr_core::events::topics::INVENTORY_LIFECYCLE)
     .bind(event_type)
     .fetch_all(&f.pool)
     .await

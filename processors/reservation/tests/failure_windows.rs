@@ -33,6 +33,7 @@ use stocksvr_core::reservation::{
 use stocksvr_failpoint::{is_injected, scenario, Action};
 use stocksvr_reservation::recovery::{recover_once, RecoveryConfig, RecoveryReport};
 use stocksvr_reservation::{IntentOutcome, ServiceConfig, ServiceError, TryReply};
+use stocksvr_store::outbox::LIFECYCLE_EVENT_TYPE;
 use stocksvr_store::reservations as repo;
 
 const TOTAL: i64 = 10;
@@ -203,7 +204,8 @@ struct Terminal {
     refunded: (u32, i64),
     /// Operation ids of the reservation's stock-change outbox rows, in commit order.
     stock_ops: Vec<String>,
-    /// Event types of its lifecycle outbox rows, in commit order.
+    /// Its lifecycle events (a step's own row carries one beside its stock change), in
+    /// commit order.
     lifecycle: Vec<String>,
 }
 
@@ -221,11 +223,12 @@ async fn observe(f: &Fixture, id: u64) -> Terminal {
     .fetch_all(&f.pool)
     .await
     .expect("stock-change rows");
-    let lifecycle: Vec<(String,)> = sqlx::query_as(
-        "SELECT event_type FROM inventory_outbox WHERE aggregate_id = ? AND topic = ? ORDER BY id",
-    )
-    .bind(id)
+    let lifecycle: Vec<(String,)> = sqlx::query_as(&format!(
+        "SELECT {LIFECYCLE_EVENT_TYPE} AS t FROM inventory_outbox o \
+         WHERE o.aggregate_id = ? HAVING t IS NOT NULL ORDER BY o.id"
+    ))
     .bind(topics::INVENTORY_LIFECYCLE)
+    .bind(id)
     .fetch_all(&f.pool)
     .await
     .expect("lifecycle rows");
@@ -710,12 +713,14 @@ async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
             (100, 100 - TRYS as i64, TRYS as i64, 0),
             "{place} (lua_group {lua_group}): each Try held its unit once"
         );
-        let per_row: Vec<(String, i64, i64)> = sqlx::query_as(
+        let per_row: Vec<(String, i64, i64, i64)> = sqlx::query_as(&format!(
             "SELECT CAST(r.status AS CHAR), \
+             (SELECT COUNT(*) FROM inventory_outbox o WHERE o.aggregate_id = r.id), \
              (SELECT COUNT(*) FROM inventory_outbox o WHERE o.aggregate_id = r.id AND o.topic = ?), \
-             (SELECT COUNT(*) FROM inventory_outbox o WHERE o.aggregate_id = r.id AND o.topic = ?) \
-             FROM inventory_reservation r WHERE r.merchant_id = ?",
-        )
+             (SELECT COUNT(*) FROM inventory_outbox o WHERE o.aggregate_id = r.id \
+               AND {LIFECYCLE_EVENT_TYPE} IS NOT NULL) \
+             FROM inventory_reservation r WHERE r.merchant_id = ?"
+        ))
         .bind(topics::STOCK_CHANGE)
         .bind(topics::INVENTORY_LIFECYCLE)
         .bind(f.merchant_id)
@@ -730,11 +735,12 @@ async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
         let reserved_code = stocksvr_core::reservation::ReservationStatus::Reserved
             .code()
             .to_string();
-        for (status, stock, lifecycle) in &per_row {
+        for (status, rows, stock, lifecycle) in &per_row {
             assert_eq!(
-                (status, *stock, *lifecycle),
-                (&reserved_code, 1, 1),
-                "{place} (lua_group {lua_group}): one RESERVED row with one event of each kind"
+                (status, *rows, *stock, *lifecycle),
+                (&reserved_code, 1, 1, 1),
+                "{place} (lua_group {lua_group}): one RESERVED row with one outbox row, \
+                 carrying one event of each kind"
             );
         }
         drop(fp);

@@ -151,16 +151,20 @@ async fn cancel_before_try_is_an_empty_rollback_and_the_late_try_is_fenced() {
     assert!(!again.created);
     assert_eq!(again.reservation.status_name(), "CANCELED");
     assert_eq!(f.numbers().await, before);
-    let canceled: (String,) = sqlx::query_as(
-        "SELECT CAST(payload AS CHAR) FROM inventory_outbox WHERE event_type = 'InventoryCanceled'",
+    // One row for the Cancel: its stock change says empty rollback, and it carries the
+    // InventoryCanceled the relay derives from it (reason EMPTY_ROLLBACK).
+    let canceled: Vec<(String,)> = sqlx::query_as(
+        "SELECT CAST(payload AS CHAR) FROM inventory_outbox \
+         WHERE event_type = 'InventoryRedisCanceled' AND JSON_EXISTS(payload, '$.lifecycle')",
     )
-    .fetch_one(&f.pool)
+    .fetch_all(&f.pool)
     .await
     .expect("lifecycle event");
+    assert_eq!(canceled.len(), 1, "{canceled:?}");
     assert!(
-        canceled.0.contains("\"empty_rollback\":true"),
+        canceled[0].0.contains("\"empty_rollback\":true"),
         "{}",
-        canceled.0
+        canceled[0].0
     );
 }
 

@@ -143,11 +143,15 @@ async fn outage_while_events_stream(stopped: &str) {
         count(&pool, "SELECT COUNT(*) FROM inventory_refund").await,
         ORDERS as i64
     );
+    // One row per step, carrying its lifecycle event too.
     for event in ["InventoryRedisConfirmed", "InventoryRedisRefunded"] {
         assert_eq!(
             count(
                 &pool,
-                &format!("SELECT COUNT(*) FROM inventory_outbox WHERE event_type = '{event}'")
+                &format!(
+                    "SELECT COUNT(*) FROM inventory_outbox WHERE event_type = '{event}' \
+                     AND JSON_EXISTS(payload, '$.lifecycle')"
+                )
             )
             .await,
             ORDERS as i64,

@@ -203,7 +203,24 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
             .await
             .expect("count");
     assert_eq!(stock_rows, operations.len() as i64, "one per operation");
+    // One row per reservation step carries both its events: every operation but the
+    // bucket's INIT is a step, and no step wrote a lifecycle row of its own.
+    let (paired, lifecycle_rows): (i64, i64) = sqlx::query_as(
+        "SELECT CAST(SUM(JSON_EXISTS(payload, '$.lifecycle')) AS SIGNED), \
+                CAST(SUM(topic = ?) AS SIGNED) FROM inventory_outbox",
+    )
+    .bind(topics::INVENTORY_LIFECYCLE)
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(
+        (paired, lifecycle_rows),
+        (operations.len() as i64 - 1, 0),
+        "each step's row carries its lifecycle event"
+    );
     let rows: i64 = outbox_statuses(&pool).await.values().sum();
+    // The records those rows stand for.
+    let events = rows + paired;
     assert_eq!(
         outbox_statuses(&pool).await,
         BTreeMap::from([(status::PENDING, rows)])
@@ -257,10 +274,11 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
         "the mark did not move"
     );
     assert_eq!(
-        records_on(&stock_topic) + records_on(&lifecycle_topic),
-        rows,
-        "on Kafka, not marked"
+        (records_on(&stock_topic), records_on(&lifecycle_topic)),
+        (stock_rows, paired),
+        "both events of every row on Kafka, not marked"
     );
+    assert_eq!(stock_rows + paired, events);
 
     // A third relay publishes them all again, same event ids, from the mark, and moves it
     // over them.
@@ -276,6 +294,11 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
         .expect("max id");
     assert_eq!(mark_and_unsent(&pool).await, (top, 0));
     assert_eq!(records_on(&stock_topic), 2 * stock_rows, "each event twice");
+    assert_eq!(
+        records_on(&lifecycle_topic),
+        2 * paired,
+        "the lifecycle half of each row twice too"
+    );
     assert_eq!(relay().relay_once().await.expect("relay").claimed, 0);
     drop(fp);
 

@@ -180,12 +180,18 @@ impl Scheduled {
         )
     }
 
-    /// Outbox rows of `event_type` for `reservation_id`.
+    /// Outbox rows of `event_type` for `reservation_id`; for a lifecycle event a step's row
+    /// carries beside its stock change, that row (whose `lifecycle` member holds what the
+    /// event adds to the stock change).
     async fn outbox(&self, reservation_id: u64, event_type: &str) -> Vec<Value> {
-        let rows: Vec<(Value,)> = sqlx::query_as(
-            "SELECT payload FROM inventory_outbox WHERE aggregate_id = ? AND event_type = ? ORDER BY id",
-        )
+        let rows: Vec<(Value,)> = sqlx::query_as(&format!(
+            "SELECT o.payload FROM inventory_outbox o WHERE o.aggregate_id = ? \
+             AND (o.event_type = ? OR {} = ?) ORDER BY o.id",
+            stocksvr_store::outbox::LIFECYCLE_EVENT_TYPE
+        ))
         .bind(reservation_id)
+        .bind(event_type)
+        .bind(stocksvr_core::events::topics::INVENTORY_LIFECYCLE)
         .bind(event_type)
         .fetch_all(&self.pool)
         .await
@@ -304,8 +310,9 @@ async fn the_wheel_confirms_once_at_the_due_time_and_a_cancel_before_it_refunds_
         (&json!(-2), &json!(0), &json!(2)),
         "refunded from the reserved pool: {d}"
     );
+    // The Refund's one row carries its InventoryRefunded, which says before confirm.
     assert_eq!(
-        t.outbox(r2, "InventoryRefunded").await[0]["data"]["before_confirm"],
+        t.outbox(r2, "InventoryRefunded").await[0]["lifecycle"]["before_confirm"],
         true
     );
     let day2 = zone::date_of(due2);

@@ -1,5 +1,10 @@
 //! The transactional outbox (docs/design.md, events, outbox, inbox, projection): rows written
 //! in the same transaction as the state change they announce, published by the relay.
+//!
+//! A completed reservation step writes one row: its stock-change event (`event_type`,
+//! `topic`, `partition_key` = bucket, `event_id` are the stock change's), whose payload also
+//! carries the member `lifecycle` from which the relay rebuilds the step's lifecycle event and
+//! publishes it too (`stocksvr_core::events::paired`). Every other event is a row of its own.
 
 use crate::clock::now;
 use crate::deadline::Deadline;
@@ -7,6 +12,15 @@ use crate::one_off::OneOff;
 use sqlx::{MySql, MySqlPool, Transaction};
 use std::borrow::Borrow;
 use stocksvr_core::codes::OutboxStatus;
+
+/// The lifecycle event type a row `o` of `inventory_outbox` publishes, as an SQL expression
+/// (NULL when none): a lifecycle row's own, or the one a step's stock-change row carries,
+/// which is its own type without `Redis` (InventoryRedisReserved carries InventoryReserved;
+/// `stocksvr_core::events::paired` pins that rule). Bind the lifecycle topic
+/// (`topics::INVENTORY_LIFECYCLE`) to its one placeholder. For tests and tools that count
+/// events rather than rows.
+pub const LIFECYCLE_EVENT_TYPE: &str = "(CASE WHEN o.topic = ? THEN o.event_type \
+     WHEN JSON_EXISTS(o.payload, '$.lifecycle') THEN REPLACE(o.event_type, 'Redis', '') END)";
 
 /// An event to publish, written in the same transaction as the state change it announces.
 #[derive(Debug, Clone)]

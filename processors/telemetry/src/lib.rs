@@ -235,9 +235,9 @@ catalog! {
     OUTBOX_OLDEST_PENDING_SECONDS = "stocksvr_outbox_oldest_pending_seconds", Gauge, "seconds", [],
         "Age of the oldest unsent outbox row; 0 when there is none.";
     OUTBOX_PUBLISHED = "stocksvr_outbox_published_total", Counter, "rows", [label("topic"), label("event_type")],
-        "Outbox rows published and acknowledged by the broker.";
+        "Outbox events published and acknowledged by the broker, by the event's topic and type (a reservation step's row carries two: its stock change and its lifecycle event).";
     OUTBOX_PUBLISH_FAILURES = "stocksvr_outbox_publish_failures_total", Counter, "rows", [label("topic"), label("event_type"), known("reason", &["encode", "delivery", "timeout"])],
-        "Outbox rows whose publish failed (retried with backoff), by reason.";
+        "Outbox events whose publish failed, by reason; the row that carries the event is retried with backoff.";
     OUTBOX_PUBLISH_DELAY_SECONDS = "stocksvr_outbox_publish_delay_seconds", Histogram, "seconds", [],
         "Delay from an outbox row created (its transaction) to the broker's acknowledgement of its record.";
     OUTBOX_BATCH_PUBLISH_SECONDS = "stocksvr_outbox_batch_publish_seconds", Histogram, "seconds", [],

@@ -4,7 +4,8 @@
 
 use super::{crash_point, OutboxRelay, RelayReport, Started};
 use crate::error::{sqlx_is_retryable, RelayError};
-use crate::publish::{publish_delay, RowFailure};
+use crate::publish::{publish_delay, Acked, RowFailure};
+use crate::records::Record;
 use crate::store::{self, ClaimedRow, Failure};
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
@@ -19,27 +20,53 @@ impl OutboxRelay {
         let Started {
             epoch,
             rows,
+            records,
             read: _,
             lease_until,
             deliveries,
             started,
         } = round;
         let outcomes = deliveries.acknowledged().await;
+        // A row is sent once all its records are acknowledged (its last acknowledgement ends
+        // its delay); one failed record retries the whole row (crate::records says why).
+        let mut per_row: Vec<Result<Option<Acked>, (RowFailure, &Record)>> =
+            vec![Ok(None); rows.len()];
+        for (record, outcome) in records.iter().zip(outcomes) {
+            let Some(slot) = per_row.get_mut(record.row) else {
+                continue;
+            };
+            match outcome {
+                Ok(acked) => {
+                    metrics::counter!(names::OUTBOX_PUBLISHED, "topic" => record.topic.clone(), "event_type" => record.event_type.clone())
+                        .increment(1);
+                    // The topic as written, as the lag exporter sees it on the broker.
+                    metrics::counter!(names::EVENTS_PRODUCED, "topic" => self.namespace.topic(&record.topic))
+                        .increment(1);
+                    if let Ok(last) = slot {
+                        *last = Some(
+                            last.map_or(acked, |l: Acked| if l.at >= acked.at { l } else { acked }),
+                        );
+                    }
+                }
+                Err(failure) => {
+                    if slot.is_ok() {
+                        *slot = Err((failure, record));
+                    }
+                }
+            }
+        }
         let mut sent = Vec::with_capacity(rows.len());
         let mut delays = Vec::with_capacity(rows.len());
         let mut failed = Vec::new();
-        for (row, outcome) in rows.iter().zip(outcomes) {
+        for (row, outcome) in rows.iter().zip(per_row) {
             match outcome {
-                Ok(acked) => {
+                Ok(Some(acked)) => {
                     sent.push(row.id);
                     delays.push(publish_delay(row.created_at, acked));
-                    metrics::counter!(names::OUTBOX_PUBLISHED, "topic" => row.topic.clone(), "event_type" => row.event_type.clone())
-                        .increment(1);
-                    // The topic as written, as the lag exporter sees it on the broker.
-                    metrics::counter!(names::EVENTS_PRODUCED, "topic" => self.namespace.topic(&row.topic))
-                        .increment(1);
                 }
-                Err(failure) => failed.push(self.failure(row, failure)),
+                // Every row has a record; a row without one would have nothing to wait for.
+                Ok(None) => sent.push(row.id),
+                Err((failure, record)) => failed.push(self.failure(row, record, failure)),
             }
         }
         // Failure window 6 (docs/design.md, failure windows) in tests: the broker acknowledged,
@@ -65,25 +92,25 @@ impl OutboxRelay {
         })
     }
 
-    fn failure(&self, row: &ClaimedRow, failure: RowFailure) -> Failure {
-        metrics::counter!(names::OUTBOX_PUBLISH_FAILURES, "topic" => row.topic.clone(), "event_type" => row.event_type.clone(), "reason" => failure.label())
+    fn failure(&self, row: &ClaimedRow, record: &Record, failure: RowFailure) -> Failure {
+        metrics::counter!(names::OUTBOX_PUBLISH_FAILURES, "topic" => record.topic.clone(), "event_type" => record.event_type.clone(), "reason" => failure.label())
             .increment(1);
         let reason = failure.reason();
         match &failure {
             // A row that cannot be encoded will not heal by itself: a person has to look
             // at the payload or the schema.
             RowFailure::Encode(_) => tracing::error!(
-                outbox_id = row.id, event_id = %row.event_id, event_type = %row.event_type,
-                topic = %row.topic, retry_count = row.retry_count, error = %reason,
+                outbox_id = row.id, event_id = %record.event_id, event_type = %record.event_type,
+                topic = %record.topic, retry_count = row.retry_count, error = %reason,
                 "outbox row cannot be encoded; it stays in RETRY"
             ),
             // Said once for the relay (the cause), not once per row and retry.
             RowFailure::Refused(_) => tracing::debug!(
-                outbox_id = row.id, topic = %row.topic, retry_count = row.retry_count,
+                outbox_id = row.id, topic = %record.topic, retry_count = row.retry_count,
                 error = %reason, "outbox row refused by the cluster; it will be retried"
             ),
             _ => tracing::warn!(
-                outbox_id = row.id, event_id = %row.event_id, topic = %row.topic,
+                outbox_id = row.id, event_id = %record.event_id, topic = %record.topic,
                 retry_count = row.retry_count, error = %reason,
                 "outbox row not acknowledged; it will be retried"
             ),
@@ -192,7 +219,7 @@ impl OutboxRelay {
     /// reason) and produced counters are created at 0: an alert on `increase()` of a failure
     /// then sees 0, not "no data", until the first one. The topics are only known from the
     /// rows, so they cannot be created at start-up.
-    pub(super) fn zero_series(&self, rows: &[crate::store::ClaimedRow]) {
+    pub(super) fn zero_series(&self, rows: &[Record]) {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         for row in rows {
             if !seen.insert((row.topic.clone(), row.event_type.clone())) {

@@ -6,6 +6,7 @@ use super::leadership::{Gap, Leadership, Reading, GAPS_PER_READ, TRX_READING_DEL
 use super::{crash_point, OutboxRelay, Started};
 use crate::error::RelayError;
 use crate::publish::enqueue_batch;
+use crate::records::records;
 use crate::store::{self, status, ClaimedRow, ScannedRow};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
@@ -106,20 +107,23 @@ impl OutboxRelay {
             .collect();
         // Publishing in id order keeps one key's events in the order they were written.
         rows.sort_by_key(|row| row.id);
-        self.zero_series(&rows);
+        // A step's row is two records (stock change, then lifecycle), enqueued together.
+        let records = records(&rows);
+        self.zero_series(&records);
         // Failure window 5 (docs/design.md, failure windows) in tests: read, nothing published.
         crash_point("relay.before_publish")?;
         let deliveries = enqueue_batch(
             &self.codec,
             &self.producer,
             &self.namespace,
-            &rows,
+            &records,
             self.config.publish_timeout,
         )
         .await;
         Ok(Some(Started {
             epoch: Some(epoch),
             rows,
+            records,
             read,
             lease_until: None,
             deliveries,

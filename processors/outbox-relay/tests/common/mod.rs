@@ -225,7 +225,7 @@ pub fn example_json(stem: &str) -> Result<Json> {
     Ok(stocksvr_test_support::example(stem))
 }
 
-async fn read_topic(settings: &InfraSettings, topic: &str) -> Result<Vec<Record>> {
+pub async fn read_topic(settings: &InfraSettings, topic: &str) -> Result<Vec<Record>> {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &settings.kafka.brokers)
         .set("group.id", format!("outbox-relay-test-{}", unique()))

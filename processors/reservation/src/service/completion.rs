@@ -1,11 +1,13 @@
 //! What a finished Redis step commits, decided without I/O: the status the row moves to,
-//! the version the projection must reach, and the outbox rows (one stock-change event with
-//! the step's deltas for the projector, one lifecycle event for the order domain). Event ids
-//! derive from the operation id, so a step can never enqueue two different events.
+//! the version the projection must reach, and the outbox row: one per step, its stock-change
+//! event with the step's deltas for the projector, carrying what the relay needs to publish
+//! the lifecycle event for the order domain beside it. Event ids derive from the operation
+//! id, so a step can never enqueue two different events.
 
 use crate::outbox::{self, Deltas};
 use stocksvr_core::codes::RejectReason;
-use stocksvr_core::events::StockAction;
+use stocksvr_core::events::paired::LifecycleExtra;
+use stocksvr_core::events::{StockAction, StockChangeData};
 use stocksvr_core::model::{OpCode, OpResult};
 use stocksvr_core::reservation::ReservationStatus;
 use stocksvr_store::outbox::NewOutbox;
@@ -27,16 +29,16 @@ pub fn rejection(row: &Reservation, reason: RejectReason, available: Option<i64>
     }
 }
 
-/// The Try's stock-change event: its quantity from available to reserved, booked at the
-/// Try script's own `result`.
-fn try_stock_change(row: &Reservation, op: &str, result: &OpResult) -> NewOutbox {
+/// The Try's stock change: its quantity from available to reserved, booked at the Try
+/// script's own `result`.
+fn try_stock_change(row: &Reservation, op: &str, result: &OpResult) -> StockChangeData {
     let q = i64::from(row.quantity);
     let d = Deltas {
         available: -q,
         reserved: q,
         sold: 0,
     };
-    outbox::stock_change(row, StockAction::Try, op, row.quantity, d, result, None)
+    outbox::stock_change_data(row, StockAction::Try, op, row.quantity, d, result, None)
 }
 
 /// Whether the Cancel that `result` answered released the stock of a Try that was never
@@ -71,7 +73,7 @@ pub fn book_unbooked_try(
     let op = stocksvr_core::reservation::try_operation_id(row.id);
     completion
         .outbox
-        .insert(0, try_stock_change(row, &op, result));
+        .insert(0, outbox::stock_change(try_stock_change(row, &op, result)));
 }
 
 /// The completion of a step from `from` that the state machine sends to `to`, given the
@@ -94,7 +96,10 @@ pub fn completion(
             ));
         }
         (ReservationStatus::Preparing, _) => (
-            vec![try_stock_change(row, op, result), outbox::reserved(row, op)],
+            vec![outbox::step(
+                try_stock_change(row, op, result),
+                outbox::reserved_extra(row),
+            )],
             0,
         ),
         (ReservationStatus::Confirming, _) => (confirmed(row, op, result), 0),
@@ -119,7 +124,7 @@ pub fn completion(
     })
 }
 
-/// A Confirm's events: what the reservation still holds moves from reserved to sold.
+/// A Confirm's row: what the reservation still holds moves from reserved to sold.
 fn confirmed(row: &Reservation, op: &str, result: &OpResult) -> Vec<NewOutbox> {
     let held = row.held();
     let d = Deltas {
@@ -127,13 +132,13 @@ fn confirmed(row: &Reservation, op: &str, result: &OpResult) -> Vec<NewOutbox> {
         reserved: -i64::from(held),
         sold: i64::from(held),
     };
-    vec![
-        outbox::stock_change(row, StockAction::Confirm, op, held, d, result, None),
-        outbox::confirmed(row, op),
-    ]
+    vec![outbox::step(
+        outbox::stock_change_data(row, StockAction::Confirm, op, held, d, result, None),
+        LifecycleExtra::default(),
+    )]
 }
 
-/// A Cancel's events: what the reservation held goes back, unless the Cancel was an empty
+/// A Cancel's row: what the reservation held goes back, unless the Cancel was an empty
 /// rollback that only fenced the Try.
 fn canceled(row: &Reservation, op: &str, result: &OpResult) -> Vec<NewOutbox> {
     let released = if result.empty_rollback {
@@ -148,13 +153,13 @@ fn canceled(row: &Reservation, op: &str, result: &OpResult) -> Vec<NewOutbox> {
         reserved: -released,
         sold: 0,
     };
-    vec![
-        outbox::stock_change(row, StockAction::Cancel, op, row.quantity, d, result, None),
-        outbox::canceled(row, op, result.empty_rollback),
-    ]
+    vec![outbox::step(
+        outbox::stock_change_data(row, StockAction::Cancel, op, row.quantity, d, result, None),
+        LifecycleExtra::default(),
+    )]
 }
 
-/// A Refund's events for the row's pending quantity, returned from sold (after Confirm) or
+/// A Refund's row for the row's pending quantity, returned from sold (after Confirm) or
 /// from reserved (a scheduled order before its confirm): the ledger must say which pool the
 /// units left.
 fn refunded(
@@ -171,8 +176,8 @@ fn refunded(
         reserved,
         sold,
     };
-    vec![
-        outbox::stock_change(
+    vec![outbox::step(
+        outbox::stock_change_data(
             row,
             StockAction::Refund,
             op,
@@ -181,8 +186,8 @@ fn refunded(
             result,
             refund_id,
         ),
-        outbox::refunded(row, op, row.pending_quantity, refund_id, !from_sold),
-    ]
+        outbox::refunded_extra(!from_sold),
+    )]
 }
 
 #[cfg(test)]
@@ -217,8 +222,127 @@ mod tests {
         (n("available_delta"), n("reserved_delta"), n("sold_delta"))
     }
 
+    /// The lifecycle event the relay publishes from a step's row (as `outbox-relay`'s
+    /// records do): `None` when the row carries none.
+    fn lifecycle(o: &NewOutbox) -> Option<serde_json::Value> {
+        use stocksvr_core::events::paired::{StepBody, LIFECYCLE_MEMBER};
+        o.payload.get(LIFECYCLE_MEMBER)?;
+        let body: StepBody = serde_json::from_value(o.payload.clone()).expect("a step body");
+        let (stock_change, l) = body.events(&o.event_id).expect("both events");
+        // The stock change is the one the step used to write alone.
+        assert_eq!(stock_change.event_id, o.event_id);
+        assert_eq!(stock_change.partition_key, o.partition_key);
+        assert_eq!(stock_change.event_type, o.event_type);
+        serde_json::to_value(l).ok()
+    }
+
+    /// `a` and `b` without `occurred_at` (the clock at build time).
+    fn same_event(mut a: serde_json::Value, mut b: serde_json::Value) {
+        for v in [&mut a, &mut b] {
+            v.as_object_mut().map(|o| o.remove("occurred_at"));
+        }
+        assert_eq!(a, b);
+    }
+
     #[test]
-    fn a_try_books_its_quantity_from_available_to_reserved_with_two_events() {
+    fn each_step_writes_one_row_that_carries_the_lifecycle_event_it_used_to_write_alone() {
+        let ok = result(OpCode::Succeeded, 7, false);
+        let mut refund_row = row(ReservationStatus::Refunding, "op_refund_1_r1");
+        let steps = [
+            (
+                row(ReservationStatus::Preparing, "op_try_1"),
+                ReservationStatus::Preparing,
+                ReservationStatus::Reserved,
+                None,
+            ),
+            (
+                row(ReservationStatus::Confirming, "op_confirm_1"),
+                ReservationStatus::Confirming,
+                ReservationStatus::Confirmed,
+                None,
+            ),
+            (
+                row(ReservationStatus::Canceling, "op_cancel_1"),
+                ReservationStatus::Canceling,
+                ReservationStatus::Canceled,
+                None,
+            ),
+            (
+                refund_row.clone(),
+                ReservationStatus::Refunding,
+                ReservationStatus::Confirmed,
+                Some("r1"),
+            ),
+        ];
+        for (r, from, to, refund_id) in steps {
+            let c = completion(&r, from, to, &ok, refund_id).expect("a completion");
+            assert_eq!(c.outbox.len(), 1, "{from:?}: one row");
+            let op = r.current_operation_id.as_str();
+            let alone = match from {
+                ReservationStatus::Preparing => outbox::reserved(&r, op),
+                ReservationStatus::Confirming => outbox::confirmed(&r, op),
+                ReservationStatus::Canceling => outbox::canceled(&r, op, false),
+                _ => outbox::refunded(&r, op, r.pending_quantity, refund_id, false),
+            };
+            let derived = lifecycle(&c.outbox[0]).expect("the step's lifecycle event");
+            assert_eq!(
+                derived["event_id"],
+                alone.event_id.as_str(),
+                "the same event id"
+            );
+            same_event(derived, alone.payload);
+        }
+        // An empty rollback and a refund before confirm say so in the derived event too.
+        let r = row(ReservationStatus::Canceling, "op_cancel_1");
+        let empty = result(OpCode::Succeeded, 10, true);
+        let c = completion(
+            &r,
+            ReservationStatus::Canceling,
+            ReservationStatus::Canceled,
+            &empty,
+            None,
+        )
+        .expect("a completion");
+        same_event(
+            lifecycle(&c.outbox[0]).expect("an event"),
+            outbox::canceled(&r, "op_cancel_1", true).payload,
+        );
+        refund_row.resume_status = Some(ReservationStatus::CreatedReserved.code() as i8);
+        let c = completion(
+            &refund_row,
+            ReservationStatus::Refunding,
+            ReservationStatus::CreatedReserved,
+            &ok,
+            None,
+        )
+        .expect("a completion");
+        same_event(
+            lifecycle(&c.outbox[0]).expect("an event"),
+            outbox::refunded(
+                &refund_row,
+                "op_refund_1_r1",
+                refund_row.pending_quantity,
+                None,
+                true,
+            )
+            .payload,
+        );
+        // A rejection is a lifecycle event of its own row, with nothing to split.
+        let r = row(ReservationStatus::Preparing, "op_try_1");
+        let insufficient = result(OpCode::Insufficient, 1, false);
+        let c = completion(
+            &r,
+            ReservationStatus::Preparing,
+            ReservationStatus::Rejected,
+            &insufficient,
+            None,
+        )
+        .expect("a completion");
+        assert_eq!(lifecycle(&c.outbox[0]), None);
+    }
+
+    #[test]
+    fn a_try_books_its_quantity_from_available_to_reserved_in_one_row() {
         let r = row(ReservationStatus::Preparing, "op_try_1");
         let c = completion(
             &r,
@@ -232,8 +356,11 @@ mod tests {
         assert_eq!(c.expected_redis_version, Some(42));
         assert_eq!(deltas(&c), (-3, 3, 0));
         let types: Vec<&str> = c.outbox.iter().map(|o| o.event_type.as_str()).collect();
-        assert_eq!(types, ["InventoryRedisReserved", "InventoryReserved"]);
-        assert!(c.outbox.iter().all(|o| o.event_id.starts_with("op_try_1:")));
+        assert_eq!(types, ["InventoryRedisReserved"]);
+        assert_eq!(c.outbox[0].event_id, "op_try_1:InventoryRedisReserved");
+        let reserved = lifecycle(&c.outbox[0]).expect("the row carries InventoryReserved");
+        assert_eq!(reserved["event_id"], "op_try_1:InventoryReserved");
+        assert_eq!(reserved["partition_key"], r.order_id.to_string());
     }
 
     #[test]
@@ -309,22 +436,23 @@ mod tests {
             ..result(OpCode::Succeeded, 7, false)
         };
         book_unbooked_try(&mut c, &r, Some(&try_result), &released);
-        let ops: Vec<(&str, &str)> = c
+        let ops: Vec<(&str, &str, bool)> = c
             .outbox
             .iter()
             .map(|o| {
                 (
                     o.event_type.as_str(),
                     o.payload["data"]["operation_id"].as_str().unwrap_or(""),
+                    lifecycle(o).is_some(),
                 )
             })
             .collect();
         assert_eq!(
             ops,
             [
-                ("InventoryRedisReserved", "op_try_100123001"),
-                ("InventoryRedisCanceled", "op_cancel_1"),
-                ("InventoryCanceled", ""),
+                // The Try had no lifecycle event to announce here: its stock change alone.
+                ("InventoryRedisReserved", "op_try_100123001", false),
+                ("InventoryRedisCanceled", "op_cancel_1", true),
             ]
         );
         assert_eq!(deltas(&c), (-3, 3, 0), "the Try's deltas come first");

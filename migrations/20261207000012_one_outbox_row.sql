@@ -1,0 +1,20 @@
+-- One outbox row per reservation step (issue 48, docs/design.md "one outbox row per
+-- reservation step"). A step's row now carries its stock-change event and, in the payload's
+-- `lifecycle` member, what the relay needs to publish its lifecycle event too; no column
+-- changes for that: the row keeps the stock change's event_id, event_type, topic and
+-- partition_key (the bucket, which the reconciler's unsent-events view filters on), and rows
+-- of the old two-row shape still pending at the upgrade are published by the new relay as
+-- written.
+--
+-- inventory_outbox.schema_version: never written (every insert took its default) and never
+-- read; the relay takes an event's schema version from the event itself. 4 bytes a row.
+--
+-- Online: MariaDB 10.4+ drops a column INSTANT, a change of the table's metadata only (no
+-- row is copied or rewritten). ALGORITHM=INSTANT makes the statement fail instead of
+-- falling back to a table copy. It still needs the table's exclusive metadata lock for a
+-- moment: it waits for open transactions that touched inventory_outbox (a service's step
+-- commit, the relay's reads) to end, and statements arriving meanwhile queue behind it, so
+-- run the migration when no long transaction holds the table (lock_wait_timeout bounds the
+-- wait). A binary of the previous version inserts without naming the column, so it keeps
+-- working against the migrated table during a rolling upgrade.
+ALTER TABLE inventory_outbox DROP COLUMN IF EXISTS schema_version, ALGORITHM=INSTANT;
