@@ -93,7 +93,7 @@ def part_pipeline(b):
         sizes[topic] = pipeline.topic_sizes(b.a.brokers, topic, 2000, f"{b.ns}.sizes")
     size = round(sum(c * s for c, s in sizes.values()) / max(1, sum(c for c, _ in sizes.values())))
     perf_topic = f"{b.ns}.perf-producer"
-    pipeline.create_topic(b.a.brokers, perf_topic, 6)
+    kafka.create_topic(b.a.brokers, perf_topic, 6)
     klog = os.path.join(b.logs, "kafka-tools.log")
     b.log(f"Kafka's producer tool: {n_relay:,} records of {size} bytes, acks=all, idempotent")
     with b.phase("kafka-producer-tool") as rec:

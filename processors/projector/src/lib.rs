@@ -181,7 +181,9 @@ impl Projector {
     }
 
     /// The events `lane` (positions in `valid`, in batch order) in one transaction of their
-    /// own, committed before this returns; its tally is emitted then.
+    /// own, committed before this returns; its tally is emitted then. Lanes run at once, and
+    /// two lanes' first events of new buckets can deadlock on the gaps their snapshot reads
+    /// lock; InnoDB rolls one lane back whole, so that lane simply runs again.
     async fn project_lane(
         &self,
         valid: &[&Projection],
@@ -189,41 +191,39 @@ impl Projector {
         now: NaiveDateTime,
     ) -> Result<Vec<Applied>, Failure> {
         let events: Vec<&Projection> = lane.iter().map(|&i| valid[i]).collect();
-        let mut tx = stocksvr_store::deadline::begin(&self.pool)
-            .await
-            .map_err(|e| Failure::from_sqlx(&e))?;
+        let (applied, tally) = stocksvr_store::retry::on_lock_conflict(3, || {
+            self.project_lane_once(&events, now)
+        })
+        .await
+        .map_err(|e| Failure::from_sqlx(&e))?;
+        tally.emit(events.len(), Utc::now());
+        Ok(applied)
+    }
+
+    /// One attempt of [`Self::project_lane`]: the lane in one transaction, committed.
+    async fn project_lane_once(
+        &self,
+        events: &[&Projection],
+        now: NaiveDateTime,
+    ) -> Result<(Vec<Applied>, Tally), sqlx::Error> {
+        let mut tx = stocksvr_store::deadline::begin(&self.pool).await?;
         let mut tally = Tally::default();
-        let applied = match self
-            .apply_all(&mut tx, &events, now, &mut tally)
-            .await
-            .map_err(|e| Failure::from_sqlx(&e))?
-        {
+        let applied = match self.apply_all(&mut tx, events, now, &mut tally).await? {
             Some(applied) => applied,
             None => {
                 // Rare (a rebalance, ids the collation equates): redo the lane the slow way,
                 // which needs no prediction, rather than guess what the other consumer did.
                 tracing::info!("batch raced another writer; applying it event by event");
-                tx.rollback()
-                    .deadline()
-                    .await
-                    .map_err(|e| Failure::from_sqlx(&e))?;
-                tx = stocksvr_store::deadline::begin(&self.pool)
-                    .await
-                    .map_err(|e| Failure::from_sqlx(&e))?;
+                tx.rollback().deadline().await?;
+                tx = stocksvr_store::deadline::begin(&self.pool).await?;
                 tally = Tally::default();
-                self.apply_each(&mut tx, &events, now, &mut tally)
-                    .await
-                    .map_err(|e| Failure::from_sqlx(&e))?
+                self.apply_each(&mut tx, events, now, &mut tally).await?
             }
         };
         // Dropping the transaction on any error above rolls back the whole lane, so no part
-        // of it is durable when the loop retries the batch.
-        tx.commit()
-            .deadline()
-            .await
-            .map_err(|e| Failure::from_sqlx(&e))?;
-        tally.emit(events.len(), Utc::now());
-        Ok(applied)
+        // of it is durable when the lane or the loop runs it again.
+        tx.commit().deadline().await?;
+        Ok((applied, tally))
     }
 
     /// The whole batch with one statement per table (chunked only past
