@@ -452,17 +452,19 @@ def pipeline():
          [q("max(stocksvr_outbox_backlog)", "rows"),
           q("max(deriv(stocksvr_outbox_backlog[2m])) * 60", "growth per min"),
           q("max(predict_linear(stocksvr_outbox_backlog[15m], 1800))", "predicted in 30 min")])
-    b.ts("Outbox published", "Rows published and acknowledged per second, by topic and "
-         "event type.", "ops",
+    b.ts("Outbox published", "Records published and acknowledged per second, by topic and "
+         "event type (a reservation step's row goes out as two records: its stock change and "
+         "its lifecycle event).", "ops",
          [q(f"sum by (topic, event_type) (rate(stocksvr_outbox_published_total{{{INST}}}"
             "[$__rate_interval]))", "{{topic}} {{event_type}}")], min=0)
-    b.ts("Outbox publish failures", "Rows whose publish failed per 15 min (retried with "
+    b.ts("Outbox publish failures", "Records whose publish failed per 15 min (retried with "
          "backoff), by reason: encode (payload or schema: a person must look), delivery "
          "(the broker refused), timeout (no acknowledgement in time).", "short",
          [q(f"sum by (reason, topic, event_type) (increase("
             f"stocksvr_outbox_publish_failures_total{{{INST}}}[15m]))",
             "{{reason}} {{topic}} {{event_type}}")], min=0)
-    b.ts("Outbox time to drain", "Backlog divided by the publish rate (capped at one day).",
+    b.ts("Outbox time to drain", "Backlog (rows) divided by the publish rate (records; a step "
+         "row is two, so the time can be up to twice this), capped at one day.",
          "s",
          [q("clamp_max(max(stocksvr_outbox_backlog) / clamp_min(sum(rate("
             "stocksvr_outbox_published_total[5m])), 1e-9), 86400)", "outbox")], min=0)
