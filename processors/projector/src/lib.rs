@@ -191,11 +191,10 @@ impl Projector {
         now: NaiveDateTime,
     ) -> Result<Vec<Applied>, Failure> {
         let events: Vec<&Projection> = lane.iter().map(|&i| valid[i]).collect();
-        let (applied, tally) = stocksvr_store::retry::on_lock_conflict(3, || {
-            self.project_lane_once(&events, now)
-        })
-        .await
-        .map_err(|e| Failure::from_sqlx(&e))?;
+        let (applied, tally) =
+            stocksvr_store::retry::on_lock_conflict(3, || self.project_lane_once(&events, now))
+                .await
+                .map_err(|e| Failure::from_sqlx(&e))?;
         tally.emit(events.len(), Utc::now());
         Ok(applied)
     }

@@ -437,6 +437,21 @@ mod tests {
     use stocksvr_core::model::{FencePhase, OpCode};
     use stocksvr_core::reservation::ReservationStatus;
 
+    /// A succeeded step's answer at Redis `version`, leaving the numbers at `after`.
+    fn succeeded(after: StockAfter, version: u64) -> OpResult {
+        OpResult {
+            code: OpCode::Succeeded,
+            empty_rollback: false,
+            replayed: false,
+            created: false,
+            after,
+            deficit: 0,
+            paid: 0,
+            version,
+            fence: FencePhase::Reserved,
+        }
+    }
+
     /// The fields `schemas/<event>.avsc` declares for the event's `data` record.
     fn schema_data_fields(event_type: &str) -> Vec<String> {
         let manifest = std::env::var("CARGO_MANIFEST_DIR")
@@ -463,22 +478,15 @@ mod tests {
     #[test]
     fn every_reservation_event_writes_exactly_its_schemas_data_fields() {
         let r = reservation(ReservationStatus::Reserved, "op_x");
-        let result = OpResult {
-            code: OpCode::Succeeded,
-            empty_rollback: false,
-            replayed: false,
-            created: false,
-            after: StockAfter {
+        let result = succeeded(
+            StockAfter {
                 total: 10,
                 available: 5,
                 reserved: 3,
                 sold: 2,
             },
-            deficit: 0,
-            paid: 0,
-            version: 7,
-            fence: FencePhase::Reserved,
-        };
+            7,
+        );
         let deltas = || Deltas {
             available: -3,
             reserved: 3,
@@ -517,22 +525,15 @@ mod tests {
     #[test]
     fn a_step_body_leaves_defaults_out_and_reads_back_whole() {
         let r = reservation(ReservationStatus::Reserved, "op_x");
-        let result = OpResult {
-            code: OpCode::Succeeded,
-            empty_rollback: false,
-            replayed: false,
-            created: false,
-            after: StockAfter {
+        let result = succeeded(
+            StockAfter {
                 total: 10,
                 available: 5,
                 reserved: 5,
                 sold: 0,
             },
-            deficit: 0,
-            paid: 0,
-            version: 7,
-            fence: FencePhase::Reserved,
-        };
+            7,
+        );
         let deltas = Deltas {
             available: -3,
             reserved: 3,
