@@ -65,6 +65,11 @@ impl ApiState {
         state
     }
 
+    /// Whether the service is installed: the Try API answers instead of "starting".
+    pub fn is_serving(&self) -> bool {
+        self.service.get().is_some()
+    }
+
     /// Installs the service once it could be built; later calls are ignored.
     pub fn install(&self, service: Arc<ReservationService>) {
         let _ = self.service.set(service);

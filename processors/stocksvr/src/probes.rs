@@ -198,6 +198,28 @@ impl Probe for RedisProbe {
     }
 }
 
+/// The Try API's reservation service: built once Redis answered and a worker id is leased,
+/// which can come seconds after every dependency answers its own probe (the start retries
+/// Redis with backoff). Ready before that, an instance behind a load balancer would answer
+/// every Try 503 "starting".
+pub struct ReservationServiceProbe(pub stocksvr_api::ApiState);
+
+impl Probe for ReservationServiceProbe {
+    fn name(&self) -> &'static str {
+        "reservation_service"
+    }
+    fn check(&self) -> BoxFuture<'_, Result<(), String>> {
+        async move {
+            if self.0.is_serving() {
+                Ok(())
+            } else {
+                Err("starting: waiting for its first Redis connection and a worker id".into())
+            }
+        }
+        .boxed()
+    }
+}
+
 /// Buckets Redis lost and that are not rebuilt yet: each refuses its Trys (503 bucket_lost)
 /// while everything else sells, so `/readyz` names them without failing readiness.
 pub struct LostBuckets(pub MySqlPool);

@@ -167,8 +167,6 @@ pub async fn run(
     let catalog = Arc::new(Catalog::for_deployment(&settings.kafka)?);
     let registry = RegistryClient::new(&settings.registry)?;
     let pool = mysql_pool(&settings).await?;
-    let health = HealthState::new(probes(&settings, registry, &pool)?, &settings.http, metrics)
-        .with_advisories(vec![Arc::new(probes::LostBuckets(pool.clone()))]);
     let api = stocksvr_api::ApiState::new()
         .with_reconcile_config(settings.reconcile.reconcile_config())
         .with_shed_config(stocksvr_api::shed::ShedConfig {
@@ -176,6 +174,14 @@ pub async fn run(
             max_queued: settings.http.max_queued,
             admission_deadline: Duration::from_millis(settings.http.admission_deadline_ms),
         });
+    let mut checks = probes(&settings, registry, &pool)?;
+    if roles.reservations {
+        // The dependencies can all answer while the service still waits for its first Redis
+        // connection or its worker id; until then every Try would get 503 "starting".
+        checks.push(Arc::new(probes::ReservationServiceProbe(api.clone())));
+    }
+    let health = HealthState::new(checks, &settings.http, metrics)
+        .with_advisories(vec![Arc::new(probes::LostBuckets(pool.clone()))]);
     let front = Front::prepare(&settings.http, access).await?;
     let router = router(&settings, &pool, &catalog, &api, health, bound, access)?;
     tracing::info!(listen = %bound, ?roles, api = ?access.api, admin = ?access.admin,

@@ -21,7 +21,13 @@ async fn all_serves_health_and_dead_letters_garbage() {
         .topic(stocksvr_core::events::topics::ORDER_LIFECYCLE);
     let server = shop.server(&[("STOCKSVR__HTTP__ADMIN_TOKEN", token)]);
     let ready = server.wait_for_readyz(200, Duration::from_secs(60)).await;
-    for dep in ["kafka", "schema_registry", "mysql", "redis"] {
+    for dep in [
+        "kafka",
+        "schema_registry",
+        "mysql",
+        "redis",
+        "reservation_service",
+    ] {
         assert_eq!(ready["dependencies"][dep]["ok"], true, "{ready}");
     }
 
@@ -205,6 +211,11 @@ async fn readyz_names_an_unreachable_dependency() {
     assert_eq!(body["dependencies"]["redis"]["ok"], false, "{body}");
     assert!(
         body["dependencies"]["redis"]["error"].as_str().is_some(),
+        "{body}"
+    );
+    // Without Redis the Try API cannot be built either, and readiness says so on its own.
+    assert_eq!(
+        body["dependencies"]["reservation_service"]["ok"], false,
         "{body}"
     );
     assert_eq!(body["dependencies"]["mysql"]["ok"], true, "{body}");

@@ -139,7 +139,7 @@ catalog! {
     BUILD_INFO = "stocksvr_build_info", Gauge, "info", [label("version")],
         "Always 1; the version label names the running build.";
     DEPENDENCY_READY = "stocksvr_dependency_ready", Gauge, "boolean",
-        [known("dependency", &["kafka", "schema_registry", "mysql", "redis"])],
+        [known("dependency", &["kafka", "schema_registry", "mysql", "redis", "reservation_service"])],
         "1 when the dependency answered its readiness probe, 0 when not.";
     HTTP_REQUESTS = "stocksvr_http_requests_total", Counter, "requests", [label("route"), label("status")],
         "HTTP requests answered, by route template and status code.";
