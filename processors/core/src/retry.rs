@@ -97,6 +97,31 @@ impl RetryPolicy {
     }
 }
 
+impl RetryPolicy {
+    /// [`RetryPolicy::run`] for blocking code (a librdkafka call on a blocking thread):
+    /// the same decisions and delays, the pause a thread sleep.
+    pub fn run_blocking<T, E>(
+        &self,
+        mut call: impl FnMut() -> Result<T, E>,
+        retryable: impl Fn(&E) -> bool,
+        mut notify: impl FnMut(&E, Duration),
+    ) -> Result<T, E> {
+        let mut retries = 0;
+        loop {
+            match call() {
+                Ok(v) => return Ok(v),
+                Err(e) if retryable(&e) && self.may_retry(retries) => {
+                    let after = self.delay(retries);
+                    notify(&e, after);
+                    std::thread::sleep(after);
+                    retries += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 /// Polls `check` until it returns `Some`, paced by `every` (its delays grow as the policy
 /// says), for at most `within`. `None` when the time ran out: the caller decides what that
 /// means (an error naming what it waited for, a warning, a shorter path).
@@ -149,6 +174,34 @@ mod tests {
             .await;
         assert_eq!(out, Ok(4));
         assert_eq!(delays, [10 * MS, 20 * MS, 40 * MS, 40 * MS]);
+    }
+
+    #[test]
+    fn run_blocking_retries_with_the_same_delays_and_stops_on_a_permanent_error() {
+        let mut calls = 0;
+        let mut delays = Vec::new();
+        let policy = RetryPolicy::new(MS, 2 * MS).without_jitter();
+        let out: Result<u32, &str> = policy.run_blocking(
+            || {
+                calls += 1;
+                match calls {
+                    1..=3 => Err("moving"),
+                    _ => Err("refused"),
+                }
+            },
+            |e| *e == "moving",
+            |_, after| delays.push(after),
+        );
+        assert_eq!((out, calls), (Err("refused"), 4));
+        assert_eq!(delays, [MS, 2 * MS, 2 * MS]);
+        assert_eq!(
+            RetryPolicy::new(MS, MS).times(1).run_blocking(
+                || Err::<(), _>("moving"),
+                |_| true,
+                |_, _| {}
+            ),
+            Err("moving")
+        );
     }
 
     #[tokio::test(start_paused = true)]

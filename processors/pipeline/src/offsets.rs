@@ -20,6 +20,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
+use stocksvr_core::retry::RetryPolicy;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OffsetsError {
@@ -250,25 +251,14 @@ fn coordinator_is_moving(error: &KafkaError) -> bool {
 /// rather than retrying them.
 pub fn through_a_coordinator_move<T>(
     timeout: Duration,
-    mut ask: impl FnMut() -> Result<T, KafkaError>,
+    ask: impl FnMut() -> Result<T, KafkaError>,
 ) -> Result<T, KafkaError> {
     let deadline = std::time::Instant::now() + timeout;
-    let mut attempt = 0;
-    loop {
-        match ask() {
-            Err(e) if coordinator_is_moving(&e) && std::time::Instant::now() < deadline => {
-                let wait = stocksvr_core::backoff::jittered(
-                    attempt,
-                    Duration::from_millis(100),
-                    Duration::from_secs(1),
-                );
-                tracing::debug!(error = %e, ?wait, "the group coordinator is moving; asking again");
-                std::thread::sleep(wait);
-                attempt += 1;
-            }
-            other => return other,
-        }
-    }
+    RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(1)).run_blocking(
+        ask,
+        |e| coordinator_is_moving(e) && std::time::Instant::now() < deadline,
+        |e, wait| tracing::debug!(error = %e, ?wait, "the group coordinator is moving; asking again"),
+    )
 }
 
 fn watermarks(
