@@ -585,6 +585,19 @@ secure_acls_apply() {
     kafka_java org.apache.kafka.tools.AclCommand "${args[@]}" >>"$LOGS/acls.log" 2>&1 ||
       { tail -n 20 "$LOGS/acls.log" >&2; die "acls: adding ${ops[*]} on $rtype $name ($pattern) for $principal failed"; }
   done
+  # The controller answers an add once it has committed it, but the broker's authorizer takes
+  # the ACL from the metadata log a moment later: a command run right after could still be
+  # refused. The list is answered by that authorizer, so wait until it shows every ACL.
+  local deadline=$((SECONDS + 60)) missing
+  while :; do
+    have=()
+    while IFS= read -r key; do [[ -n $key ]] && have[$key]=1; done < <(secure_acl_keys)
+    missing=0
+    for key in "${!want[@]}"; do [[ -v "have[$key]" ]] || missing=$((missing + 1)); done
+    (( missing == 0 )) && break
+    (( SECONDS < deadline )) || die "acls: $missing of the added ACLs are still not in the broker's list after 60 s"
+    sleep 0.5
+  done
   say "acls: added $added of ${#want[@]} ACLs (the others were in place; log: ${LOGS#"$STACK_DIR/"}/acls.log)"
 }
 
