@@ -151,7 +151,7 @@ async fn claim_on(
         // of a lease.
         rows.extend(
             sqlx::query(
-                "SELECT id, event_id, event_type, topic, partition_key, payload, retry_count, \
+                "SELECT id, event_id, event_type, topic, partition_key, payload, body, retry_count, \
                  created_at, NOW(3) AS db_now FROM inventory_outbox FORCE INDEX (idx_publish) \
                  WHERE status = ? AND next_retry_at <= NOW(3) \
                  ORDER BY next_retry_at, id LIMIT ? FOR UPDATE SKIP LOCKED",
@@ -205,14 +205,27 @@ fn claimed_row(row: &MySqlRow) -> Result<ClaimedRow, sqlx::Error> {
         event_type: row.try_get("event_type")?,
         topic: row.try_get("topic")?,
         partition_key: row.try_get("partition_key")?,
-        // The column's type is JSON, which sqlx only decodes into its Json wrappers (a
-        // parsed value); its text is what the encoder reads, so take it unchecked.
-        payload: row
-            .try_get_unchecked::<String, _>("payload")
-            .map_err(|e| format!("payload is not readable: {e}")),
+        payload: payload_text(row),
         retry_count: row.try_get("retry_count")?,
         created_at: row.try_get("created_at")?,
     })
+}
+
+/// A row's event as the JSON text the encoder reads: a step's Avro `body` decoded (and
+/// written out as the JSON payload such a row held before), or the `payload` column as is.
+fn payload_text(row: &MySqlRow) -> Result<String, String> {
+    let body: Option<Vec<u8>> = row
+        .try_get("body")
+        .map_err(|e| format!("body is not readable: {e}"))?;
+    if let Some(bytes) = body {
+        let step = stocksvr_pipeline::step_body::decode(&bytes)?;
+        return serde_json::to_string(&step).map_err(|e| e.to_string());
+    }
+    // The column's type is JSON, which sqlx only decodes into its Json wrappers (a parsed
+    // value); its text is what the encoder reads, so take it unchecked.
+    row.try_get_unchecked::<Option<String>, _>("payload")
+        .map_err(|e| format!("payload is not readable: {e}"))?
+        .ok_or_else(|| "the row has neither a payload nor a body".to_string())
 }
 
 /// Writes a batch's outcome in one transaction: SENT for the acknowledged rows, RETRY with
@@ -383,7 +396,7 @@ pub struct ScannedRow {
     pub status: i8,
 }
 
-const SCAN_COLUMNS: &str = "SELECT id, event_id, event_type, topic, partition_key, payload, \
+const SCAN_COLUMNS: &str = "SELECT id, event_id, event_type, topic, partition_key, payload, body, \
      retry_count, created_at, status FROM inventory_outbox FORCE INDEX (PRIMARY) ";
 
 fn scanned_row(row: &MySqlRow) -> Result<ScannedRow, sqlx::Error> {

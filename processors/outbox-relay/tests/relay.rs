@@ -775,7 +775,7 @@ async fn a_step_row_is_published_as_its_stock_change_and_its_lifecycle_event() -
         Ok(row)
     };
     // A step row as the reservation service writes it: the stock change's columns, and a
-    // body of what the envelopes cannot take from them.
+    // body of what the envelopes cannot take from them, stored as Avro.
     let mut step = example("InventoryRedisReserved", STOCK_CHANGE)?;
     step.event_id = "op_try_100123001:InventoryRedisReserved".into();
     let mut stock_change = step.payload.clone();
@@ -784,6 +784,10 @@ async fn a_step_row_is_published_as_its_stock_change_and_its_lifecycle_event() -
         "data": stock_change["data"],
         "lifecycle": {"expire_at": "2026-07-25T12:45:00.456Z"},
     });
+    // Stored as this version stores it: the body as Avro, no JSON payload.
+    let body: stocksvr_core::events::paired::StepBody =
+        serde_json::from_value(step.payload.clone())?;
+    step.body = Some(stocksvr_pipeline::step_body::encode(&body).map_err(anyhow::Error::msg)?);
     // The envelope it stands for: every step's event has stocksvr's producer, no trace.
     stock_change["event_id"] = step.event_id.clone().into();
     stock_change["producer"] = "stocksvr".into();

@@ -16,6 +16,7 @@ pub mod offsets;
 pub mod periodic;
 pub mod producer;
 pub mod registry;
+pub mod step_body;
 pub mod telemetry;
 pub mod tls;
 pub mod topics;

@@ -214,15 +214,11 @@ async fn observe(f: &Fixture, id: u64) -> Terminal {
     let status = f.status(id).await;
     let fence = f.lua.read_fence(&f.keys(), id).await.expect("read fence");
     let row = repo::find(&f.pool, id).await.expect("find").expect("row");
-    let stock_ops: Vec<(String,)> = sqlx::query_as(
-        "SELECT CAST(JSON_UNQUOTE(JSON_EXTRACT(payload, '$.data.operation_id')) AS CHAR) FROM inventory_outbox \
-         WHERE aggregate_id = ? AND topic = ? ORDER BY id",
-    )
-    .bind(id)
-    .bind(topics::STOCK_CHANGE)
-    .fetch_all(&f.pool)
-    .await
-    .expect("stock-change rows");
+    let stock_ops: Vec<(String,)> = stock_change_rows(f, id)
+        .await
+        .into_iter()
+        .map(|row| (data_str(&row, "operation_id"),))
+        .collect();
     let lifecycle: Vec<(String,)> = sqlx::query_as(&format!(
         "SELECT {LIFECYCLE_EVENT_TYPE} AS t FROM inventory_outbox o \
          WHERE o.aggregate_id = ? HAVING t IS NOT NULL ORDER BY o.id"
@@ -750,19 +746,39 @@ async fn trys_in_a_group_interrupted_at_each_window_are_each_finished_once() {
 /// The stock-change outbox rows of reservation `id`: (operation id, available, reserved and
 /// sold deltas, Redis version), in commit order.
 async fn stock_changes(f: &Fixture, id: u64) -> Vec<(String, i64, i64, i64, i64)> {
-    sqlx::query_as(
-        "SELECT CAST(JSON_UNQUOTE(JSON_EXTRACT(payload, '$.data.operation_id')) AS CHAR), \
-                CAST(JSON_EXTRACT(payload, '$.data.available_delta') AS SIGNED), \
-                CAST(JSON_EXTRACT(payload, '$.data.reserved_delta') AS SIGNED), \
-                CAST(JSON_EXTRACT(payload, '$.data.sold_delta') AS SIGNED), \
-                CAST(JSON_EXTRACT(payload, '$.data.redis_version') AS SIGNED) \
-         FROM inventory_outbox WHERE aggregate_id = ? AND topic = ? ORDER BY id",
-    )
-    .bind(id)
-    .bind(topics::STOCK_CHANGE)
-    .fetch_all(&f.pool)
-    .await
-    .expect("stock-change rows")
+    let n = |row: &stocksvr_test_support::OutboxRow, field: &str| {
+        row.json["data"][field].as_i64().unwrap_or_default()
+    };
+    stock_change_rows(f, id)
+        .await
+        .iter()
+        .map(|row| {
+            (
+                data_str(row, "operation_id"),
+                n(row, "available_delta"),
+                n(row, "reserved_delta"),
+                n(row, "sold_delta"),
+                n(row, "redis_version"),
+            )
+        })
+        .collect()
+}
+
+/// The stock-change outbox rows of reservation `id`, in commit order.
+async fn stock_change_rows(f: &Fixture, id: u64) -> Vec<stocksvr_test_support::OutboxRow> {
+    stocksvr_test_support::outbox_rows(&f.pool)
+        .await
+        .into_iter()
+        .filter(|row| row.aggregate_id == id && row.topic == topics::STOCK_CHANGE)
+        .collect()
+}
+
+/// A string member of a stock-change row's data ("" when absent).
+fn data_str(row: &stocksvr_test_support::OutboxRow, field: &str) -> String {
+    row.json["data"][field]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// A Try whose script ran but whose RESERVED commit never happened (a crash, or a Try still

@@ -153,18 +153,16 @@ async fn cancel_before_try_is_an_empty_rollback_and_the_late_try_is_fenced() {
     assert_eq!(f.numbers().await, before);
     // One row for the Cancel: its stock change says empty rollback, and it carries the
     // InventoryCanceled the relay derives from it (reason EMPTY_ROLLBACK).
-    let canceled: Vec<(String,)> = sqlx::query_as(
-        "SELECT CAST(payload AS CHAR) FROM inventory_outbox \
-         WHERE event_type = 'InventoryRedisCanceled' AND JSON_EXISTS(payload, '$.lifecycle')",
-    )
-    .fetch_all(&f.pool)
-    .await
-    .expect("lifecycle event");
+    let canceled: Vec<_> = stocksvr_test_support::outbox_rows(&f.pool)
+        .await
+        .into_iter()
+        .filter(|row| row.event_type == "InventoryRedisCanceled" && row.carries_lifecycle)
+        .collect();
     assert_eq!(canceled.len(), 1, "{canceled:?}");
-    assert!(
-        canceled[0].0.contains("\"empty_rollback\":true"),
-        "{}",
-        canceled[0].0
+    assert_eq!(
+        canceled[0].json["data"]["empty_rollback"], true,
+        "{:?}",
+        canceled[0]
     );
 }
 
@@ -801,18 +799,33 @@ async fn the_order_fence_and_a_racing_try_never_leave_stock_held() {
     assert_eq!(held.0, 0, "{by_reply:?}");
     // And the books say so: each reservation's stock-change events sum to nothing (a Cancel
     // that released a Try caught between Redis and its commit must book that Try too).
-    let unbalanced: Vec<(u64, i64, i64)> = sqlx::query_as(
-        "SELECT o.aggregate_id, \
-                CAST(SUM(JSON_EXTRACT(o.payload, '$.data.available_delta')) AS SIGNED) a, \
-                CAST(SUM(JSON_EXTRACT(o.payload, '$.data.reserved_delta')) AS SIGNED) r \
-         FROM inventory_outbox o JOIN inventory_reservation res ON res.id = o.aggregate_id \
-         WHERE res.order_id >= ? AND o.topic = ? GROUP BY o.aggregate_id HAVING a <> 0 OR r <> 0",
-    )
-    .bind(base)
-    .bind(stocksvr_core::events::topics::STOCK_CHANGE)
-    .fetch_all(&f.pool)
-    .await
-    .expect("stock-change sums");
+    let ours: std::collections::HashSet<u64> =
+        sqlx::query_scalar("SELECT id FROM inventory_reservation WHERE order_id >= ?")
+            .bind(base)
+            .fetch_all(&f.pool)
+            .await
+            .expect("reservations")
+            .into_iter()
+            .collect();
+    let mut sums: std::collections::BTreeMap<u64, (i64, i64)> = Default::default();
+    for row in stocksvr_test_support::outbox_rows(&f.pool).await {
+        if row.topic == stocksvr_core::events::topics::STOCK_CHANGE
+            && ours.contains(&row.aggregate_id)
+        {
+            let sum = sums.entry(row.aggregate_id).or_default();
+            sum.0 += row.json["data"]["available_delta"]
+                .as_i64()
+                .unwrap_or_default();
+            sum.1 += row.json["data"]["reserved_delta"]
+                .as_i64()
+                .unwrap_or_default();
+        }
+    }
+    let unbalanced: Vec<(u64, i64, i64)> = sums
+        .into_iter()
+        .filter(|(_, (a, r))| *a != 0 || *r != 0)
+        .map(|(id, (a, r))| (id, a, r))
+        .collect();
     assert_eq!(unbalanced, vec![], "{by_reply:?}");
     // Both sides of the race were exercised, or the test proved nothing.
     eprintln!("Try replies: {by_reply:?}");
@@ -927,6 +940,7 @@ async fn a_completion_chosen_as_deadlock_victim_is_run_again() {
             topic: "deadlock-test".to_string(),
             partition_key: id.to_string(),
             payload: serde_json::json!({ "reservation_id": id }),
+            body: None,
         }],
     };
     let completing = {

@@ -40,6 +40,7 @@ pub fn confirm_due(row: &Reservation) -> Option<NewOutbox> {
         partition_key: envelope.partition_key.clone(),
         // Serializing a plain struct of strings and numbers cannot fail.
         payload: serde_json::to_value(&envelope).unwrap_or(serde_json::Value::Null),
+        body: None,
     })
 }
 

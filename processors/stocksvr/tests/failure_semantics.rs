@@ -150,7 +150,7 @@ async fn outage_while_events_stream(stopped: &str) {
                 &pool,
                 &format!(
                     "SELECT COUNT(*) FROM inventory_outbox WHERE event_type = '{event}' \
-                     AND JSON_EXISTS(payload, '$.lifecycle')"
+                     AND (body IS NOT NULL OR JSON_EXISTS(payload, '$.lifecycle'))"
                 )
             )
             .await,

@@ -206,7 +206,7 @@ async fn a_relay_that_dies_around_the_publish_leaves_each_operation_booked_once(
     // One row per reservation step carries both its events: every operation but the
     // bucket's INIT is a step, and no step wrote a lifecycle row of its own.
     let (paired, lifecycle_rows): (i64, i64) = sqlx::query_as(
-        "SELECT CAST(SUM(JSON_EXISTS(payload, '$.lifecycle')) AS SIGNED), \
+        "SELECT CAST(SUM(body IS NOT NULL OR JSON_EXISTS(payload, '$.lifecycle')) AS SIGNED), \
                 CAST(SUM(topic = ?) AS SIGNED) FROM inventory_outbox",
     )
     .bind(topics::INVENTORY_LIFECYCLE)

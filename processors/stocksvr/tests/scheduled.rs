@@ -184,8 +184,8 @@ impl Scheduled {
     /// carries beside its stock change, that row (whose `lifecycle` member holds what the
     /// event adds to the stock change).
     async fn outbox(&self, reservation_id: u64, event_type: &str) -> Vec<Value> {
-        let rows: Vec<(Value,)> = sqlx::query_as(&format!(
-            "SELECT o.payload FROM inventory_outbox o WHERE o.aggregate_id = ? \
+        let ids: Vec<u64> = sqlx::query_scalar(&format!(
+            "SELECT o.id FROM inventory_outbox o WHERE o.aggregate_id = ? \
              AND (o.event_type = ? OR {} = ?) ORDER BY o.id",
             stocksvr_store::outbox::LIFECYCLE_EVENT_TYPE
         ))
@@ -196,7 +196,12 @@ impl Scheduled {
         .fetch_all(&self.pool)
         .await
         .expect("outbox");
-        rows.into_iter().map(|(p,)| p).collect()
+        stocksvr_test_support::outbox_rows(&self.pool)
+            .await
+            .into_iter()
+            .filter(|row| ids.contains(&row.id))
+            .map(|row| row.json)
+            .collect()
     }
 }
 

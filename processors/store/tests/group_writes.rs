@@ -39,6 +39,7 @@ fn event(id: u64, kind: &str) -> NewOutbox {
         partition_key: format!("b_{}", id % 2),
         // Nested values, a quote and a non-ASCII character travel inside the document.
         payload: json!({"reservation_id": id, "kind": kind, "note": "a \"quoted\" Ä", "lines": [1, 2]}),
+        body: None,
     }
 }
 

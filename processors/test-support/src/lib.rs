@@ -11,6 +11,7 @@
 mod db;
 mod ids;
 mod kafka;
+mod outbox;
 mod private_stack;
 mod process;
 mod secure_stack;
@@ -20,6 +21,7 @@ pub mod zone;
 pub use db::{session_status, TestDb};
 pub use ids::{unique, unique_id};
 pub use kafka::{read_at, records_of, TestNamespace, TestTopic};
+pub use outbox::{outbox_rows, OutboxRow};
 pub use private_stack::PrivateStack;
 pub use process::{output_within, ChildGuard};
 pub use secure_stack::{secure_stack, SecureDb};

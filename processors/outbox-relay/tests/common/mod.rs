@@ -87,6 +87,7 @@ impl Stack {
             topic: self.topic.clone(),
             partition_key,
             payload,
+            body: None,
         })
     }
 
