@@ -15,6 +15,6 @@
 -- for this release.
 ALTER TABLE inventory_outbox
   ADD COLUMN IF NOT EXISTS body BLOB DEFAULT NULL
-    COMMENT 'a reservation step''s StepBody as Avro (step_body.rs); payload is then NULL',
+    COMMENT 'a reservation step body as Avro (pipeline step_body.rs), payload NULL then',
   ALGORITHM=INSTANT;
 ALTER TABLE inventory_outbox MODIFY payload JSON DEFAULT NULL, ALGORITHM=INPLACE, LOCK=NONE;
