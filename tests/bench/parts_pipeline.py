@@ -22,9 +22,11 @@ from system import CLK_TCK, BenchError, StatusSampler, http, metric_sum, read_pr
 
 def _count_pending(b, topic=None, records=False):
     """Outbox rows not sent yet (of one topic: its logical name, as the rows keep it);
-    `records`: the Kafka records they become instead (a reservation step's row, the one with a
-    `lifecycle` member, goes out as its stock change and its lifecycle event)."""
-    what = "COUNT(*) + COALESCE(SUM(JSON_EXISTS(o.payload, '$.lifecycle')), 0)" if records else "COUNT(*)"
+    `records`: the Kafka records they become instead (a reservation step's row, the one with an
+    Avro body or, written by earlier versions, a `lifecycle` member in its JSON payload, goes
+    out as its stock change and its lifecycle event)."""
+    what = ("COUNT(*) + COALESCE(SUM(o.body IS NOT NULL OR JSON_EXISTS(o.payload, '$.lifecycle')), 0)"
+            if records else "COUNT(*)")
     sql = f"SELECT {what} {codes.OUTBOX_UNSENT_FROM}"
     args = []
     if topic:
