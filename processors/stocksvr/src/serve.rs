@@ -268,34 +268,13 @@ pub async fn run(
         start.reservation_service(&mut tasks, api, outbox_waker, roles);
     }
     let outcome = until_shutdown_or_failure(&mut tasks, shutdown).await;
-    health.drain();
-    if outcome.is_ok() {
-        serve_through_grace(
-            &mut tasks,
-            Duration::from_millis(settings.http.drain_grace_ms),
-        )
-        .await;
-    }
-    let deadline = tokio::time::Instant::now() + DRAIN_WITHIN;
-    let _ = http_stop_tx.send(true);
-    if !tasks.wait_for(HTTP_LISTENER, deadline).await {
-        tracing::warn!(
-            "requests still in flight when the drain ran out; stopping the processors anyway"
-        );
-    }
-    let _ = stop_tx.send(true);
-    // Bounded drain: processors commit what they finished, then the process exits.
-    // The processors get what the listener left, and never less than 5 s to commit.
-    let left = deadline
-        .saturating_duration_since(tokio::time::Instant::now())
-        .max(Duration::from_secs(5));
-    if let Err(busy) = tasks.drain(left).await {
-        tracing::warn!(
-            still_running = %busy.join(", "),
-            "drain did not finish within {} s; exiting anyway",
-            DRAIN_WITHIN.as_secs()
-        );
-    }
+    let grace = Duration::from_millis(settings.http.drain_grace_ms);
+    let grace = if outcome.is_ok() {
+        grace
+    } else {
+        Duration::ZERO
+    };
+    stop_in_order(&mut tasks, &health, grace, http_stop_tx, stop_tx).await;
     tracing::info!("stocksvr stopped");
     outcome
 }
@@ -472,6 +451,39 @@ impl Start<'_> {
         tasks.spawn("reservation service and its processors", async move {
             boot::run(settings, pool, api, codec, outbox_waker, roles, stop).await
         });
+    }
+}
+
+/// The stop, in the order a load balancer needs: `/readyz` fails, the listener serves on for
+/// `grace`, then stops and its requests in flight finish, then every other part drains
+/// (processors commit what they finished); the last two within [`DRAIN_WITHIN`].
+async fn stop_in_order(
+    tasks: &mut Parts,
+    health: &HealthState,
+    grace: Duration,
+    http_stop: watch::Sender<bool>,
+    stop: watch::Sender<bool>,
+) {
+    health.drain();
+    serve_through_grace(tasks, grace).await;
+    let deadline = tokio::time::Instant::now() + DRAIN_WITHIN;
+    let _ = http_stop.send(true);
+    if !tasks.wait_for(HTTP_LISTENER, deadline).await {
+        tracing::warn!(
+            "requests still in flight when the drain ran out; stopping the processors anyway"
+        );
+    }
+    let _ = stop.send(true);
+    // The processors get what the listener left, and never less than 5 s to commit.
+    let left = deadline
+        .saturating_duration_since(tokio::time::Instant::now())
+        .max(Duration::from_secs(5));
+    if let Err(busy) = tasks.drain(left).await {
+        tracing::warn!(
+            still_running = %busy.join(", "),
+            "drain did not finish within {} s; exiting anyway",
+            DRAIN_WITHIN.as_secs()
+        );
     }
 }
 
