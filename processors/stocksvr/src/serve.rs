@@ -64,6 +64,9 @@ impl Parts {
     /// Waits until the part named `name` has ended (or `deadline`), logging any part that
     /// ends meanwhile with an error. False when it was still running at the deadline.
     async fn wait_for(&mut self, name: &'static str, deadline: tokio::time::Instant) -> bool {
+        if !self.names.values().any(|n| *n == name) {
+            return true; // it ended already (the failure that stops the process, say)
+        }
         let ended = async {
             while let Some((ended, result)) = self.next().await {
                 if let Err(e) = result {
@@ -269,7 +272,8 @@ pub async fn run(
     }
     let outcome = until_shutdown_or_failure(&mut tasks, shutdown).await;
     let grace = Duration::from_millis(settings.http.drain_grace_ms);
-    let grace = if outcome.is_ok() {
+    // Only the Try API sits behind a balancer: a processor-only process stops at once.
+    let grace = if outcome.is_ok() && roles.reservations {
         grace
     } else {
         Duration::ZERO
@@ -545,6 +549,13 @@ mod tests {
         );
         // Both of the same name are still counted.
         assert_eq!(parts.names.values().filter(|n| **n == "stuck").count(), 2);
+        // Waiting for one part ends when it ends, or at once when it is gone already.
+        let soon = tokio::time::Instant::now() + Duration::from_secs(1);
+        assert!(!parts.wait_for("stuck", soon).await);
+        parts.spawn("quick", async { Ok(()) });
+        let later = tokio::time::Instant::now() + Duration::from_secs(5);
+        assert!(parts.wait_for("quick", later).await);
+        assert!(parts.wait_for("quick", later).await, "gone already");
 
         let mut parts = Parts::new();
         parts.spawn("quick", async { Ok(()) });

@@ -35,7 +35,8 @@ pub struct HttpSettings {
     /// a changed file takes effect without a restart (SIGHUP reads them at once too).
     /// 0: only on SIGHUP.
     pub reload_interval_ms: u64,
-    /// After SIGTERM, how long the listener keeps serving, in milliseconds, with `/readyz`
+    /// After SIGTERM, how long the listener of a process serving the Try API (`all`,
+    /// `order-lifecycle`) keeps serving, in milliseconds, with `/readyz`
     /// answering 503 `draining` from the first moment, so a load balancer takes the instance
     /// out of rotation before it stops accepting. Then the listener stops accepting, the
     /// requests in flight finish, and the processors commit and leave (within 15 s). 8 s:
