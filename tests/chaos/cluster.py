@@ -7,11 +7,17 @@
                      consumer offsets committed are counted while it is down), then
                      `scripts/stack up kafka-N` restarts it and the fault waits until no partition
                      is under-replicated (the broker caught up and rejoined every ISR).
-  kill-instance      kill -9 one `stocksvr all` instance and keep it down until the work has moved
-                     to the others: no member of any consumer group is from the dead instance and
-                     every partition of the group's topics is assigned again, and no unfinished
-                     WAL row is leased by the dead process (its lease expired and another instance
-                     took the operation over, or finished it). Then it is started again.
+  kill-instance      kill -9 the `stocksvr all` instance that leads the outbox relay (a drawn one
+                     when none leads) and keep it down until the work has moved to the others: no
+                     member of any consumer group is from the dead instance and every partition of
+                     the group's topics is assigned again, the relay is led by another instance,
+                     no unfinished WAL row and no reconciler shard is leased by the dead process
+                     (its lease expired and another instance took it over, or finished it), and no
+                     reservation the dead instance left in an intermediate status is left there
+                     (recovery resumed it). Each of these is timed from the kill; the partitions
+                     and the relay's lead must be taken over within TAKEOVER_BOUND_S (issue 51:
+                     10 s; 48 s before the consumers' session timeout went from 45 s to 6 s).
+                     Then it is started again.
 
 Both record what they saw (`cluster_fault` records in the history) and the run turns a failure to
 catch up / rebalance / make progress into an anomaly (`kafka_catch_up`, `kafka_progress`,
@@ -31,6 +37,13 @@ from stocksvr_harness import codes
 from stocksvr_harness.wait import WaitTimeout, wait_until
 
 KINDS = ["kill-kafka-leader", "kill-instance"]
+
+# After kill -9 of an instance, its partitions and the relay's lead are taken over within this
+# (the consumers' 6 s session plus a 2 s heartbeat; the relay's 6 s lease plus its 2 s idle
+# poll). The other leases (WAL, reconciler shards, recovery) are timed and reported.
+TAKEOVER_BOUND_S = 10.0
+# What kill-instance waits for, in the order the summary lists their takeover times.
+TAKEOVER_ITEMS = ("partitions", "relay_lead", "wal_leases", "reconcile_shards", "in_flight_reservations")
 
 # Every topic of a run (no namespace in the chaos suite).
 TOPICS = ["order.lifecycle.v1", "inventory.schedule.v1", "inventory.stock-change.v1", "inventory.lifecycle.v1",
@@ -212,19 +225,35 @@ def kill_kafka_leader(faults, fid, kind):
                                             f"{catch_up:.1f}s" if not urp else f"{len(urp)} URP left")
 
 
+def relay_leader(s, run, live):
+    """The live role whose process holds the outbox relay's lease (owner <host>-<pid>-...), or None."""
+    rows = run.state.query("SELECT owner FROM inventory_outbox_relay WHERE id = 1 AND lease_until > NOW(3)")
+    owner = rows[0]["owner"] if rows else None
+    for role in live:
+        p = s.procs.get(role)
+        if owner and p is not None and f"-{p.pid}-" in owner:
+            return role
+    return None
+
+
 def kill_instance(faults, fid, kind):
     s, run = faults.system, faults.run_ref
     view = KafkaView(s.kafka_direct, run.state)
     live = [r for r in system_mod.ROLES if s.role_alive(r)]
     if len(live) < 2:
         raise RuntimeError(f"only {live} running")
-    role = faults.rng.choice(live)
+    # The relay's leader, so that every run times the takeover of its lease too.
+    leader = relay_leader(s, run, live)
+    role = leader or faults.rng.choice(live)
     prefix = f"chaos-{role}-"
     groups_before = retried(run.state, view.groups)
-    faults.start_record(fid, kind, role, members_before={g: v["members"] for g, v in groups_before.items()})
+    faults.start_record(fid, kind, role, members_before={g: v["members"] for g, v in groups_before.items()},
+                        relay_leader=leader is not None)
+    killed_at = run.state.query("SELECT UTC_TIMESTAMP(3) t")[0]["t"]
     pid = s.kill_role(role)
     t0 = time.monotonic()
     seen = {"pending": {}}
+    cleared = {}  # item -> seconds from the kill to the first poll that found it taken over
 
     def taken_over():
         if faults.stop_event.is_set():
@@ -252,19 +281,41 @@ def kill_instance(faults, fid, kind):
                               (f"%-{pid}-%",))[0]["n"]
         if led:
             pending["relay_led_by_dead"] = led
+        # Reconciler shards (lease owner <host>:<pid>): free once the lease runs out, taken by
+        # another instance's next claim (the shard was due when the dead one claimed it).
+        shards = run.state.query("SELECT COUNT(*) n FROM inventory_reconcile_shard WHERE lease_owner LIKE %s",
+                                 (f"%:{pid}",))[0]["n"]
+        if shards:
+            pending["reconcile_shards_of_dead"] = shards
+        # Steps the dead instance left half done (its Trys in flight, rows its recovery worker
+        # had claimed): the recovery worker resumes them once they fall due.
+        orphans = run.state.query("SELECT COUNT(*) n FROM inventory_reservation WHERE status IN "
+                                  f"{codes.sql_list(codes.INTERMEDIATE)} AND dead = 0 AND updated_at < %s",
+                                  (killed_at,))[0]["n"]
+        if orphans:
+            pending["in_flight_reservations_left"] = orphans
+        at = round(time.monotonic() - t0, 1)
+        for item, keys in (("partitions", ("members_of_dead_instance", "unassigned", "describe_error")),
+                           ("relay_lead", ("relay_led_by_dead",)), ("wal_leases", ("wal_leased_by_dead",)),
+                           ("reconcile_shards", ("reconcile_shards_of_dead",)),
+                           ("in_flight_reservations", ("in_flight_reservations_left",))):
+            if item not in cleared and not any(k in pending for k in keys):
+                cleared[item] = at
         seen["pending"] = pending
         return not pending
 
     try:
-        wait_until(taken_over, 150, f"the work of {role} (pid {pid}) to move to the other instances", interval=1.0)
+        wait_until(taken_over, 150, f"the work of {role} (pid {pid}) to move to the other instances", interval=0.5)
     except WaitTimeout:
         pass  # an anomaly below, with what was still pending
     pending = seen["pending"]
     secs = time.monotonic() - t0
+    takeover = {item: cleared.get(item) for item in TAKEOVER_ITEMS}
     groups_after = retried(run.state, view.groups) if not pending else {}
     shards = run.state.query("SELECT lease_owner, COUNT(*) n FROM inventory_reconcile_shard GROUP BY lease_owner")
     rec = dict(fault=fid, what="kill-instance", role=role, pid=pid, rebalanced=not pending,
-               rebalance_s=round(secs, 1), pending=pending,
+               rebalance_s=round(secs, 1), takeover_s=takeover, relay_leader=leader is not None,
+               pending=pending,
                members_after={g: v["members"] for g, v in groups_after.items()},
                reconcile_shard_owners={str(r["lease_owner"]): r["n"] for r in shards})
     s.history.record("cluster_fault", **{k: (sorted(v) if isinstance(v, set) else v) for k, v in rec.items()})
@@ -272,8 +323,17 @@ def kill_instance(faults, fid, kind):
     if pending and not faults.stop_event.is_set():
         run.anomaly("rebalance", {"role": role, "pid": pid},
                     f"work not taken over {secs:.0f}s after kill -9: {pending}")
+    # The bound holds for what was there to take over: the relay's lead only when the dead
+    # instance held it.
+    bounded = ["partitions"] + (["relay_lead"] if leader else [])
+    late = {item: takeover[item] for item in bounded
+            if takeover[item] is None or takeover[item] > TAKEOVER_BOUND_S}
+    if late and not faults.stop_event.is_set():
+        run.anomaly("takeover_bound", {"role": role, "pid": pid},
+                    f"taken over later than {TAKEOVER_BOUND_S:.0f}s after kill -9 (seconds; None: not at all): "
+                    f"{late}; every item: {takeover}")
     s.start_role(role)
-    return role, {}, f"killed pid {pid}; rebalanced in {secs:.1f}s; restarted"
+    return role, {}, f"killed pid {pid}; taken over in {takeover} s; all in {secs:.1f}s; restarted"
 
 
 def run_fault(faults, kind, fid):

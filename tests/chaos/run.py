@@ -92,6 +92,9 @@ class Run:
             "STOCKSVR__RESERVATION__DEFAULT_TIMEZONE": self.zone_name,
             "STOCKSVR__RESERVATION__HOLD_TTL_SECS": str(a.hold_ttl),
             "STOCKSVR__LOG__FILTER": "info,librdkafka=warn,sqlx=warn",
+            # No load balancer in front: a stopped role stops accepting at once (the replay
+            # stops every role twice, one after the other).
+            "STOCKSVR__HTTP__DRAIN_GRACE_MS": "0",
         }
         self.system = System(REPO, self.dir, a.port_base, a.cache, a.bin, self.history, settings,
                              kafka_brokers=a.kafka_brokers, secure=a.secure)

@@ -27,13 +27,24 @@ pub struct RelayConfig {
     /// Longest sleep when idle: empty rounds double the sleep up to this (adaptive polling,
     /// docs/design.md: fast under backlog, easy on the database when idle).
     pub max_poll: Duration,
-    /// How long a lease lasts: the leader's (renewed by every round; another relay takes
-    /// over once it runs out) and that of a row claimed by the retry path (SENDING,
-    /// `next_retry_at` holds its expiry; after it another relay may claim the row again).
+    /// How long a lease lasts: the leader's (renewed by every round that moves the mark,
+    /// and at a third of the lease when idle; another relay takes over once it runs out)
+    /// and that of a row claimed by the retry path (SENDING, `next_retry_at` holds its
+    /// expiry; after it another relay may claim the row again).
+    ///
+    /// 6 s: after kill -9 of the leader another instance leads within the lease plus its
+    /// idle sleep (`max_poll`, 2 s), so new rows go out again within 8 s. A leader that stalls
+    /// longer is fenced, not trusted: the lease is taken by epoch compare-and-set, its mark
+    /// write carries the epoch and fails, and it stops leading; what it had published above
+    /// the mark goes out again (a duplicate the consumers' dedupe absorbs, in order). It
+    /// stops trusting its own lease at 80% of it without a renewal.
     pub claim_lease: Duration,
     /// Longest wait for the broker's acknowledgements of one batch. Must stay below
     /// `claim_lease`, or a slow batch could be claimed by a second relay while the first
-    /// is still waiting (a duplicate publish).
+    /// is still waiting (a duplicate publish). 5 s: acknowledgements take milliseconds; a
+    /// batch caught by a broker's failover (its partitions' leadership moves after the
+    /// controller's 9 s broker session) times out, goes to RETRY and is published again by
+    /// the retry path, at worst twice.
     pub publish_timeout: Duration,
     /// Delay before the first retry of a failed row; doubles per failure.
     pub retry_initial: Duration,
@@ -69,8 +80,8 @@ impl Default for RelayConfig {
             min_poll: Duration::from_millis(20),
             linger: Duration::from_millis(10),
             max_poll: Duration::from_secs(2),
-            claim_lease: Duration::from_secs(30),
-            publish_timeout: Duration::from_secs(20),
+            claim_lease: Duration::from_secs(6),
+            publish_timeout: Duration::from_secs(5),
             retry_initial: Duration::from_secs(1),
             retry_max: Duration::from_secs(5 * 60),
             retention: Duration::from_secs(7 * 24 * 3600),
@@ -147,8 +158,9 @@ pub struct RelaySettings {
     /// Longest sleep while idle (empty rounds double the sleep up to this), in milliseconds.
     /// A commit in the same process wakes the relay at once, whatever the sleep.
     pub max_poll_ms: u64,
-    /// Seconds a lease lasts: the leader's (another relay takes over once it runs out) and
-    /// that of a row claimed for a retry.
+    /// Seconds a lease lasts: the leader's (another relay takes over once it runs out, so
+    /// this plus max_poll_ms bounds the takeover after a crash) and that of a row claimed for
+    /// a retry. A leader that stalls past it is fenced (its mark write fails) and stops.
     pub claim_lease_secs: u64,
     /// Longest wait for the broker's acknowledgements of one batch, in seconds; below the lease.
     pub publish_timeout_secs: u64,
@@ -242,7 +254,7 @@ mod tests {
     #[test]
     fn a_publish_timeout_beyond_the_lease_is_rejected() {
         let c = RelayConfig {
-            publish_timeout: Duration::from_secs(30),
+            publish_timeout: RelayConfig::default().claim_lease,
             ..RelayConfig::default()
         };
         assert!(matches!(c.validate(), Err(RelayError::Config(_))));

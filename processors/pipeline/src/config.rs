@@ -112,6 +112,23 @@ pub struct ConsumerSettings {
     /// that. A process stuck beyond it is taken out of the group and its partitions move to
     /// a healthy instance.
     pub max_poll_interval_ms: u64,
+    /// librdkafka `session.timeout.ms` of every consumer group member: a member the group
+    /// coordinator has not heard from for this long is dead, and its partitions go to the
+    /// others. The heartbeats come from librdkafka's own thread, so a busy or stalled loop
+    /// does not miss them; only a dead, frozen or cut-off process does. 6 s (librdkafka's
+    /// default is 45 s) is the broker's lowest allowed (`group.min.session.timeout.ms`): a
+    /// killed instance's partitions are read again by the others 6-9 s later instead of
+    /// 45-48 s. The price: a process frozen (or cut off from the coordinator) for more than
+    /// this is dropped and costs two rebalances instead of none. Not sent when
+    /// `kafka.properties` set `group.protocol=consumer` (KIP-848: the broker owns the
+    /// session timeout there, 45 s at least by default) or `session.timeout.ms` itself.
+    pub session_timeout_ms: u64,
+    /// librdkafka `heartbeat.interval.ms`: how often each member tells the coordinator it
+    /// lives, and learns of a rebalance. At most a third of `session_timeout_ms`, so two
+    /// lost heartbeats do not end a session. One heartbeat request per consumer loop (a
+    /// processor's group) per interval: 2 s makes an `all` instance's four loops send two a
+    /// second. Not sent under `group.protocol=consumer`, as above.
+    pub heartbeat_interval_ms: u64,
 }
 
 impl Default for ConsumerSettings {
@@ -121,7 +138,41 @@ impl Default for ConsumerSettings {
             retry_max_backoff_ms: 10_000,
             attempt_timeout_ms: 30_000,
             max_poll_interval_ms: 120_000,
+            session_timeout_ms: 6_000,
+            heartbeat_interval_ms: 2_000,
         }
+    }
+}
+
+impl ConsumerSettings {
+    /// Rejects timings librdkafka or the broker would refuse later, in one line that names
+    /// the keys: a heartbeat that cannot fit three times into the session, a session longer
+    /// than the poll interval (librdkafka refuses to create the consumer), or a session
+    /// outside the broker's default bounds (6 s to 30 min; the join is refused).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.session_timeout_ms < 6_000 || self.session_timeout_ms > 1_800_000 {
+            return Err(format!(
+                "consumer.session_timeout_ms {} is outside 6000..=1800000 (the broker's \
+                 group.min/max.session.timeout.ms by default)",
+                self.session_timeout_ms
+            ));
+        }
+        if self.heartbeat_interval_ms == 0
+            || self.heartbeat_interval_ms.saturating_mul(3) > self.session_timeout_ms
+        {
+            return Err(format!(
+                "consumer.heartbeat_interval_ms {} must be above 0 and at most a third of \
+                 consumer.session_timeout_ms {}",
+                self.heartbeat_interval_ms, self.session_timeout_ms
+            ));
+        }
+        if self.max_poll_interval_ms < self.session_timeout_ms {
+            return Err(format!(
+                "consumer.max_poll_interval_ms {} must be at least consumer.session_timeout_ms {}",
+                self.max_poll_interval_ms, self.session_timeout_ms
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -502,7 +553,30 @@ mod tests {
         assert_eq!(s.redis.url.expose(), "redis://127.0.0.1:6380/");
         assert_eq!(s.log.format, LogFormat::Text);
         assert_eq!(s.consumer.max_poll_interval_ms, 120_000);
+        assert_eq!(s.consumer.session_timeout_ms, 6_000);
+        assert_eq!(s.consumer.heartbeat_interval_ms, 2_000);
+        s.consumer
+            .validate()
+            .expect("the default group timing is valid");
         assert_eq!(s.http.max_in_flight, 256);
+    }
+
+    #[test]
+    fn group_timings_librdkafka_or_the_broker_would_refuse_are_refused_naming_the_key() {
+        let refused = |session: u64, heartbeat: u64, poll: u64| {
+            ConsumerSettings {
+                session_timeout_ms: session,
+                heartbeat_interval_ms: heartbeat,
+                max_poll_interval_ms: poll,
+                ..ConsumerSettings::default()
+            }
+            .validate()
+            .expect_err("refused")
+        };
+        assert!(refused(5_000, 1_000, 120_000).contains("session_timeout_ms"));
+        assert!(refused(6_000, 2_001, 120_000).contains("heartbeat_interval_ms"));
+        assert!(refused(6_000, 0, 120_000).contains("heartbeat_interval_ms"));
+        assert!(refused(45_000, 3_000, 30_000).contains("max_poll_interval_ms"));
     }
 
     #[test]

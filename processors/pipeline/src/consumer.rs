@@ -23,6 +23,10 @@
 //! attempt is bounded by `consumer.attempt_timeout_ms` (30 s; every MySQL statement and Redis
 //! call has a shorter deadline of its own). A process stuck past it is dropped from the group
 //! and its partitions move to a healthy instance.
+//!
+//! A member that dies without leaving (kill -9, a lost host) is found by the group coordinator
+//! after `consumer.session_timeout_ms` (6 s; librdkafka's default is 45 s), and the others take
+//! its partitions over with the next heartbeat (`consumer.heartbeat_interval_ms`, 2 s).
 
 mod keyed;
 mod rebalance;
@@ -291,6 +295,7 @@ fn subscribe(
             client.set(key, value);
         }
     }
+    group_timing(&mut client, &config.consumer);
     let consumer: StreamConsumer<LoopContext> = client
         .set("group.id", group)
         .set("enable.auto.commit", "true")
@@ -309,6 +314,30 @@ fn subscribe(
     let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     Ok(consumer)
+}
+
+/// How fast the group finds a dead member: `consumer.session_timeout_ms` and
+/// `consumer.heartbeat_interval_ms` on the classic group protocol (librdkafka's default, with
+/// its default eager `range,roundrobin` assignment, which stays as it was so a roll from an
+/// earlier release never mixes strategies in one group). The operator's `kafka.properties`
+/// win: a `session.timeout.ms` of their own, or `group.protocol=consumer` (KIP-848), under
+/// which librdkafka refuses both keys because the broker owns the session (at least 45 s
+/// unless the brokers' `group.consumer.min.session.timeout.ms` is lowered).
+fn group_timing(client: &mut rdkafka::ClientConfig, consumer: &ConsumerSettings) {
+    if client
+        .get("group.protocol")
+        .is_some_and(|p| p.eq_ignore_ascii_case("consumer"))
+    {
+        return;
+    }
+    for (key, value) in [
+        ("session.timeout.ms", consumer.session_timeout_ms),
+        ("heartbeat.interval.ms", consumer.heartbeat_interval_ms),
+    ] {
+        if client.get(key).is_none() {
+            client.set(key, value.to_string());
+        }
+    }
 }
 
 /// Every dead-letter counter of this processor at 0, so an alert on its increase sees 0,
@@ -368,5 +397,39 @@ async fn consume(
         if worker.drive(consumer, pending, stop).await? == Drive::Stopped {
             return Ok(());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(properties: &[(&str, &str)]) -> rdkafka::ClientConfig {
+        let mut client = rdkafka::ClientConfig::new();
+        for (key, value) in properties {
+            client.set(*key, *value);
+        }
+        group_timing(&mut client, &ConsumerSettings::default());
+        client
+    }
+
+    #[test]
+    fn the_classic_protocol_gets_the_short_session_and_the_operators_properties_win() {
+        let client = timing(&[]);
+        assert_eq!(client.get("session.timeout.ms"), Some("6000"));
+        assert_eq!(client.get("heartbeat.interval.ms"), Some("2000"));
+        // No assignment strategy: the eager default of every earlier release stays.
+        assert_eq!(client.get("partition.assignment.strategy"), None);
+
+        let client = timing(&[("session.timeout.ms", "10000")]);
+        assert_eq!(client.get("session.timeout.ms"), Some("10000"));
+        assert_eq!(client.get("heartbeat.interval.ms"), Some("2000"));
+    }
+
+    #[test]
+    fn kip_848_gets_neither_key_since_librdkafka_refuses_them_there() {
+        let client = timing(&[("group.protocol", "consumer")]);
+        assert_eq!(client.get("session.timeout.ms"), None);
+        assert_eq!(client.get("heartbeat.interval.ms"), None);
     }
 }

@@ -1,6 +1,11 @@
 //! The HTTP listener every stocksvr process runs: `/metrics`, `/healthz`, `/readyz`;
 //! processors merge their own routes, and the binary puts its caller check in front
 //! (`stocksvr_api::auth`).
+//!
+//! Draining ([`HealthState::drain`], on SIGTERM): `/readyz` answers 503 `draining` at once,
+//! without asking the dependencies, while every other route keeps serving; each response then
+//! carries `Connection: close`, so a caller's kept-alive connection is not reused for a
+//! request that could meet the listener closing.
 
 use crate::config::HttpSettings;
 use crate::telemetry::names;
@@ -13,6 +18,7 @@ use axum::{Json, Router};
 use futures::future::BoxFuture;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +44,7 @@ pub struct HealthState {
     advisories: Arc<Vec<Arc<dyn Advisory>>>,
     timeout: Duration,
     metrics: PrometheusHandle,
+    draining: Arc<AtomicBool>,
 }
 
 impl HealthState {
@@ -51,7 +58,18 @@ impl HealthState {
             advisories: Arc::new(Vec::new()),
             timeout: Duration::from_millis(settings.readiness_timeout_ms),
             metrics,
+            draining: Arc::default(),
         }
+    }
+
+    /// From now on `/readyz` answers 503 `draining` and responses close their connection:
+    /// the process is stopping and wants no new traffic, but still serves what comes.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 
     /// Adds conditions `/readyz` reports under `advisories` without failing readiness.
@@ -113,6 +131,16 @@ async fn healthz() -> Json<serde_json::Value> {
 }
 
 async fn readyz(State(state): State<HealthState>) -> Response {
+    if state.is_draining() {
+        // Not the dependencies' fault: no probe runs, so the answer is immediate and a
+        // dependency alert does not fire for a stopping instance.
+        let body = json!({
+            "ready": false,
+            "status": "draining",
+            "message": "shutting down: still serving for http.drain_grace_ms, then stopping; send new requests elsewhere",
+        });
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
     let (ready, body) = state.readiness().await;
     let status = if ready {
         StatusCode::OK
@@ -128,6 +156,25 @@ async fn metrics_endpoint(State(state): State<HealthState>) -> Response {
         state.metrics.render(),
     )
         .into_response()
+}
+
+/// While `state` drains, every response says `Connection: close` (hyper then closes the
+/// connection after it): a kept-alive caller reconnects, through its balancer, elsewhere.
+pub fn close_connections_while_draining(router: Router, state: &HealthState) -> Router {
+    let draining = state.draining.clone();
+    router.layer(middleware::from_fn(move |req: Request, next: Next| {
+        let draining = draining.clone();
+        async move {
+            let mut resp = next.run(req).await;
+            if draining.load(Ordering::SeqCst) {
+                resp.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
+                );
+            }
+            resp
+        }
+    }))
 }
 
 /// `/metrics`, `/healthz`, `/readyz`.

@@ -10,7 +10,13 @@ use std::time::Duration;
 pub struct ReconcileConfig {
     /// Shards the buckets are spread over (by merchant and dish).
     pub shards: u32,
-    /// How long an instance holds a shard it checks.
+    /// How long an instance holds a shard it checks; renewed every third of it while the
+    /// pass runs. 6 s: a killed instance's shard is free 6 s later and taken at another
+    /// instance's next claim (`interval / shards`, 3.75 s by default). A pass that outlives
+    /// its lease (a stalled process) goes on reading, and every repair it could start is
+    /// checked against the bucket's version, so a second pass over the shard is redundant
+    /// work, not a double repair. The lease is compared with the instances' clocks: keep
+    /// them in sync (NTP) well within it.
     pub lease: TimeDelta,
     /// A shard is checked at most once per interval.
     pub interval: Duration,
@@ -47,7 +53,7 @@ impl Default for ReconcileConfig {
     fn default() -> Self {
         Self {
             shards: 16,
-            lease: TimeDelta::seconds(120),
+            lease: TimeDelta::seconds(6),
             interval: Duration::from_secs(60),
             full_check: Duration::from_secs(900),
             chunk: 200,
@@ -77,7 +83,8 @@ pub struct ReconcileSettings {
     /// scheduled pass skips a bucket whose Redis hash, snapshot version and baseline are
     /// as at its last clean check (0: every pass checks every bucket in full).
     pub full_check_secs: u64,
-    /// Seconds an instance holds the shard it checks.
+    /// Seconds an instance holds the shard it checks (renewed every third of it); a dead
+    /// instance's shard is free this long after its last renewal.
     pub lease_secs: u64,
     /// Buckets read per round trip to MySQL and Redis.
     pub chunk: u32,

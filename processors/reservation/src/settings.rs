@@ -67,7 +67,12 @@ impl Default for ReservationSettings {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StockOpsSettings {
-    /// Seconds a worker owns a WAL row it executes; after that another worker takes it over.
+    /// Seconds a worker owns a WAL row it executes; after that another worker takes it over
+    /// (a dead instance's row within this plus the worker's idle round, 3 s at most). Not
+    /// renewed: one execution (a Lua step, its completion) must fit, and the rows of one
+    /// claim (up to 50) run one after another under it. One that outlives it is harmless: the
+    /// Lua step replays its first result for the same operation id and the completion is
+    /// written only while the lease is still the writer's.
     pub wal_lease_secs: u64,
     /// Failed attempts after which a WAL row is marked dead and alerted.
     pub wal_max_attempts: u32,
@@ -85,7 +90,7 @@ pub struct StockOpsSettings {
 impl Default for StockOpsSettings {
     fn default() -> Self {
         Self {
-            wal_lease_secs: 30,
+            wal_lease_secs: 6,
             wal_max_attempts: 20,
             archive_ttl_hours: 720,
             daily_interval_secs: 300,
@@ -101,9 +106,15 @@ impl Default for StockOpsSettings {
 pub struct RecoverySettings {
     /// Intermediate reservations resumed per round.
     pub batch: u32,
-    /// Seconds a claimed row belongs to the worker that claimed it.
+    /// Seconds a claimed row belongs to the worker that claimed it; a dead instance's rows are
+    /// resumed by another this long after the claim (plus its idle round). Not renewed: the
+    /// rows of one claim (`batch`) are resumed one after another under it. Resuming twice is
+    /// harmless (the same operation id; every status change is a compare-and-set on the
+    /// row's version), so a lease that runs out only costs repeated work.
     pub lease_secs: u64,
-    /// Pause between rounds that found nothing due, in milliseconds.
+    /// Pause after a round that found nothing due, in milliseconds; it doubles while rounds
+    /// stay empty, up to ten times this (3 s by default, so a row falls due and is resumed
+    /// within 3 s).
     pub idle_poll_ms: u64,
     /// First delay before a failed step is retried, in milliseconds; doubles per attempt.
     pub retry_delay_ms: u64,
@@ -119,8 +130,8 @@ impl Default for RecoverySettings {
     fn default() -> Self {
         Self {
             batch: 50,
-            lease_secs: 60,
-            idle_poll_ms: 1_000,
+            lease_secs: 6,
+            idle_poll_ms: 300,
             retry_delay_ms: 1_000,
             max_retry_delay_secs: 300,
             max_attempts: 20,

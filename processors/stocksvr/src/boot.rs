@@ -307,10 +307,12 @@ impl Processors<'_> {
     }
 
     async fn wal_worker(&self) -> anyhow::Result<()> {
+        // An idle worker's rounds back off from 0.3 s to ten times that: a row whose holder
+        // died is taken over within its lease (stock_ops.wal_lease_secs) plus 3 s.
         stocksvr_reservation::operations::run_worker(
             self.service.clone(),
             50,
-            Duration::from_secs(1),
+            Duration::from_millis(300),
             self.stop.clone(),
         )
         .await

@@ -1,6 +1,12 @@
 //! `stocksvr all` and the single-role commands: the HTTP listener plus the selected roles,
 //! stopped together by one shutdown signal (SIGTERM or Ctrl-C for the binary, any future for
 //! a test).
+//!
+//! The stop goes in the order a load balancer needs: `/readyz` answers 503 `draining` at
+//! once while the listener serves on for `http.drain_grace_ms` (the balancer's health checks
+//! take the instance out of rotation meanwhile); then the listener stops accepting and the
+//! requests in flight finish (a Try needs the reservation service, which still runs); then
+//! the processors stop taking records, commit what they finished and leave their groups.
 
 use crate::listener::Front;
 use crate::roles::Roles;
@@ -55,6 +61,25 @@ impl Parts {
         Some((self.names.remove(&id).unwrap_or("a task"), result))
     }
 
+    /// Waits until the part named `name` has ended (or `deadline`), logging any part that
+    /// ends meanwhile with an error. False when it was still running at the deadline.
+    async fn wait_for(&mut self, name: &'static str, deadline: tokio::time::Instant) -> bool {
+        if !self.names.values().any(|n| *n == name) {
+            return true; // it ended already (the failure that stops the process, say)
+        }
+        let ended = async {
+            while let Some((ended, result)) = self.next().await {
+                if let Err(e) = result {
+                    tracing::warn!(task = ended, error = %format!("{e:#}"), "task ended with an error while draining");
+                }
+                if ended == name {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout_at(deadline, ended).await.is_ok()
+    }
+
     /// Waits up to `within` for every part to end, logging a part that ended with an error.
     /// `Err` names the parts still running when the time ran out.
     async fn drain(&mut self, within: Duration) -> Result<(), Vec<&'static str>> {
@@ -77,8 +102,12 @@ impl Parts {
     }
 }
 
-/// How long the parts get to finish their work after a shutdown was asked for.
+/// How long the parts get to finish their work after the grace period (the listener's
+/// requests in flight first, then the processors, all within this).
 const DRAIN_WITHIN: Duration = Duration::from_secs(15);
+
+/// The listener's part name: it is stopped (and waited for) before the others.
+const HTTP_LISTENER: &str = "http listener";
 
 /// Resolves on SIGTERM or SIGINT. The handlers are installed here, before anything is
 /// served: a SIGTERM that arrives while the process is still starting must drain it, not
@@ -153,7 +182,10 @@ pub async fn run_until_signal(settings: Settings, roles: Roles) -> anyhow::Resul
 }
 
 /// Runs the HTTP listener on `listener` and the `roles` until `shutdown` resolves or a part
-/// fails; then every part drains (processors commit what they finished) within 15 s.
+/// fails. After `shutdown`: `/readyz` fails and the listener serves on for
+/// `http.drain_grace_ms`; then (at once after a failure) the listener stops and its requests
+/// in flight finish, then every other part drains (processors commit what they finished),
+/// all within 15 s.
 pub async fn run(
     settings: Settings,
     roles: Roles,
@@ -183,7 +215,16 @@ pub async fn run(
     let health = HealthState::new(checks, &settings.http, metrics)
         .with_advisories(vec![Arc::new(probes::LostBuckets(pool.clone()))]);
     let front = Front::prepare(&settings.http, access).await?;
-    let router = router(&settings, &pool, &catalog, &api, health, bound, access)?;
+    let router = router(
+        &settings,
+        &pool,
+        &catalog,
+        &api,
+        health.clone(),
+        bound,
+        access,
+    )?;
+    let router = http::close_connections_while_draining(router, &health);
     tracing::info!(listen = %bound, ?roles, api = ?access.api, admin = ?access.admin,
         https = front.https(), callers = front.callers(), "stocksvr started");
     if access.api == stocksvr_api::auth::Guard::Open && !crate::settings::is_loopback(bound) {
@@ -193,12 +234,14 @@ pub async fn run(
         tracing::warn!("http.admin_token is deprecated: give the admin client a token in http.auth.clients with scopes = [\"admin\"]");
     }
 
+    // Two stops: the listener's (and its file reloads') first, then every other part's.
+    let (http_stop_tx, http_stop_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every long-running part is one named task; the first to end (always a failure
     // while no shutdown was asked for) or a signal stops them all.
     let mut tasks = Parts::new();
-    let (serve, reload) = front.into_tasks(listener, router, stop_rx.clone());
-    tasks.spawn("http listener", serve);
+    let (serve, reload) = front.into_tasks(listener, router, http_stop_rx);
+    tasks.spawn(HTTP_LISTENER, serve);
     if let Some(reload) = reload {
         tasks.spawn("http reload", reload);
     }
@@ -228,15 +271,14 @@ pub async fn run(
         start.reservation_service(&mut tasks, api, outbox_waker, roles);
     }
     let outcome = until_shutdown_or_failure(&mut tasks, shutdown).await;
-    let _ = stop_tx.send(true);
-    // Bounded drain: processors commit what they finished, then the process exits.
-    if let Err(busy) = tasks.drain(DRAIN_WITHIN).await {
-        tracing::warn!(
-            still_running = %busy.join(", "),
-            "drain did not finish within {} s; exiting anyway",
-            DRAIN_WITHIN.as_secs()
-        );
-    }
+    let grace = Duration::from_millis(settings.http.drain_grace_ms);
+    // Only the Try API sits behind a balancer: a processor-only process stops at once.
+    let grace = if outcome.is_ok() && roles.reservations {
+        grace
+    } else {
+        Duration::ZERO
+    };
+    stop_in_order(&mut tasks, &health, grace, http_stop_tx, stop_tx).await;
     tracing::info!("stocksvr stopped");
     outcome
 }
@@ -416,6 +458,61 @@ impl Start<'_> {
     }
 }
 
+/// The stop, in the order a load balancer needs: `/readyz` fails, the listener serves on for
+/// `grace`, then stops and its requests in flight finish, then every other part drains
+/// (processors commit what they finished); the last two within [`DRAIN_WITHIN`].
+async fn stop_in_order(
+    tasks: &mut Parts,
+    health: &HealthState,
+    grace: Duration,
+    http_stop: watch::Sender<bool>,
+    stop: watch::Sender<bool>,
+) {
+    health.drain();
+    serve_through_grace(tasks, grace).await;
+    let deadline = tokio::time::Instant::now() + DRAIN_WITHIN;
+    let _ = http_stop.send(true);
+    if !tasks.wait_for(HTTP_LISTENER, deadline).await {
+        tracing::warn!(
+            "requests still in flight when the drain ran out; stopping the processors anyway"
+        );
+    }
+    let _ = stop.send(true);
+    // The processors get what the listener left, and never less than 5 s to commit.
+    let left = deadline
+        .saturating_duration_since(tokio::time::Instant::now())
+        .max(Duration::from_secs(5));
+    if let Err(busy) = tasks.drain(left).await {
+        tracing::warn!(
+            still_running = %busy.join(", "),
+            "drain did not finish within {} s; exiting anyway",
+            DRAIN_WITHIN.as_secs()
+        );
+    }
+}
+
+/// The grace period after a shutdown was asked for: `/readyz` already answers 503
+/// `draining`, and everything keeps working (the listener accepts and serves, the processors
+/// consume) while the load balancers notice. A part that ends meanwhile (a failure) ends the
+/// grace: the process is going down anyway.
+async fn serve_through_grace(tasks: &mut Parts, grace: Duration) {
+    if grace.is_zero() {
+        return;
+    }
+    tracing::info!(
+        grace_ms = grace.as_millis() as u64,
+        "draining: /readyz answers 503, serving on for http.drain_grace_ms"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(grace) => {}
+        Some((name, result)) = tasks.next() => {
+            let error = result.err().map(|e| format!("{e:#}")).unwrap_or_default();
+            tracing::warn!(task = name, error, "a part ended during the grace period; stopping now");
+        }
+    }
+    tracing::info!("grace period over: the listener stops accepting, requests in flight finish");
+}
+
 /// Waits for the shutdown signal or the first part to end (always a failure while no
 /// shutdown was asked for, even when it returned Ok).
 async fn until_shutdown_or_failure(
@@ -452,6 +549,13 @@ mod tests {
         );
         // Both of the same name are still counted.
         assert_eq!(parts.names.values().filter(|n| **n == "stuck").count(), 2);
+        // Waiting for one part ends when it ends, or at once when it is gone already.
+        let soon = tokio::time::Instant::now() + Duration::from_secs(1);
+        assert!(!parts.wait_for("stuck", soon).await);
+        parts.spawn("quick", async { Ok(()) });
+        let later = tokio::time::Instant::now() + Duration::from_secs(5);
+        assert!(parts.wait_for("quick", later).await);
+        assert!(parts.wait_for("quick", later).await, "gone already");
 
         let mut parts = Parts::new();
         parts.spawn("quick", async { Ok(()) });

@@ -55,6 +55,7 @@ impl Settings {
         settings.kafka.validate().map_err(ConfigError::Invalid)?;
         settings.redis.validate()?;
         settings.http.validate().map_err(ConfigError::Invalid)?;
+        settings.consumer.validate().map_err(ConfigError::Invalid)?;
         let Self {
             kafka,
             registry,

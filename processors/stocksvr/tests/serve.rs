@@ -222,3 +222,86 @@ async fn readyz_names_an_unreachable_dependency() {
     let (status, log) = server.terminate();
     assert!(status.success(), "{log}");
 }
+
+/// SIGTERM behind a load balancer: `/readyz` answers 503 `draining` first, the listener
+/// keeps serving Trys (and the processors keep consuming) for `http.drain_grace_ms`, then the
+/// process stops accepting, commits what its processors handled and exits 0.
+#[tokio::test]
+async fn sigterm_fails_readyz_first_serves_through_the_grace_then_commits_and_exits() {
+    use common::flow::{reservation_id, try_item_retried};
+    use std::time::Instant;
+    let shop = common::api::shop(10).await;
+    let grace = Duration::from_secs(5);
+    let grace_ms = grace.as_millis().to_string();
+    let server = shop.server(&[("STOCKSVR__HTTP__DRAIN_GRACE_MS", grace_ms.as_str())]);
+    server.wait_for_readyz(200, Duration::from_secs(60)).await;
+    common::api::wait_for_api(&server).await;
+    let (status, reply) = try_item_retried(&server, &shop, 7001, 70011, 1).await;
+    assert_eq!(status, 201, "{reply}");
+
+    server.signal("-TERM");
+    let signalled = Instant::now();
+    let draining = server.wait_for_readyz(503, Duration::from_secs(2)).await;
+    assert_eq!(draining["status"], "draining", "{draining}");
+
+    // Out of rotation, still serving: a Try in the grace reserves as any other, and its
+    // answer asks the caller to reconnect (through its balancer) for the next one.
+    let body = serde_json::json!({"order_id": 7002, "order_item_id": 70021, "merchant_id": shop.merchant_id,
+        "dish_id": shop.dish_id, "quantity": 1, "order_type": "INSTANT"});
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/reservations", server.base))
+        .json(&body)
+        .send()
+        .await
+        .expect("a Try during the grace is answered");
+    let served_at = signalled.elapsed();
+    assert_eq!(
+        resp.headers()
+            .get("connection")
+            .and_then(|v| v.to_str().ok()),
+        Some("close")
+    );
+    assert_eq!(resp.status().as_u16(), 201);
+    let reply: serde_json::Value = resp.json().await.expect("json");
+    let reservation = reservation_id(&reply);
+    assert!(
+        served_at < grace,
+        "the Try was answered {served_at:?} after SIGTERM"
+    );
+
+    // The processors still consume: an order event sent in the grace is applied and its
+    // offset committed before the process exits 0, after the grace and not before.
+    let topic = shop
+        .env
+        .topic(stocksvr_core::events::topics::ORDER_LIFECYCLE);
+    let (partition, offset) = shop
+        .env
+        .order_event(
+            "OrderCreated",
+            7002,
+            serde_json::json!({"order_id": 7002, "merchant_id": shop.merchant_id, "order_type": "INSTANT",
+                "processing_time": null, "inventory_reservation_ids": [reservation]}),
+        )
+        .await;
+    let (status, log) = server.wait_exit(Duration::from_secs(25));
+    let stopped_after = signalled.elapsed();
+    assert!(status.success(), "exit {status:?}; log:\n{log}");
+    assert!(
+        stopped_after >= grace,
+        "stopped {stopped_after:?} after SIGTERM, within the grace"
+    );
+    for said in [
+        "draining: /readyz answers 503",
+        "grace period over",
+        "committed and stopped",
+    ] {
+        assert!(log.contains(said), "{said:?} not logged:\n{log}");
+    }
+    common::wait_for_commit(
+        &shop.env.group(stocksvr_order_lifecycle::NAME),
+        &topic,
+        partition,
+        offset,
+    )
+    .await;
+}

@@ -35,6 +35,17 @@ pub struct HttpSettings {
     /// a changed file takes effect without a restart (SIGHUP reads them at once too).
     /// 0: only on SIGHUP.
     pub reload_interval_ms: u64,
+    /// After SIGTERM, how long the listener of a process serving the Try API (`all`,
+    /// `order-lifecycle`) keeps serving, in milliseconds, with `/readyz`
+    /// answering 503 `draining` from the first moment, so a load balancer takes the instance
+    /// out of rotation before it stops accepting. Then the listener stops accepting, the
+    /// requests in flight finish, and the processors commit and leave (within 15 s). 8 s:
+    /// HAProxy's default health check (`inter 2s`, `fall 3`) marks the instance down 6 s
+    /// after the first 503 at the latest, plus a check in flight. Behind Kubernetes (which
+    /// stops routing to a terminating pod by itself, with a delay) a few seconds suffice;
+    /// `terminationGracePeriodSeconds` must cover this plus the 15 s drain (the default 30
+    /// does). 0: stop accepting at once (no balancer in front).
+    pub drain_grace_ms: u64,
     pub tls: HttpTlsSettings,
     pub auth: HttpAuthSettings,
 }
@@ -53,6 +64,7 @@ impl Default for HttpSettings {
                 .to_vec(),
             allow_unauthenticated: false,
             reload_interval_ms: 5_000,
+            drain_grace_ms: 8_000,
             tls: HttpTlsSettings::default(),
             auth: HttpAuthSettings::default(),
         }

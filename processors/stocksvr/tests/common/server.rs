@@ -35,6 +35,9 @@ impl Server {
         let mut cmd = super::stocksvr();
         cmd.arg(role)
             .env("STOCKSVR__HTTP__LISTEN", format!("127.0.0.1:{port}"))
+            // No load balancer in front: a SIGTERM stops accepting at once (the drain test
+            // sets a grace of its own).
+            .env("STOCKSVR__HTTP__DRAIN_GRACE_MS", "0")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"));
         for (k, v) in env {
@@ -99,6 +102,21 @@ impl Server {
     pub fn kill9(mut self) -> String {
         self.child.kill9();
         self.log()
+    }
+
+    /// Waits up to `within` for the process to exit by itself (after a signal sent with
+    /// [`Server::signal`]); panics with the log past it.
+    pub fn wait_exit(mut self, within: Duration) -> (std::process::ExitStatus, String) {
+        let exited = stocksvr_test_support::eventually_some_blocking(within, || {
+            self.child.child().try_wait().expect("wait")
+        });
+        match exited {
+            Some(status) => (status, self.log()),
+            None => panic!(
+                "stocksvr did not exit within {within:?}; log:\n{}",
+                self.log()
+            ),
+        }
     }
 
     pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
