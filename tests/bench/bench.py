@@ -127,9 +127,6 @@ class Bench:
             # its `stocksvr all` prepare tomorrow's bucket of each of its 1,004 dishes (WAL,
             # Lua, events, projection) in the middle of a measured phase. `--set` can undo it.
             "STOCKSVR__STOCK_OPS__DAILY_LEAD_MINUTES": "0",
-            # No load balancer watches the bench's instances: a stop between parts need not
-            # keep serving for the drain grace (8 s each).
-            "STOCKSVR__HTTP__DRAIN_GRACE_MS": "0",
         })
         env.update(settings_env(self.a.set))
         self.env = env
