@@ -94,6 +94,9 @@ def main():
                else ("quick " if a.quick else "") + f"run of --only {a.only}")
     b.all = None
     b.group_prefix = b.ns
+    # The revision the measured binary was built from: read now, before a run of many minutes
+    # in which the checkout may move on.
+    b.git_rev = git_rev()
     b.log(f"{b.label}; results in {b.out}")
     error = None
     try:
@@ -156,7 +159,7 @@ def write(b, error):
         _baseline_ratios(fig)
     took = time.time() - b.t_start
     load = os.getloadavg()
-    header = (f"stocksvr bench, {b.label} {b.stamp} UTC, git {git_rev()}, binary {b.a.bin}\n"
+    header = (f"stocksvr bench, {b.label} {b.stamp} UTC, git {b.git_rev}, binary {b.a.bin}\n"
               + (f"settings: {', '.join(b.a.set)}\n" if b.a.set else "")
               + (f"B: {b.a.against or b.a.bin}" + (f" with {', '.join(b.a.against_set)}" if b.a.against_set else "")
                  + "\n" if b.a.against or b.a.against_set else "")
