@@ -221,9 +221,21 @@ impl RegistryClient {
                         latest_version: latest.version,
                     }
                 } else {
-                    // Apicurio answers without `messages` even with ?verbose=true.
+                    // Apicurio answers without `messages` even with ?verbose=true: say why
+                    // ourselves, under the level the subject runs with.
                     let messages = if answer.messages.is_empty() {
-                        vec![format!("the registry finds it incompatible with version {} under {COMPATIBILITY}", latest.version)]
+                        let level = self
+                            .compatibility(subject)
+                            .await
+                            .ok()
+                            .flatten()
+                            .unwrap_or_else(|| COMPATIBILITY.to_string());
+                        vec![why_incompatible(
+                            &level,
+                            latest.version,
+                            &latest.schema,
+                            raw,
+                        )]
                     } else {
                         answer.messages
                     };
@@ -359,6 +371,55 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
+/// Why `new` cannot follow version `version` (`latest`) under `level`, in Avro's words (the
+/// field and what is wrong with it), as far as the schemas show it.
+pub fn why_incompatible(level: &str, version: u32, latest: &str, new: &str) -> String {
+    use apache_avro::schema_compatibility::SchemaCompatibility;
+    use apache_avro::Schema;
+    let unexplained =
+        || format!("the registry finds it incompatible with version {version} under {level}");
+    let (Ok(old), Ok(new)) = (Schema::parse_str(latest), Schema::parse_str(new)) else {
+        return unexplained();
+    };
+    let level = level.to_ascii_uppercase();
+    // BACKWARD: the new schema reads what the old one wrote; FORWARD: the other way round;
+    // FULL: both. (The _TRANSITIVE levels compare with every version; this names the latest.)
+    let mut reasons = Vec::new();
+    if !level.starts_with("FORWARD") {
+        if let Err(e) = SchemaCompatibility::can_read(&old, &new) {
+            reasons.push(format!(
+                "the new schema cannot read data written with version {version}: {}",
+                error_chain(&e)
+            ));
+        }
+    }
+    if level.starts_with("FORWARD") || level.starts_with("FULL") {
+        if let Err(e) = SchemaCompatibility::can_read(&new, &old) {
+            reasons.push(format!(
+                "readers of version {version} cannot read data written with the new schema: {}",
+                error_chain(&e)
+            ));
+        }
+    }
+    if reasons.is_empty() {
+        unexplained()
+    } else {
+        format!("incompatible under {level}: {}", reasons.join("; "))
+    }
+}
+
+/// An error and its sources, outermost first.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,5 +441,40 @@ mod tests {
             "order.lifecycle.v1-io.x.A_b"
         );
         assert_eq!(urlencode("a/b c"), "a%2Fb%20c");
+    }
+
+    fn record(fields: &str) -> String {
+        format!(r#"{{"type":"record","name":"A","namespace":"x","fields":[{fields}]}}"#)
+    }
+
+    #[test]
+    fn an_incompatible_change_is_explained_by_field_under_the_subjects_level() {
+        let v1 = record(r#"{"name":"a","type":"long"}"#);
+        let required = record(r#"{"name":"a","type":"long"},{"name":"b","type":"string"}"#);
+        let why = why_incompatible("BACKWARD", 1, &v1, &required);
+        assert!(why.contains("under BACKWARD"), "{why}");
+        assert!(why.contains("version 1"), "{why}");
+        assert!(why.contains("'b'") && why.contains("default"), "{why}");
+
+        // Dropping a field without a default: fine for new readers, not for old ones.
+        let dropped = record(r#"{"name":"c","type":["null","long"],"default":null}"#);
+        let with_a = record(
+            r#"{"name":"a","type":"long"},{"name":"c","type":["null","long"],"default":null}"#,
+        );
+        let why = why_incompatible("FULL", 2, &with_a, &dropped);
+        assert!(why.contains("readers of version 2"), "{why}");
+        assert!(why.contains("'a'"), "{why}");
+
+        // A type change is named with the field and both types.
+        let text = record(r#"{"name":"a","type":"string"}"#);
+        let why = why_incompatible("BACKWARD", 1, &v1, &text);
+        assert!(why.contains("'a'"), "{why}");
+
+        // Nothing the schemas show: the registry's verdict, with the level.
+        let why = why_incompatible("FORWARD_TRANSITIVE", 3, &v1, "not a schema");
+        assert_eq!(
+            why,
+            "the registry finds it incompatible with version 3 under FORWARD_TRANSITIVE"
+        );
     }
 }

@@ -44,6 +44,13 @@ fn produce_order_event(shop: &Shop, kind: &str, data: Value) {
 }
 
 fn produce_raw(shop: &Shop, kind: &str, event: &Value) {
+    let schema = common::repo_root().join(format!("schemas/{kind}.avsc"));
+    produce_with_schema(shop, &schema, kind, event);
+}
+
+/// As [`produce_raw`] with the writer schema of `schema` (which the serializer registers if
+/// the subject does not have it yet, as an order service's producer does).
+fn produce_with_schema(shop: &Shop, schema: &std::path::Path, kind: &str, event: &Value) {
     let settings = common::settings();
     let root = common::repo_root();
     let file = std::env::temp_dir().join(format!("{}.json", common::unique(kind)));
@@ -59,7 +66,7 @@ fn produce_raw(shop: &Shop, kind: &str, event: &Value) {
             ])
             .args(["--topic", &shop.env.topic(ORDER_LIFECYCLE)])
             .arg("--schema-file")
-            .arg(root.join(format!("schemas/{kind}.avsc")))
+            .arg(schema)
             .arg("--payload-file")
             .arg(&file),
         Duration::from_secs(120),
@@ -673,4 +680,133 @@ async fn a_parked_event_applies_soon_after_another_process_settles_what_it_waite
          predecessor settled",
         settled_at.elapsed()
     );
+}
+
+/// `schemas/OrderCreated.avsc` with its data record's fields changed by `change`.
+fn order_created_changed(change: impl FnOnce(&mut Vec<Value>)) -> String {
+    let root = common::repo_root();
+    let text = std::fs::read_to_string(root.join("schemas/OrderCreated.avsc")).expect("schema");
+    let mut schema: Value = serde_json::from_str(&text).expect("json");
+    let data = schema["fields"]
+        .as_array_mut()
+        .and_then(|fields| fields.iter_mut().find(|f| f["name"] == "data"))
+        .expect("a data field");
+    change(data["type"]["fields"].as_array_mut().expect("data fields"));
+    schema.to_string()
+}
+
+/// OrderCreated with one more field at the end of its data record: a new optional field, as
+/// the order service would add one, or (`required`) one without a default.
+fn order_created_with(field: &str, required: bool) -> String {
+    order_created_changed(|fields| {
+        fields.push(if required {
+            json!({"name": field, "type": "string"})
+        } else {
+            json!({"name": field, "type": ["null", "string"], "default": null,
+                   "doc": "added by a later version of the order service"})
+        })
+    })
+}
+
+/// Schema evolution under load (issue 51): the order service registers a new version of
+/// OrderCreated with an optional field while events flow (its subject at FULL, so readers of
+/// either version read both), switches to it mid-stream, and one of its producers not yet
+/// upgraded keeps writing the old one. Every event is applied, nothing is dead-lettered, and
+/// the registry refuses a change that old readers could not follow, saying why. The
+/// processors decode each record with the schema it was written with and ignore fields they
+/// do not know, so an instance of the previous release reads the new records too.
+#[tokio::test]
+async fn a_new_optional_order_field_is_read_by_every_processor_while_events_flow() {
+    use stocksvr_pipeline::registry::{RegistryClient, SubjectState};
+    let shop = shop(20).await;
+    let server = shop.server(&[]);
+    wait_for_api(&server).await;
+    let base = 7_600_000 + shop.merchant_id % 1_000_000;
+    let m = shop.merchant_id;
+    let created = |order: u64, reservation: u64| {
+        json!({"order_id": order, "merchant_id": m, "order_type": "INSTANT",
+               "processing_time": null, "inventory_reservation_ids": [reservation]})
+    };
+    let mut reservations = Vec::new();
+    for i in 1..=3 {
+        reservations.push(try_item(&server, &shop, base + i, i, 1, "INSTANT").await);
+    }
+
+    // Before the change: the version every processor was built with.
+    produce_order_event(&shop, "OrderCreated", created(base + 1, reservations[0]));
+    wait_for_status(&server, reservations[0], "CONFIRMED").await;
+
+    // The new version, checked at FULL on this deployment's subject.
+    let registry = RegistryClient::new(&common::settings().registry).expect("registry client");
+    let subject = stocksvr_pipeline::catalog::subject_for(
+        &shop.env.topic(ORDER_LIFECYCLE),
+        "io.stocksvr.order.OrderCreated",
+    );
+    registry
+        .set_compatibility(&subject, "FULL")
+        .await
+        .expect("FULL");
+    let v2 = order_created_with("coupon_code", false);
+    let state = registry.check(&subject, &v2).await.expect("check");
+    assert!(
+        matches!(state, SubjectState::Compatible { .. }),
+        "{state:?}"
+    );
+    // What old or new readers could not follow is refused, and the refusal says why: a new
+    // field without a default (new readers of old data), a field dropped that old readers
+    // need (BACKWARD alone would let that through; FULL does not).
+    let required = order_created_with("coupon_code", true);
+    let dropped = order_created_changed(|fields| fields.retain(|f| f["name"] != "merchant_id"));
+    for (change, field) in [(&required, "coupon_code"), (&dropped, "merchant_id")] {
+        match registry.check(&subject, change).await.expect("check") {
+            SubjectState::Incompatible { messages } => {
+                let why = messages.join(" ");
+                assert!(
+                    why.contains(field) && why.contains("under FULL"),
+                    "the refusal names the field and the level: {why}"
+                );
+            }
+            other => panic!("a change old or new readers cannot follow passed FULL: {other:?}"),
+        }
+    }
+
+    // The producer switches mid-stream (its serializer registers the new version) ...
+    let file = std::env::temp_dir().join(format!("{}.avsc", common::unique("OrderCreated-v2")));
+    std::fs::write(&file, &v2).expect("write v2");
+    let mut with_coupon = created(base + 2, reservations[1]);
+    with_coupon["coupon_code"] = json!("WINTER");
+    let event = json!({
+        "event_id": common::unique("evt-OrderCreated-v2"),
+        "event_type": "OrderCreated",
+        "schema_version": 1,
+        "occurred_at": "2026-11-29T12:00:00.000+00:00",
+        "producer": "order-service",
+        "trace_id": null,
+        "partition_key": (base + 2).to_string(),
+        "data": with_coupon,
+    });
+    produce_with_schema(&shop, &file, "OrderCreated", &event);
+    // ... while one of its instances still writes the old one.
+    produce_order_event(&shop, "OrderCreated", created(base + 3, reservations[2]));
+    wait_for_status(&server, reservations[1], "CONFIRMED").await;
+    wait_for_status(&server, reservations[2], "CONFIRMED").await;
+    assert!(
+        matches!(
+            registry.check(&subject, &v2).await.expect("check"),
+            SubjectState::Unchanged { version: 2, .. }
+        ),
+        "the new version is the subject's latest"
+    );
+
+    // (The topic is shared with this binary's other tests, some of which dead-letter on
+    // purpose: look for this test's orders.)
+    let dlt = format!("{}.dlt", shop.env.topic(ORDER_LIFECYCLE));
+    let ours: Vec<String> = (1..=3).map(|i| (base + i).to_string()).collect();
+    let dead = common::find_record(&dlt, Duration::from_secs(5), |msg| {
+        use rdkafka::message::Message;
+        msg.key()
+            .is_some_and(|k| ours.iter().any(|o| o.as_bytes() == k))
+    });
+    assert!(dead.is_none(), "nothing of these orders dead-lettered");
+    let _ = std::fs::remove_file(file);
 }
