@@ -125,3 +125,169 @@ fn the_check_refuses_what_would_copy_lock_or_rewrite() {
         assert!(!refused(safe_sql), "{safe_sql}");
     }
 }
+
+/// Rows per history table before a migration is applied: `STOCKSVR_MIGRATION_ROWS` (default
+/// 100,000, a CI-sized "day"; a real day at 5,000 Trys/s is about 400 million rows, so run it
+/// with as many as the disk takes before a release).
+fn rows_per_table() -> u64 {
+    std::env::var("STOCKSVR_MIGRATION_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000)
+}
+
+/// The longest stall a Try may see while a migration applies.
+const STALL_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Fills the reservation, ledger and outbox tables (the ones every migration so far touches
+/// and the Try writes) with `n` rows each, with only the columns of the first migration (the
+/// later ones all have defaults).
+async fn fill(pool: &sqlx::MySqlPool, n: u64) {
+    for sql in [
+        "INSERT INTO inventory_reservation (id, order_id, order_item_id, merchant_id, dish_id, \
+         stock_bucket_id, stock_date, quantity, order_type, expire_at, status, \
+         current_operation_id, next_retry_at, expected_redis_version, created_at, updated_at) \
+         SELECT seq, seq, seq, 1, seq % 1000, CONCAT('b_', seq % 1000), '2026-12-07', 1, 1, \
+         NOW(3), 40, CONCAT('op_confirm_', seq), NOW(3), seq, NOW(3), NOW(3) FROM seq_1_to_{n}",
+        "INSERT INTO inventory_ledger (ledger_id, operation_id, reservation_id, stock_bucket_id, \
+         merchant_id, dish_id, action, quantity, available_delta, reserved_delta, redis_version, \
+         created_at) SELECT CONCAT('l_', seq), CONCAT('op_try_', seq), seq, \
+         CONCAT('b_', seq % 1000), 1, seq % 1000, 2, 1, -1, 1, seq, NOW(3) FROM seq_1_to_{n}",
+        "INSERT INTO inventory_outbox (event_id, aggregate_id, event_type, topic, partition_key, \
+         payload, status, next_retry_at, created_at) SELECT CONCAT('op_try_', seq, ':E'), seq, \
+         'InventoryRedisReserved', 'inventory.stock-change.v1', CONCAT('b_', seq % 1000), \
+         JSON_OBJECT('reservation_id', seq, 'note', REPEAT('x', 400)), 30, NOW(3), NOW(3) \
+         FROM seq_1_to_{n}",
+    ] {
+        sqlx::raw_sql(&sql.replace("{n}", &n.to_string()))
+            .execute(pool)
+            .await
+            .expect("fill");
+    }
+}
+
+/// What a Try writes, in one transaction: its PREPARING row, the CAS to RESERVED and its
+/// outbox row. Returns how long it took.
+async fn one_try(pool: &sqlx::MySqlPool, id: u64) -> Result<std::time::Duration, sqlx::Error> {
+    let started = std::time::Instant::now();
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO inventory_reservation (id, order_id, order_item_id, merchant_id, dish_id, \
+         stock_bucket_id, stock_date, quantity, order_type, expire_at, status, \
+         current_operation_id, next_retry_at, created_at, updated_at) \
+         VALUES (?, ?, ?, 1, 7, 'b_7', '2026-12-07', 1, 1, NOW(3), 10, ?, NOW(3), NOW(3), NOW(3))",
+    )
+    .bind(id)
+    .bind(id)
+    .bind(id)
+    .bind(format!("op_try_{id}"))
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE inventory_reservation SET status = 20, expected_redis_version = ?, \
+         version = version + 1 WHERE id = ? AND status = 10",
+    )
+    .bind(id)
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO inventory_outbox (event_id, aggregate_id, event_type, topic, partition_key, \
+         payload, status, next_retry_at, created_at) \
+         VALUES (?, ?, 'InventoryRedisReserved', 'inventory.stock-change.v1', 'b_7', '{}', 10, \
+         NOW(3), NOW(3))",
+    )
+    .bind(format!("op_try_{id}:E"))
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(started.elapsed())
+}
+
+/// Each migration from [`FIRST_CHECKED`] on (with `STOCKSVR_MIGRATION_ALL=1`: every one
+/// after the first, which only creates tables; about 2 minutes), applied to tables holding
+/// [`rows_per_table`] rows while four writers run Trys' statements without pause: no Try
+/// waits longer than [`STALL_BOUND`], and Trys kept committing while it ran (a migration that
+/// locked the tables for its whole run would show as one long stall).
+#[tokio::test]
+async fn every_new_migration_applies_under_trys_without_a_long_stall() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let n = rows_per_table();
+    let mut measured = Vec::new();
+    let first = MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .min()
+        .expect("migrations");
+    let from = if std::env::var("STOCKSVR_MIGRATION_ALL").is_ok_and(|v| v == "1") {
+        first + 1
+    } else {
+        FIRST_CHECKED
+    };
+    for target in MIGRATOR.iter().filter(|m| m.version >= from) {
+        let db = stocksvr_test_support::TestDb::empty().await;
+        for m in MIGRATOR.iter().filter(|m| m.version < target.version) {
+            sqlx::raw_sql(&m.sql)
+                .execute(&db.pool)
+                .await
+                .expect("earlier migration");
+        }
+        fill(&db.pool, n).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let next_id = Arc::new(AtomicU64::new(10_000_000_000));
+        let writers: Vec<_> = (0..4)
+            .map(|_| {
+                let (pool, stop, next_id) = (db.pool.clone(), stop.clone(), next_id.clone());
+                tokio::spawn(async move {
+                    let mut longest = std::time::Duration::ZERO;
+                    let mut done = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let id = next_id.fetch_add(1, Ordering::Relaxed);
+                        longest = longest.max(one_try(&pool, id).await.expect("a Try's writes"));
+                        done += 1;
+                    }
+                    (longest, done)
+                })
+            })
+            .collect();
+        // The writers are running before the migration starts.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let before = next_id.load(Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        sqlx::raw_sql(&target.sql)
+            .execute(&db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("migration {} {}: {e}", target.version, target.description));
+        let took = started.elapsed();
+        let during = next_id.load(Ordering::Relaxed) - before;
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut longest = std::time::Duration::ZERO;
+        for w in writers {
+            let (l, done) = w.await.expect("writer");
+            assert!(done > 0, "a writer never committed");
+            longest = longest.max(l);
+        }
+        println!(
+            "migration {} {}: {n} rows a table, applied in {took:.2?}; {during} Trys meanwhile, \
+             the longest {longest:.2?}",
+            target.version, target.description
+        );
+        measured.push((target.version, took, during, longest));
+    }
+    assert!(!measured.is_empty(), "no migration from {from} on");
+    for (version, took, during, longest) in measured {
+        assert!(
+            longest <= STALL_BOUND,
+            "migration {version}: a Try waited {longest:?} (bound {STALL_BOUND:?})"
+        );
+        // A migration of more than a moment that no Try got through was a lock, whatever
+        // the single longest wait says.
+        assert!(
+            took < std::time::Duration::from_millis(200) || during > 0,
+            "migration {version} ran {took:?} and no Try committed meanwhile"
+        );
+    }
+}
