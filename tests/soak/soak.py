@@ -195,7 +195,8 @@ class Load:
             sent = time.perf_counter()
             try:
                 order_id, status, answer = await asyncio.wait_for(self._try(reader, writer, k), 10)
-            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError, IndexError) as e:
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
+                    ValueError, IndexError) as e:
                 self._count_error(f"transport: {type(e).__name__}")
                 writer.close()
                 reader = writer = None
@@ -242,7 +243,10 @@ class Sampler:
                 cur.execute("SHOW GLOBAL STATUS LIKE %s", ("Threads_connected",))
                 threads = int(cur.fetchone()[1])
         except pymysql.MySQLError:
-            self.db.ping(reconnect=True)
+            try:  # the next sample tries again; this one has no figure
+                self.db.ping(reconnect=True)
+            except pymysql.MySQLError:
+                pass
         return rss, fds, threads, figures
 
     def add(self, t, seconds, window, server):
