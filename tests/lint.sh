@@ -65,7 +65,7 @@ unit_tests() {
         run=("$PY" -m coverage run --rcfile="$here/pyproject.toml" --data-file="$here/.coverage" -p -m pytest -q)
     fi
     # From tests/: pytest and coverage read tests/pyproject.toml there.
-    for suite in pylib chaos bench observability ci; do
+    for suite in pylib chaos bench observability ci soak; do
         (cd "$here" && "${run[@]}" "$suite") || rc=1
     done
     if (( cov )); then
