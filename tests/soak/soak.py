@@ -364,7 +364,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", required=True, help="the stocksvr binary")
     ap.add_argument("--hours", type=float, required=True, help="length of the load (fractions: 0.1 = 6 min)")
-    ap.add_argument("--rate", type=float, default=1000, help="Trys per second asked (default 1000)")
+    ap.add_argument("--rate", type=float, default=500, help="Trys per second asked (default 500)")
     ap.add_argument("--dishes", type=int, default=100, help="dishes the Trys go round (default 100)")
     ap.add_argument("--connections", type=int, default=128, help="keep-alive connections (default 128)")
     ap.add_argument("--out", required=True, help="run folder: soak.csv, soak.png, stocksvr.log")
