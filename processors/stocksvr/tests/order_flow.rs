@@ -105,40 +105,6 @@ async fn try_item(
         .expect("number")
 }
 
-/// A PREPARING row for item `order_id * 10` whose Try has not reached Redis: what a crash
-/// right after the insert leaves behind.
-async fn insert_preparing(
-    pool: &sqlx::MySqlPool,
-    shop: &Shop,
-    order_id: u64,
-    reservation_id: u64,
-    quantity: u32,
-) {
-    let today = stocksvr_test_support::zone::today();
-    let key = stocksvr_core::bucket::BucketKey::new(shop.merchant_id, shop.dish_id, today);
-    let new = stocksvr_store::reservations::NewReservation {
-        id: reservation_id,
-        order_id,
-        order_item_id: order_id * 10,
-        merchant_id: shop.merchant_id,
-        dish_id: shop.dish_id,
-        stock_bucket_id: key.stock_bucket_id(),
-        stock_date: today,
-        quantity,
-        order_type: 1,
-        processing_time: None,
-        expire_at: chrono::Utc::now().naive_utc(),
-        try_operation_id: stocksvr_core::reservation::try_operation_id(reservation_id),
-    };
-    let inserted = stocksvr_store::reservations::insert_preparing(pool, &new)
-        .await
-        .expect("insert");
-    assert_eq!(
-        inserted,
-        stocksvr_store::reservations::InsertOutcome::Inserted
-    );
-}
-
 /// Polls the reservation until it reaches `status` (processing is asynchronous).
 async fn wait_for_status(server: &Server, id: u64, status: &str) -> Value {
     common::flow::wait_for_status(server, id, status, Duration::from_secs(60)).await
@@ -412,7 +378,7 @@ async fn poison_and_early_events_are_handled_and_the_stream_moves_on() {
     // 3. OrderCreatedFailed before the Try reached Redis: a PREPARING row whose Lua never ran.
     let pool = stocksvr_store::mysql_pool(&shop.db_url, 1, Duration::from_secs(5)).expect("pool");
     let reservation_id = 900_000_000 + shop.merchant_id % 1_000_000;
-    insert_preparing(&pool, &shop, order_id, reservation_id, 4).await;
+    common::flow::insert_preparing(&pool, &shop, order_id, order_id * 10, reservation_id, 4).await;
     produce_order_event(
         &shop,
         "OrderCreatedFailed",
@@ -531,7 +497,7 @@ async fn a_replayed_dead_letter_that_now_succeeds_is_applied_once() {
     .expect("never parked");
 
     // The reservation appears (a PREPARING row whose Try is then repeated through the API).
-    insert_preparing(&pool, &shop, order_id, reservation_id, 3).await;
+    common::flow::insert_preparing(&pool, &shop, order_id, order_id * 10, reservation_id, 3).await;
     let body = json!({"order_id": order_id, "order_item_id": order_id * 10, "merchant_id": shop.merchant_id,
                       "dish_id": shop.dish_id, "quantity": 3, "order_type": "INSTANT"});
     let (status, reply) = post(&server, "/v1/reservations", &body.to_string()).await;

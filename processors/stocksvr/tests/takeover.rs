@@ -9,6 +9,7 @@
 mod common;
 
 use common::api::{shop, wait_for_api};
+use common::flow::count;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -83,7 +84,7 @@ async fn a_dead_instances_leases_are_taken_over_within_ten_seconds() {
         server.log()
     );
     let reservation = 910_000_000 + shop.merchant_id % 1_000_000;
-    insert_preparing(&pool, &shop, reservation).await;
+    common::flow::insert_preparing(&pool, &shop, 9_100, 91_000, reservation, 1).await;
 
     // kill -9 of their holder, right after it renewed or claimed each.
     let lease_of = |l: (Duration, Duration)| l.0.as_secs();
@@ -191,39 +192,4 @@ async fn a_dead_instances_leases_are_taken_over_within_ten_seconds() {
             "{what} taken over after {took:?}"
         );
     }
-}
-
-async fn count(pool: &sqlx::MySqlPool, sql: &str) -> i64 {
-    sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(pool)
-        .await
-        .expect("count")
-}
-
-/// A PREPARING row whose Try never reached Redis (a crash right after the insert); the
-/// recovery worker runs its Try once it falls due.
-async fn insert_preparing(pool: &sqlx::MySqlPool, shop: &common::api::Shop, reservation_id: u64) {
-    let today = stocksvr_test_support::zone::today();
-    let key = stocksvr_core::bucket::BucketKey::new(shop.merchant_id, shop.dish_id, today);
-    let new = stocksvr_store::reservations::NewReservation {
-        id: reservation_id,
-        order_id: 9_100,
-        order_item_id: 91_000,
-        merchant_id: shop.merchant_id,
-        dish_id: shop.dish_id,
-        stock_bucket_id: key.stock_bucket_id(),
-        stock_date: today,
-        quantity: 1,
-        order_type: 1,
-        processing_time: None,
-        expire_at: chrono::Utc::now().naive_utc(),
-        try_operation_id: stocksvr_core::reservation::try_operation_id(reservation_id),
-    };
-    let inserted = stocksvr_store::reservations::insert_preparing(pool, &new)
-        .await
-        .expect("insert");
-    assert_eq!(
-        inserted,
-        stocksvr_store::reservations::InsertOutcome::Inserted
-    );
 }

@@ -235,3 +235,38 @@ pub async fn wait_for_status(server: &Server, id: u64, status: &str, within: Dur
         )
     })
 }
+
+/// A PREPARING row of `order_id`'s item `order_item_id` whose Try has not reached Redis:
+/// what a crash right after the insert leaves behind.
+pub async fn insert_preparing(
+    pool: &sqlx::MySqlPool,
+    shop: &Shop,
+    order_id: u64,
+    order_item_id: u64,
+    reservation_id: u64,
+    quantity: u32,
+) {
+    let today = stocksvr_test_support::zone::today();
+    let key = stocksvr_core::bucket::BucketKey::new(shop.merchant_id, shop.dish_id, today);
+    let new = stocksvr_store::reservations::NewReservation {
+        id: reservation_id,
+        order_id,
+        order_item_id,
+        merchant_id: shop.merchant_id,
+        dish_id: shop.dish_id,
+        stock_bucket_id: key.stock_bucket_id(),
+        stock_date: today,
+        quantity,
+        order_type: 1,
+        processing_time: None,
+        expire_at: chrono::Utc::now().naive_utc(),
+        try_operation_id: stocksvr_core::reservation::try_operation_id(reservation_id),
+    };
+    let inserted = stocksvr_store::reservations::insert_preparing(pool, &new)
+        .await
+        .expect("insert");
+    assert_eq!(
+        inserted,
+        stocksvr_store::reservations::InsertOutcome::Inserted
+    );
+}
