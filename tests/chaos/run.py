@@ -9,6 +9,7 @@ Exit status: 0 no anomaly, 1 anomalies found, 2 the run itself failed (setup, a 
 import argparse
 import collections
 import datetime as dt
+import faulthandler
 import json
 import os
 import shutil
@@ -457,6 +458,9 @@ def main(argv):
     # SIGTERM (a CI timeout, Ctrl-C of the wrapper) unwinds like Ctrl-C: the finally block below
     # still stops every process this run started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # A crash inside a native client (librdkafka, the MySQL driver) kills the run with a
+    # signal and no Python traceback: print every thread's stack first, so it names its place.
+    faulthandler.enable(all_threads=True)
     run = Run(a)
     log(f"run folder {run.dir} (history.jsonl, summary.txt, anomalies.jsonl, logs/)")
     t0 = time.monotonic()

@@ -30,7 +30,6 @@ import requests
 from confluent_kafka import KafkaException
 
 from stocksvr_harness import avro
-from stocksvr_harness.wait import WaitTimeout, wait_until
 
 TOPIC = "order.lifecycle.v1"
 RESERVED = "RESERVED"
@@ -104,19 +103,23 @@ class EventProducer:
     keeps the order of one order's events: they share a key, so a partition, and one idempotent
     producer keeps the order within a partition."""
 
-    def __init__(self, history, bootstrap, registry_url, clients=None):
+    def __init__(self, history, bootstrap, registry_url, clients=None, producer=None):
         self.history = history
         # clients: a secure stack's client settings (stocksvr_harness.secure): the producer is
         # the `order-service` principal, which may only write the order topic.
         kafka = clients.kafka("order-service") if clients else {}
         # The order service's outbox would retry for ever; 10 minutes covers any fault here.
-        self.producer = avro.order_producer(bootstrap, "chaos-order-service", security=kafka, linger_ms=5,
-                                            message_timeout_ms=600000)
-        self.serializers = avro.Serializers(registry_url, registry_conf=clients.registry() if clients else None)
+        # (`producer`: a stand-in for the harness's own tests.)
+        self.producer = producer or avro.order_producer(bootstrap, "chaos-order-service", security=kafka,
+                                                        linger_ms=5, message_timeout_ms=600000)
+        self.serializers = None if producer else avro.Serializers(
+            registry_url, registry_conf=clients.registry() if clients else None)
         self._heap = []
         self._seq = 0
         self._cv = threading.Condition()
-        self._drain = False
+        self._drain = None  # the deadline of the final flush, once finish() asks for it
+        self._flushed = False
+        self._unflushed = 0
         self._stop = False
         self.acked = 0
         self.failed = 0
@@ -137,6 +140,9 @@ class EventProducer:
             self._cv.notify()
 
     def _loop(self):
+        # Only this thread touches the producer: librdkafka's Python client may crash the
+        # process when two threads serve its callbacks at once (a flush in one while another
+        # polls), which a CI run met as exit 139 right after the workload.
         while True:
             batch = []
             with self._cv:
@@ -144,10 +150,22 @@ class EventProducer:
                     now = time.monotonic()
                     if self._heap and (self._drain or self._heap[0][0] <= now):
                         break
+                    if self._drain and not self._heap:
+                        break
                     wait = 0.05 if not self._heap else min(0.05, max(0.0, self._heap[0][0] - now))
                     self._cv.wait(wait)
                     self.producer.poll(0)
                 if self._stop:
+                    return
+                if self._drain and not self._heap:
+                    end = self._drain
+                    self._cv.release()
+                    try:
+                        self._unflushed = self.producer.flush(max(0.0, end - time.monotonic()))
+                    finally:
+                        self._cv.acquire()
+                    self._flushed = True
+                    self._cv.notify_all()
                     return
                 now = time.monotonic()
                 while self._heap and (self._drain or self._heap[0][0] <= now):
@@ -195,24 +213,16 @@ class EventProducer:
         Returns the number of events not acknowledged by the deadline."""
         end = time.monotonic() + deadline_s
         with self._cv:
-            self._drain = True
+            # The producer thread hands over what is left, flushes until `end`, and stops.
+            self._drain = end
             self._cv.notify()
-
-        def handed_over():
-            with self._cv:
-                return not self._heap
-
-        try:
-            wait_until(handed_over, deadline_s, "the producer thread to take every scheduled event", interval=0.1)
-        except WaitTimeout:
-            pass  # what is left is counted below
-        remaining = self.producer.flush(max(0.0, end - time.monotonic()))
-        with self._cv:
+            self._cv.wait_for(lambda: self._flushed, timeout=max(0.0, end - time.monotonic()) + 5)
             self._stop = True
             self._cv.notify()
             left = len(self._heap) + self._inflight
+            unflushed = self._unflushed if self._flushed else left
         self._thread.join(timeout=5)
-        return max(left, remaining)
+        return max(left, unflushed)
 
 
 # ---- the model ----------------------------------------------------------------------------
