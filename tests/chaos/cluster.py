@@ -19,7 +19,19 @@
                      10 s; 48 s before the consumers' session timeout went from 45 s to 6 s).
                      Then it is started again.
 
-Both record what they saw (`cluster_fault` records in the history) and the run turns a failure to
+and the upgrade kinds (issue 51), for a run whose instances start on the previous release
+(`scripts/chaos --upgrade-from REV`):
+
+  roll-upgrade        the operator's steps of a release with the new binary while the previous
+                     one serves (`stocksvr migrate`, `topics apply`, `schemas register`), then
+                     each instance in turn: SIGTERM (it drains and commits), start it with the new
+                     binary, wait until /readyz answers 200; the next one only then. Mixed
+                     versions share the consumer groups, the relay's lease and the tables
+                     meanwhile.
+  roll-upgrade-kill9  the same, but the middle instance is killed with kill -9 instead of
+                     stopped: a crash in the middle of the roll.
+
+Each records what it saw (`cluster_fault` records in the history) and the run turns a failure to
 catch up / rebalance / make progress into an anomaly (`kafka_catch_up`, `kafka_progress`,
 `rebalance`).
 """
@@ -36,7 +48,10 @@ import system as system_mod
 from stocksvr_harness import codes
 from stocksvr_harness.wait import WaitTimeout, wait_until
 
-KINDS = ["kill-kafka-leader", "kill-instance"]
+KINDS = ["kill-kafka-leader", "kill-instance", "roll-upgrade", "roll-upgrade-kill9"]
+UPGRADE_KINDS = ("roll-upgrade", "roll-upgrade-kill9")
+# An upgraded instance must be ready (/readyz 200: Kafka, the registry, MySQL, Redis) within this.
+READY_BOUND_S = 90.0
 
 # After kill -9 of an instance, its partitions and the relay's lead are taken over within this
 # (the consumers' 6 s session plus a 2 s heartbeat; the relay's 6 s lease plus its 2 s idle
@@ -336,7 +351,50 @@ def kill_instance(faults, fid, kind):
     return role, {}, f"killed pid {pid}; taken over in {takeover} s; all in {secs:.1f}s; restarted"
 
 
+def roll_upgrade(faults, fid, kind):
+    s, run = faults.system, faults.run_ref
+    order = [r for r in system_mod.ROLES if r in s.on_previous]
+    if not order:
+        raise RuntimeError("no instance runs the previous release (scripts/chaos --upgrade-from REV)")
+    crash = kind == "roll-upgrade-kill9"
+    crashed = order[len(order) // 2] if crash else None
+    faults.start_record(fid, kind, ",".join(order), crashed=crashed)
+    t0 = time.monotonic()
+    failed = run.release_steps(previous=False)
+    for step, detail in failed:
+        run.anomaly("upgrade", {"step": step}, detail)
+    steps_s = round(time.monotonic() - t0, 1)
+    rolled = []
+    for role in order:
+        t = time.monotonic()
+        if role == crashed:
+            s.kill_role(role)
+            how = "kill -9"
+        else:
+            code = s.stop_role(role)
+            how = f"SIGTERM (exit {code})"
+        stopped = time.monotonic()
+        s.on_previous.discard(role)
+        s.start_role(role)
+        ready = s.wait_ready(role, READY_BOUND_S)
+        rolled.append({"role": role, "how": how, "stop_s": round(stopped - t, 1),
+                       "ready_s": round(time.monotonic() - stopped, 1) if ready else None})
+        if not ready:
+            run.anomaly("upgrade", {"role": role}, f"the new release of {role} was not ready within "
+                        f"{READY_BOUND_S:.0f}s: {s.exit_reason(role) or 'no error logged'}")
+            break
+    rec = dict(fault=fid, what=kind, release_steps_s=steps_s, rolled=rolled,
+               total_s=round(time.monotonic() - t0, 1), still_previous=sorted(s.on_previous))
+    s.history.record("cluster_fault", **rec)
+    run.cluster_results.append(rec)
+    return ",".join(order), {"crashed": crashed}, (
+        f"migrate/topics/schemas in {steps_s}s, then " + "; ".join(
+            f"{r['role']}: {r['how']} in {r['stop_s']}s, new release ready in {r['ready_s']}s" for r in rolled))
+
+
 def run_fault(faults, kind, fid):
+    if kind in UPGRADE_KINDS:
+        return roll_upgrade(faults, fid, kind)
     if kind == "kill-kafka-leader":
         return kill_kafka_leader(faults, fid, kind)
     if kind == "kill-instance":

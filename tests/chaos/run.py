@@ -67,7 +67,15 @@ def parse_args(argv):
                     "in that order, else drawn")
     ap.add_argument("--secure", action="store_true", help="the stack secured (scripts/stack up --secure): TLS, "
                     "SASL and client certificates through the proxies, the roles with only the printed ACLs")
+    ap.add_argument("--previous-bin", help="an upgrade run (scripts/chaos --upgrade-from REV): the instances "
+                    "start on this binary of the previous release, and a roll-upgrade fault moves them to --bin "
+                    "(default then: --instances 3, --faults roll-upgrade)")
     a = ap.parse_args(argv)
+    if a.previous_bin:
+        a.instances = a.instances or 3
+        a.faults = a.faults or "roll-upgrade"
+        # A roll happens once: at an order count, not every --fault-gap.
+        a.fault_at_order = a.fault_at_order or "150"
     if a.secure and a.kafka_brokers > 1:
         ap.error("--secure runs with one broker (behind its proxy); not with --kafka-brokers")
     a.stop_cap = a.stop_cap or (10.0 if a.ci else 60.0)
@@ -98,7 +106,9 @@ class Run:
             "STOCKSVR__HTTP__DRAIN_GRACE_MS": "0",
         }
         self.system = System(REPO, self.dir, a.port_base, a.cache, a.bin, self.history, settings,
-                             kafka_brokers=a.kafka_brokers, secure=a.secure)
+                             kafka_brokers=a.kafka_brokers, secure=a.secure, previous_binary=a.previous_bin)
+        if a.previous_bin:
+            self.system.on_previous.update(ROLES)
         self.cluster_results = []  # what the scale-out faults saw (cluster.py)
         self.state = None
         self.faults = None
@@ -130,21 +140,26 @@ class Run:
         t0 = time.monotonic()
         if a.secure:
             self.grant_printed_acls()
-        # Secure: migrations as the MariaDB admin, topics as the Kafka topic admin (the
-        # service's own users may do neither); plaintext: these settings are empty.
         c = s.clients
-        steps = ((("migrate",), c.mysql_admin_env()), (("topics", "apply"), c.kafka_principal_env("TOPICS_ADMIN")),
-                 (("schemas", "register"), {}))
-        for args, env in steps:
-            rc, out, err = s.cli(*args, timeout=300, env=env)
+        upgrade = bool(a.previous_bin)
+        if upgrade:
+            # The previous release must accept every setting the harness gives it (a setting new
+            # in this release belongs in system.NEW_SINCE_PREVIOUS).
+            rc, out, err = s.cli("config", previous=True)
             if rc != 0:
-                raise RuntimeError(f"stocksvr {' '.join(args)} failed ({rc}): {(out + err)[-500:]}")
+                raise RuntimeError(f"the previous release refuses the run's settings ({rc}): {(out + err)[-500:]}")
+        failed = self.release_steps(previous=upgrade)
+        if failed:
+            raise RuntimeError("; ".join(f"stocksvr {step} failed: {detail}" for step, detail in failed))
         rc, out, err = s.cli("bucket", "--help")
         self.rebuild_available = "rebuild" in out
         self.notes.append("`stocksvr bucket rebuild` " + ("exists: redis-empty can run" if self.rebuild_available
                           else "does not exist (issue 10): fault kind redis-empty stays off"))
         self.state = State(s.port["mariadb"], s.port["redis"], s.kafka_direct, clients=c)
-        self.state.fresh_kafka_clients = a.kafka_brokers > 1
+        # A new client per probe in every run (README, "In a Kafka cluster run"): a long-lived
+        # one crashed the harness in librdkafka after broker kills, in cluster runs and, with
+        # exit 139 right after the workload, in a CI short run (one broker, kill-kafka faults).
+        self.state.fresh_kafka_clients = True
         self.producer = EventProducer(self.history, s.kafka_direct, s.registry_url, clients=c if a.secure else None)
         cfg = Config(ci=a.ci)
         if a.workers:
@@ -159,7 +174,7 @@ class Run:
         buckets = self.workload.plan_buckets()
         for b in buckets:
             rc, out, err = s.cli("bucket", "init", "--merchant-id", str(b.merchant), "--dish-id", str(b.dish),
-                                 "--total", str(b.totals[0]), "--date", b.date.isoformat())
+                                 "--total", str(b.totals[0]), "--date", b.date.isoformat(), previous=upgrade)
             self.history.record("bucket_init", bucket=b.bucket_id, total=b.totals[0], hot=b.hot, rc=rc,
                                 output=(out + err)[-300:])
             if rc != 0:
@@ -175,6 +190,21 @@ class Run:
             if not s.wait_healthy(role, 90):
                 raise RuntimeError(f"role {role} did not answer /healthz (log: {s.logs}/role-{role}.log)")
         self.times["setup (migrate, topics, schemas, buckets, roles)"] = time.monotonic() - t0
+
+    def release_steps(self, previous):
+        """The operator's steps of a release (migrate, topics, schemas) with the previous
+        release's binary or this one; [(step, what failed)]. Secure: migrations as the MariaDB
+        admin, topics as the Kafka topic admin (the service's own users may do neither);
+        plaintext: these settings are empty."""
+        s, c = self.system, self.system.clients
+        steps = ((("migrate",), c.mysql_admin_env()), (("topics", "apply"), c.kafka_principal_env("TOPICS_ADMIN")),
+                 (("schemas", "register"), {}))
+        failed = []
+        for args, env in steps:
+            rc, out, err = s.cli(*args, timeout=300, env=env, previous=previous)
+            if rc != 0:
+                failed.append((" ".join(args), f"exit {rc}: {(out + err)[-500:]}"))
+        return failed
 
     def grant_printed_acls(self):
         """The ACLs `stocksvr acls print --role all` prints, applied as an operator would

@@ -34,14 +34,24 @@ ROLES = {
 # Lists (changed in place by cluster.configure for `--instances N` / `--kafka-brokers N`).
 API_ROLES = ["order-lifecycle", "all"]
 SERVERS = ["mariadb", "redis", "kafka", "registry"]
+# Settings the harness gives that this release added since the previous one (upgrade runs):
+# a role of the previous release runs without them, as an operator rolls out a new setting
+# only once every instance runs the release that knows it (the previous one refuses unknown
+# keys at start; docs/operations.md, "Upgrading"). Setup checks the rest with
+# `stocksvr config` of the previous binary, so a new setting missing here fails loudly.
+NEW_SINCE_PREVIOUS = ("STOCKSVR__HTTP__DRAIN_GRACE_MS",)
 
 
 class System:
-    def __init__(self, repo, run_dir, base, cache, binary, history, settings, kafka_brokers=1, secure=False):
+    def __init__(self, repo, run_dir, base, cache, binary, history, settings, kafka_brokers=1, secure=False,
+                 previous_binary=None):
         self.repo = repo
         self.run_dir = run_dir
         self.base = base
         self.binary = binary
+        # Upgrade runs: the previous release's binary, and the roles that still run it.
+        self.previous_binary = previous_binary
+        self.on_previous = set()
         self.history = history
         self.settings = settings  # extra STOCKSVR__ variables for the roles
         self.stack_dir = os.path.join(run_dir, "stack")
@@ -106,8 +116,9 @@ class System:
 
     # ---- stocksvr commands ---------------------------------------------------------------
 
-    def direct_env(self):
-        """stocksvr settings straight to the servers (setup, operator commands, checker)."""
+    def direct_env(self, previous=False):
+        """stocksvr settings straight to the servers (setup, operator commands, checker);
+        `previous`: for the previous release's binary (without NEW_SINCE_PREVIOUS)."""
         env = dict(self.env)
         # Secure: the stack's own settings of the service principal (TLS, SASL, secret files).
         env.update(self.clients.service_env())
@@ -124,11 +135,14 @@ class System:
         if self.kafka_brokers > 1:
             env["STOCKSVR__KAFKA__TOPICS_ENVIRONMENT"] = "cluster"
         env.update(self.settings)
+        if previous:
+            for key in NEW_SINCE_PREVIOUS:
+                env.pop(key, None)
         return env
 
     def role_env(self, role):
         """A role's settings: MySQL, Redis and Kafka through toxiproxy, the registry direct."""
-        env = self.direct_env()
+        env = self.direct_env(previous=role in self.on_previous)
         # The same URLs (user, TLS parameters) with the proxies' ports.
         proxied = (("STOCKSVR__MYSQL__URL", "mariadb", "mysql"), ("STOCKSVR__REDIS__URL", "redis", "redis"))
         for key, server, proxy in proxied:
@@ -143,13 +157,16 @@ class System:
         env.pop("RUST_LOG", None)
         return env
 
-    def cli(self, *args, timeout=120, env=None):
+    def cli(self, *args, timeout=120, env=None, previous=False):
         """Run a stocksvr command straight against the servers, `env` on top of its settings
-        (another principal); (returncode, stdout, stderr)."""
-        p = subprocess.run([self.binary, *args], env={**self.direct_env(), **(env or {})}, cwd=self.repo,
+        (another principal); `previous`: the previous release's binary. (returncode, stdout,
+        stderr)"""
+        binary = self.previous_binary if previous else self.binary
+        p = subprocess.run([binary, *args], env={**self.direct_env(previous), **(env or {})}, cwd=self.repo,
                            capture_output=True, text=True, timeout=timeout)
         with open(os.path.join(self.logs, "cli.log"), "a") as log:
-            log.write(f"\n$ stocksvr {' '.join(args)}\n-> {p.returncode}\n{p.stdout}{p.stderr}")
+            which = " (previous release)" if previous else ""
+            log.write(f"\n$ stocksvr{which} {' '.join(args)}\n-> {p.returncode}\n{p.stdout}{p.stderr}")
         return p.returncode, p.stdout, p.stderr
 
     # ---- roles ---------------------------------------------------------------------------
@@ -164,12 +181,17 @@ class System:
         return os.path.join(self.logs, f"role-{role}.log")
 
     def start_role(self, role):
+        """Start a role (again) with the binary it runs: the previous release's while it is in
+        `on_previous`, else this one."""
         self.reap(role)
-        child = procs.Child([self.binary, ROLES[role][0]], self.role_log(role), env=self.role_env(role),
+        previous = role in self.on_previous
+        binary = self.previous_binary if previous else self.binary
+        child = procs.Child([binary, ROLES[role][0]], self.role_log(role), env=self.role_env(role),
                             cwd=self.repo, new_session=True).start()
         self.procs[role] = child
         self.started_at[role] = time.monotonic()
-        self.history.record("role", role=role, action="start", pid=child.pid)
+        self.history.record("role", role=role, action="start", pid=child.pid,
+                            release="previous" if previous else "current")
         return child.pid
 
     def role_alive(self, role):
@@ -216,6 +238,18 @@ class System:
             return False
         try:
             http.wait_http(self.api_url(role) + "/healthz", deadline_s, f"role {role}", child=child)
+            return True
+        except (WaitTimeout, procs.Exited):
+            return False
+
+    def wait_ready(self, role, deadline_s=90.0):
+        """Whether the role answers /readyz with 200 (every dependency reachable) within
+        `deadline_s` (False at once if it exits): what a load balancer or a roll waits for."""
+        child = self.procs.get(role)
+        if child is None:
+            return False
+        try:
+            http.wait_http(self.api_url(role) + "/readyz", deadline_s, f"role {role} ready", child=child)
             return True
         except (WaitTimeout, procs.Exited):
             return False

@@ -190,4 +190,8 @@ pub enum InsertOutcome {
 
 /// How long a freshly started step belongs to the request running it before the recovery
 /// worker may resume it (both would use the same operation id, so this only saves work).
-pub const STEP_GRACE: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
+/// As long as the leases (6 s): a killed instance's Trys in flight are resumed at the next
+/// recovery round after it, within the 10 s every other takeover keeps. A step still running
+/// after 6 s (a stalled Redis) is resumed beside its request, which costs a repeated Lua
+/// call answered from its operation record, nothing more.
+pub const STEP_GRACE: chrono::TimeDelta = chrono::TimeDelta::seconds(6);
