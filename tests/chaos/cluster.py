@@ -25,7 +25,8 @@ and the upgrade kinds (issue 51), for a run whose instances start on the previou
   roll-upgrade        the operator's steps of a release with the new binary while the previous
                      one serves (`stocksvr migrate`, `topics apply`, `schemas register`), then
                      each instance in turn: SIGTERM (it drains and commits), start it with the new
-                     binary, wait until /readyz answers 200; the next one only then. Mixed
+                     binary, wait until /readyz answers 200 and 5 s more; the next one only
+                     then. Mixed
                      versions share the consumer groups, the relay's lease and the tables
                      meanwhile.
   roll-upgrade-kill9  the same, but the middle instance is killed with kill -9 instead of
@@ -52,6 +53,9 @@ KINDS = ["kill-kafka-leader", "kill-instance", "roll-upgrade", "roll-upgrade-kil
 UPGRADE_KINDS = ("roll-upgrade", "roll-upgrade-kill9")
 # An upgraded instance must be ready (/readyz 200: Kafka, the registry, MySQL, Redis) within this.
 READY_BOUND_S = 90.0
+# After an upgraded instance is ready, the roll waits this long before the next one (as a
+# Kubernetes rollout's minReadySeconds would): mixed versions serve side by side under load.
+ROLL_SETTLE_S = 5.0
 
 # After kill -9 of an instance, its partitions and the relay's lead are taken over within this
 # (the consumers' 6 s session plus a 2 s heartbeat; the relay's 6 s lease plus its 2 s idle
@@ -383,6 +387,8 @@ def roll_upgrade(faults, fid, kind):
             run.anomaly("upgrade", {"role": role}, f"the new release of {role} was not ready within "
                         f"{READY_BOUND_S:.0f}s: {s.exit_reason(role) or 'no error logged'}")
             break
+        if role != order[-1]:
+            faults.hold(ROLL_SETTLE_S)
     rec = dict(fault=fid, what=kind, release_steps_s=steps_s, rolled=rolled,
                total_s=round(time.monotonic() - t0, 1), still_previous=sorted(s.on_previous))
     s.history.record("cluster_fault", **rec)

@@ -75,7 +75,7 @@ def parse_args(argv):
         a.instances = a.instances or 3
         a.faults = a.faults or "roll-upgrade"
         # A roll happens once: at an order count, not every --fault-gap.
-        a.fault_at_order = a.fault_at_order or "150"
+        a.fault_at_order = a.fault_at_order or "300"
     if a.secure and a.kafka_brokers > 1:
         ap.error("--secure runs with one broker (behind its proxy); not with --kafka-brokers")
     a.stop_cap = a.stop_cap or (10.0 if a.ci else 60.0)
