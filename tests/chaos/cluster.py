@@ -26,7 +26,8 @@ and the upgrade kinds (issue 51), for a run whose instances start on the previou
                      one serves (`stocksvr migrate`, `topics apply`, `schemas register`), then
                      each instance in turn: SIGTERM (it drains and commits), start it with the new
                      binary, wait until /readyz answers 200 and 5 s more; the next one only
-                     then. Mixed
+                     then; at the end, until every consumer group holds every instance and
+                     every partition is assigned. Mixed
                      versions share the consumer groups, the relay's lease and the tables
                      meanwhile.
   roll-upgrade-kill9  the same, but the middle instance is killed with kill -9 instead of
@@ -389,7 +390,37 @@ def roll_upgrade(faults, fid, kind):
             break
         if role != order[-1]:
             faults.hold(ROLL_SETTLE_S)
+    # A roll is over when the groups are: every instance a member of every group and every
+    # partition assigned (the last restart's rebalance done), as before the next fault.
+    t_settle = time.monotonic()
+    view = KafkaView(s.kafka_direct, run.state)
+    seen = {"pending": None}
+
+    def settled():
+        if faults.stop_event.is_set():
+            return True
+        try:
+            groups = view.groups()
+        except Exception as e:  # a group mid-rebalance may fail to describe: try again
+            seen["pending"] = f"{type(e).__name__}: {e}"
+            return False
+        absent = {g: [r for r in order if not any(m.startswith(f"chaos-{r}-") for m in v["members"])]
+                  for g, v in groups.items()}
+        absent = {g: rs for g, rs in absent.items() if rs}
+        missing = view.unassigned(groups)
+        # Mid-rebalance a group still lists the old assignment: only a stable one counts.
+        unstable = {g: v["state"] for g, v in groups.items() if "STABLE" not in v["state"].upper()}
+        pending = {"not_members": absent, "unassigned": missing, "not_stable": unstable}
+        seen["pending"] = pending if any(pending.values()) else None
+        return seen["pending"] is None
+
+    try:
+        wait_until(settled, READY_BOUND_S, "every group to hold every upgraded instance", interval=0.5)
+    except WaitTimeout:
+        run.anomaly("upgrade", {"roles": order}, f"the groups had not settled {READY_BOUND_S:.0f}s after the "
+                    f"roll: {seen['pending']}")
     rec = dict(fault=fid, what=kind, release_steps_s=steps_s, rolled=rolled,
+               groups_settled_s=round(time.monotonic() - t_settle, 1),
                total_s=round(time.monotonic() - t0, 1), still_previous=sorted(s.on_previous))
     s.history.record("cluster_fault", **rec)
     run.cluster_results.append(rec)
