@@ -26,10 +26,9 @@ and the upgrade kinds (issue 51), for a run whose instances start on the previou
                      one serves (`stocksvr migrate`, `topics apply`, `schemas register`), then
                      each instance in turn: SIGTERM (it drains and commits), start it with the new
                      binary, wait until /readyz answers 200 and 5 s more; the next one only
-                     then; at the end, until every consumer group holds every instance and
-                     every partition is assigned. Mixed
-                     versions share the consumer groups, the relay's lease and the tables
-                     meanwhile.
+                     then; at the end, until every consumer group is stable with every instance
+                     a member and every partition assigned. Mixed versions share the consumer
+                     groups, the relay's lease and the tables meanwhile.
   roll-upgrade-kill9  the same, but the middle instance is killed with kill -9 instead of
                      stopped: a crash in the middle of the roll.
 
