@@ -233,23 +233,19 @@ class System:
 
     def wait_healthy(self, role, deadline_s=60.0):
         """Whether the role answers /healthz within `deadline_s` (False at once if it exits)."""
-        child = self.procs.get(role)
-        if child is None:
-            return False
-        try:
-            http.wait_http(self.api_url(role) + "/healthz", deadline_s, f"role {role}", child=child)
-            return True
-        except (WaitTimeout, procs.Exited):
-            return False
+        return self._wait_answer(role, "/healthz", deadline_s)
 
     def wait_ready(self, role, deadline_s=90.0):
         """Whether the role answers /readyz with 200 (every dependency reachable) within
         `deadline_s` (False at once if it exits): what a load balancer or a roll waits for."""
+        return self._wait_answer(role, "/readyz", deadline_s)
+
+    def _wait_answer(self, role, path, deadline_s):
         child = self.procs.get(role)
         if child is None:
             return False
         try:
-            http.wait_http(self.api_url(role) + "/readyz", deadline_s, f"role {role} ready", child=child)
+            http.wait_http(self.api_url(role) + path, deadline_s, f"role {role} {path}", child=child)
             return True
         except (WaitTimeout, procs.Exited):
             return False
